@@ -1,0 +1,54 @@
+// One congestion window per connection, shared by all its paths (Stellar).
+// Signals: ECN CE marks (DCTCP-style fraction estimate) and RTT above a target
+// delay (Swift-style). Loss is deliberately NOT a congestion signal: with
+// spraying, a loss usually means one bad path, which the RTO resend on another
+// path repairs; shrinking the window for it would slow the whole connection.
+// See docs/transport.md for the algorithm.
+#pragma once
+#include <cstdint>
+
+namespace vstellar {
+
+struct CcConfig {
+  bool enabled = true;
+  uint64_t init_cwnd = 1 << 20;       // bytes
+  uint64_t min_cwnd = 4096;           // bytes
+  uint64_t max_cwnd = 4 << 20;        // bytes
+  uint64_t target_delay_ns = 1'000'000;
+  double ecn_gain = 1.0 / 16;         // DCTCP g
+  double rtt_beta = 0.5;              // decrease factor scale on delay
+  double max_decrease = 0.5;          // never cut by more than this per epoch
+  uint32_t ai_mtus = 4;               // additive increase per RTT, in MTUs
+};
+
+class CongestionControl {
+ public:
+  CongestionControl() = default;
+  CongestionControl(const CcConfig& c, uint32_t mtu) { reset(c, mtu); }
+  void reset(const CcConfig& c, uint32_t mtu);
+
+  uint64_t cwnd() const { return cfg_.enabled ? cwnd_ : UINT64_MAX; }
+  uint64_t srtt_ns() const { return srtt_; }
+  double alpha() const { return alpha_; }
+
+  // An ACK acknowledged `acked_bytes` new bytes; it reports `pkts` data
+  // packets of which `ce` were CE-marked; `rtt_ns` is 0 when there is no
+  // sample. `cum` is the new cumulative PSN, `snd_nxt` the next PSN to send:
+  // an epoch (about one RTT) ends when cum passes the snd_nxt at its start.
+  void on_ack(uint64_t acked_bytes, uint32_t pkts, uint32_t ce, uint64_t rtt_ns, uint32_t cum,
+              uint32_t snd_nxt);
+
+ private:
+  CcConfig cfg_;
+  uint32_t mtu_ = 4096;
+  uint64_t cwnd_ = 0;
+  double alpha_ = 0;
+  uint64_t srtt_ = 0;
+  bool epoch_open_ = false;
+  uint32_t epoch_end_ = 0;
+  uint32_t epoch_pkts_ = 0;
+  uint32_t epoch_ce_ = 0;
+  uint64_t epoch_min_rtt_ = UINT64_MAX;
+};
+
+}  // namespace vstellar

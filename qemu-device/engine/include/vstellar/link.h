@@ -1,0 +1,41 @@
+// What the engine needs from the outside world: a clock and a datagram link.
+// The engine itself never blocks and never does I/O; UdpLink (io_uring) and
+// SimNet (virtual time, for tests) implement these.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "vstellar/memory.h"
+#include "vstellar/types.h"
+
+namespace vstellar {
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual uint64_t now_ns() = 0;
+};
+
+class SteadyClock final : public Clock {
+ public:
+  uint64_t now_ns() override {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+  }
+};
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  // Queue one datagram from path `path` (source port base+path) to `dst`.
+  // The header bytes are copied now; the payload spans must stay valid until
+  // the next flush() returns (they point into MR memory: no copy on send).
+  virtual void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
+                    const HostSpan* payload, size_t nspans) = 0;
+  // Hand everything queued to the network.
+  virtual void flush() = 0;
+};
+
+}  // namespace vstellar

@@ -1,0 +1,215 @@
+// Verbs-level types of the vStellar engine. Numeric values follow
+// libibverbs (enum ibv_wr_opcode, ibv_wc_status, ibv_qp_state, ...), so the
+// later provider and virtio backend can pass them through unchanged.
+#pragma once
+#include <cstdint>
+
+namespace vstellar {
+
+class Cq;
+class Pd;
+class Mr;
+class Qp;
+
+enum class WrOpcode : uint8_t {
+  RDMA_WRITE = 0,
+  RDMA_WRITE_WITH_IMM = 1,
+  SEND = 2,
+  SEND_WITH_IMM = 3,
+  RDMA_READ = 4,
+  ATOMIC_CMP_AND_SWP = 5,
+  ATOMIC_FETCH_AND_ADD = 6,
+};
+
+enum class WcStatus : uint8_t {
+  SUCCESS = 0,
+  LOC_LEN_ERR = 1,
+  LOC_QP_OP_ERR = 2,
+  LOC_EEC_OP_ERR = 3,
+  LOC_PROT_ERR = 4,
+  WR_FLUSH_ERR = 5,
+  MW_BIND_ERR = 6,
+  BAD_RESP_ERR = 7,
+  LOC_ACCESS_ERR = 8,
+  REM_INV_REQ_ERR = 9,
+  REM_ACCESS_ERR = 10,
+  REM_OP_ERR = 11,
+  RETRY_EXC_ERR = 12,
+  RNR_RETRY_EXC_ERR = 13,
+  LOC_RDD_VIOL_ERR = 14,
+  REM_INV_RD_REQ_ERR = 15,
+  REM_ABORT_ERR = 16,
+  INV_EECN_ERR = 17,
+  INV_EEC_STATE_ERR = 18,
+  FATAL_ERR = 19,
+  RESP_TIMEOUT_ERR = 20,
+  GENERAL_ERR = 21,
+};
+const char* to_string(WcStatus s);
+
+enum class WcOpcode : uint8_t {
+  SEND = 0,
+  RDMA_WRITE = 1,
+  RDMA_READ = 2,
+  COMP_SWAP = 3,
+  FETCH_ADD = 4,
+  RECV = 128,
+  RECV_RDMA_WITH_IMM = 129,
+};
+
+enum class QpState : uint8_t { RESET = 0, INIT = 1, RTR = 2, RTS = 3, SQD = 4, SQE = 5, ERR = 6 };
+const char* to_string(QpState s);
+
+// ibv_access_flags
+enum : uint32_t {
+  ACCESS_LOCAL_WRITE = 1,
+  ACCESS_REMOTE_WRITE = 2,
+  ACCESS_REMOTE_READ = 4,
+  ACCESS_REMOTE_ATOMIC = 8,
+  ACCESS_ALL_SUPPORTED = 0xF,
+};
+
+// ibv_send_flags
+enum : uint32_t {
+  SEND_FENCE = 1,
+  SEND_SIGNALED = 2,
+  SEND_SOLICITED = 4,
+  SEND_INLINE = 8,
+};
+
+// ibv_wc_flags
+enum : uint32_t { WC_WITH_IMM = 2 };
+
+// ibv_qp_attr_mask
+enum : uint32_t {
+  QP_STATE = 1u << 0,
+  QP_CUR_STATE = 1u << 1,
+  QP_EN_SQD_ASYNC_NOTIFY = 1u << 2,
+  QP_ACCESS_FLAGS = 1u << 3,
+  QP_PKEY_INDEX = 1u << 4,
+  QP_PORT = 1u << 5,
+  QP_QKEY = 1u << 6,
+  QP_AV = 1u << 7,
+  QP_PATH_MTU = 1u << 8,
+  QP_TIMEOUT = 1u << 9,
+  QP_RETRY_CNT = 1u << 10,
+  QP_RNR_RETRY = 1u << 11,
+  QP_RQ_PSN = 1u << 12,
+  QP_MAX_QP_RD_ATOMIC = 1u << 13,
+  QP_ALT_PATH = 1u << 14,
+  QP_MIN_RNR_TIMER = 1u << 15,
+  QP_SQ_PSN = 1u << 16,
+  QP_MAX_DEST_RD_ATOMIC = 1u << 17,
+  QP_PATH_MIG_STATE = 1u << 18,
+  QP_CAP = 1u << 19,
+  QP_DEST_QPN = 1u << 20,
+};
+
+// ibv_mtu: 1 = 256 ... 5 = 4096.
+enum : uint32_t { MTU_256 = 1, MTU_512 = 2, MTU_1024 = 3, MTU_2048 = 4, MTU_4096 = 5 };
+inline uint32_t mtu_bytes(uint32_t ibv_mtu) { return (ibv_mtu >= 1 && ibv_mtu <= 5) ? 128u << ibv_mtu : 0; }
+
+// Device limits (what ibv_query_device would report).
+struct DeviceLimits {
+  static constexpr uint32_t kMaxQpWr = 16384;
+  static constexpr uint32_t kMaxSge = 16;
+  static constexpr uint32_t kMaxInline = 1024;
+  static constexpr uint32_t kMaxCqe = 1 << 20;
+  static constexpr uint8_t kMaxRdAtomic = 16;
+  static constexpr uint64_t kMaxMsgSize = 1ull << 31;
+  static constexpr uint32_t kMaxQpn = 0xFFFFFF;
+};
+
+// Where a peer engine lives: IPv4 address (host byte order) and the UDP port
+// its engine receives on (its base port). Paths are source ports, so the
+// source port of arriving packets is not part of the peer's identity.
+struct Endpoint {
+  uint32_t ip = 0;
+  uint16_t port = 0;
+  bool operator==(const Endpoint&) const = default;
+};
+
+struct Sge {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint32_t lkey = 0;
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::SEND;
+  uint32_t send_flags = 0;
+  const Sge* sg_list = nullptr;
+  uint32_t num_sge = 0;
+  uint32_t imm_data = 0;  // host order here; network order on the wire
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint64_t compare_add = 0;  // atomics: compare (CAS) or add (FAA)
+  uint64_t swap = 0;         // atomics: swap value (CAS)
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  const Sge* sg_list = nullptr;
+  uint32_t num_sge = 0;
+};
+
+struct Wc {
+  uint64_t wr_id = 0;
+  WcStatus status = WcStatus::SUCCESS;
+  WcOpcode opcode = WcOpcode::SEND;
+  uint32_t vendor_err = 0;
+  uint32_t byte_len = 0;
+  uint32_t imm_data = 0;
+  uint32_t qp_num = 0;
+  uint32_t src_qp = 0;
+  uint32_t wc_flags = 0;
+};
+
+struct QpCap {
+  uint32_t max_send_wr = 128;
+  uint32_t max_recv_wr = 128;
+  uint32_t max_send_sge = 4;
+  uint32_t max_recv_sge = 4;
+  uint32_t max_inline_data = 256;
+};
+
+struct QpInitAttr {
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  QpCap cap;
+  bool sq_sig_all = false;
+};
+
+struct QpAttr {
+  QpState qp_state = QpState::RESET;
+  QpState cur_qp_state = QpState::RESET;
+  uint32_t path_mtu = MTU_4096;
+  uint32_t qp_access_flags = 0;
+  uint16_t pkey_index = 0;
+  uint8_t port_num = 1;
+  Endpoint ah;  // the address vector: the peer engine
+  uint32_t dest_qp_num = 0;
+  uint32_t rq_psn = 0;
+  uint32_t sq_psn = 0;
+  uint8_t max_rd_atomic = 1;
+  uint8_t max_dest_rd_atomic = 1;
+  uint8_t min_rnr_timer = 0;
+  uint8_t timeout = 14;
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t sq_draining = 0;
+  uint8_t en_sqd_async_notify = 0;
+};
+
+enum class AsyncEventType : uint8_t { QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, SQ_DRAINED, CQ_ERR, COMM_EST };
+struct AsyncEvent {
+  AsyncEventType type;
+  uint32_t qpn_or_cqn;
+};
+
+// Serial-number comparison of 32-bit PSNs (RFC 1982 style).
+inline bool seq_lt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) < 0; }
+inline bool seq_le(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) <= 0; }
+
+}  // namespace vstellar

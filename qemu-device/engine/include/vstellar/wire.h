@@ -1,0 +1,158 @@
+// Wire format between two vStellar engines: one UDP datagram per packet,
+// a 24-byte base header, an opcode-specific extension, then payload.
+// All multi-byte fields are big-endian. docs/wire-format.md is the reference;
+// tools/wireshark/vstellar.lua dissects it.
+//
+// Every packet is self-describing (IRN-style): a data packet carries its
+// message's remote address/key or receive sequence number plus its offset, so
+// the receiver places it without having seen any other packet.
+//
+// Parsing copies the header fields out of the datagram into host structs
+// before anything looks at them (no double fetch), and checks every length.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace vstellar::wire {
+
+constexpr uint8_t kVersion = 1;
+constexpr size_t kBaseLen = 24;
+constexpr size_t kMaxSackWords = 16;  // 1024 PSNs per ACK
+constexpr size_t kMaxHeaderLen = 128;
+
+enum class Op : uint8_t {
+  SEND = 1,         // DataExt
+  SEND_IMM = 2,     // DataExt
+  WRITE = 3,        // DataExt
+  WRITE_IMM = 4,    // DataExt
+  READ_REQ = 5,     // ReadReqExt
+  READ_RESP = 6,    // ReadRespExt + payload
+  CMP_SWAP = 7,     // AtomicExt
+  FETCH_ADD = 8,    // AtomicExt
+  ATOMIC_RESP = 9,  // AtomicRespExt
+  ACK = 10,         // AckExt + SACK bitmap words
+};
+const char* to_string(Op op);
+
+enum Flags : uint16_t {
+  F_FIRST = 1,      // first packet of a message
+  F_LAST = 2,       // last packet of a message
+  F_SOLICITED = 4,  // solicited event requested
+  F_RETX = 8,       // a retransmission (diagnostics only)
+};
+
+// ACK syndromes (like the IB AETH).
+enum class Syndrome : uint8_t {
+  ACK = 0,
+  RNR_NAK = 1,
+  NAK_INV_REQ = 2,     // invalid request (bad opcode, length, alignment)
+  NAK_REM_ACCESS = 3,  // bad rkey, bounds, or access flags
+  NAK_REM_OP = 4,      // responder-side local error
+};
+
+struct Base {
+  uint8_t version = kVersion;
+  Op op = Op::ACK;
+  uint16_t flags = 0;
+  uint32_t dst_qpn = 0;
+  uint32_t src_qpn = 0;
+  uint32_t psn = 0;
+  uint16_t path = 0;         // path id = sender's source port - its base port
+  uint16_t payload_len = 0;  // bytes after the extension (and SACK words)
+  uint32_t ts = 0;           // sender clock, microseconds, echoed in ACKs for RTT
+};
+
+struct DataExt {  // 32 bytes
+  uint64_t va = 0;       // WRITE: message start address at the responder
+  uint32_t rkey = 0;     // WRITE
+  uint32_t msg_off = 0;  // offset of this packet's payload in the message
+  uint32_t msg_len = 0;  // total message length
+  uint32_t rsn = 0;      // receive sequence number (SEND*, WRITE_IMM): which receive WQE
+  uint32_t imm = 0;      // immediate data (SEND_IMM, WRITE_IMM), network order kept as a number
+  uint32_t rsvd = 0;
+};
+
+struct ReadReqExt {  // 24 bytes. Asks for [va, va+len) as ceil(len/seg) response packets, PSNs psn..
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t len = 0;
+  uint32_t msg_off = 0;  // offset of va within the requester's message (echoed back)
+  uint16_t seg = 0;      // payload bytes per response packet
+  uint16_t rsvd = 0;
+};
+
+struct ReadRespExt {  // 8 bytes
+  uint32_t msg_off = 0;
+  uint32_t rsvd = 0;
+};
+
+struct AtomicExt {  // 32 bytes
+  uint64_t va = 0;
+  uint32_t rkey = 0;
+  uint32_t rsvd = 0;
+  uint64_t swap_add = 0;
+  uint64_t compare = 0;
+};
+
+struct AtomicRespExt {  // 8 bytes
+  uint64_t orig = 0;
+};
+
+struct AckExt {  // 28 bytes, then sack_words 64-bit words
+  uint32_t cum_psn = 0;    // every PSN before this one has arrived
+  uint32_t sack_base = 0;  // bit i of the bitmap: PSN sack_base + i arrived
+  uint8_t sack_words = 0;
+  Syndrome syndrome = Syndrome::ACK;
+  uint16_t ce_count = 0;   // CE-marked data packets since the previous ACK
+  uint32_t echo_ts = 0;    // ts of the newest data packet acknowledged
+  uint16_t echo_path = 0;  // path that packet came on
+  uint16_t rx_count = 0;   // data packets since the previous ACK
+  uint32_t nak_psn = 0;    // PSN a NAK refers to
+  uint32_t rnr_us = 0;     // RNR NAK: how long to wait
+  uint64_t sack[kMaxSackWords] = {};
+};
+
+constexpr size_t ext_len(Op op) {
+  switch (op) {
+    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: return 32;
+    case Op::READ_REQ: return 24;
+    case Op::READ_RESP: return 8;
+    case Op::CMP_SWAP: case Op::FETCH_ADD: return 32;
+    case Op::ATOMIC_RESP: return 8;
+    case Op::ACK: return 28;
+  }
+  return 0;
+}
+inline bool is_data(Op op) { return op >= Op::SEND && op <= Op::WRITE_IMM; }
+
+// A parsed packet: host-order copies of every header field, and a pointer
+// into the datagram for the payload.
+struct Packet {
+  Base base;
+  union {
+    DataExt data;
+    ReadReqExt rreq;
+    ReadRespExt rresp;
+    AtomicExt atomic;
+    AtomicRespExt aresp;
+  };
+  AckExt ack;
+  const uint8_t* payload = nullptr;
+  size_t payload_len = 0;
+  Packet() : data() {}
+};
+
+enum class ParseError { OK, TRUNCATED, BAD_VERSION, BAD_OPCODE, BAD_LENGTH };
+ParseError parse(const uint8_t* buf, size_t len, Packet& out);
+
+// Encoders write the header (base + extension [+ SACK words]) into `out`
+// (at least kMaxHeaderLen bytes) and return its length. base.payload_len must
+// already be set.
+size_t encode(const Base& b, const DataExt& e, uint8_t* out);
+size_t encode(const Base& b, const ReadReqExt& e, uint8_t* out);
+size_t encode(const Base& b, const ReadRespExt& e, uint8_t* out);
+size_t encode(const Base& b, const AtomicExt& e, uint8_t* out);
+size_t encode(const Base& b, const AtomicRespExt& e, uint8_t* out);
+size_t encode(const Base& b, const AckExt& e, uint8_t* out);
+
+}  // namespace vstellar::wire

@@ -1,0 +1,58 @@
+#include "vstellar/cc.h"
+
+#include <algorithm>
+
+#include "vstellar/types.h"
+
+namespace vstellar {
+
+void CongestionControl::reset(const CcConfig& c, uint32_t mtu) {
+  cfg_ = c;
+  mtu_ = mtu;
+  cwnd_ = std::clamp(c.init_cwnd, c.min_cwnd, c.max_cwnd);
+  alpha_ = 0;
+  srtt_ = 0;
+  epoch_open_ = false;
+  epoch_pkts_ = epoch_ce_ = 0;
+  epoch_min_rtt_ = UINT64_MAX;
+}
+
+void CongestionControl::on_ack(uint64_t acked_bytes, uint32_t pkts, uint32_t ce, uint64_t rtt_ns,
+                               uint32_t cum, uint32_t snd_nxt) {
+  if (rtt_ns) {
+    srtt_ = srtt_ ? (7 * srtt_ + rtt_ns) / 8 : rtt_ns;
+    epoch_min_rtt_ = std::min(epoch_min_rtt_, rtt_ns);
+  }
+  epoch_pkts_ += pkts;
+  epoch_ce_ += std::min(ce, pkts);
+  if (!epoch_open_) {
+    epoch_open_ = true;
+    epoch_end_ = snd_nxt;
+  }
+  // Additive increase on every ACK: ai_mtus MTUs per window's worth of ACKs,
+  // as long as this epoch has seen no congestion signal yet.
+  if (epoch_ce_ == 0 && (epoch_min_rtt_ == UINT64_MAX || epoch_min_rtt_ <= cfg_.target_delay_ns) &&
+      acked_bytes && cwnd_ > 0) {
+    uint64_t inc = std::max<uint64_t>(1, uint64_t(cfg_.ai_mtus) * mtu_ * acked_bytes / cwnd_);
+    cwnd_ = std::min(cwnd_ + inc, cfg_.max_cwnd);
+  }
+  if (seq_lt(cum, epoch_end_)) return;
+  // Epoch over (about one RTT): decide once per epoch, so one burst of marks
+  // does not cut the window many times.
+  double f = epoch_pkts_ ? double(epoch_ce_) / epoch_pkts_ : 0.0;
+  alpha_ = (1 - cfg_.ecn_gain) * alpha_ + cfg_.ecn_gain * f;
+  double factor = 1.0;
+  if (epoch_ce_ > 0) factor = 1.0 - alpha_ / 2;
+  if (epoch_min_rtt_ != UINT64_MAX && epoch_min_rtt_ > cfg_.target_delay_ns) {
+    double over = double(epoch_min_rtt_ - cfg_.target_delay_ns) / double(epoch_min_rtt_);
+    factor = std::min(factor, 1.0 - cfg_.rtt_beta * over);
+  }
+  factor = std::max(factor, 1.0 - cfg_.max_decrease);
+  if (factor < 1.0) cwnd_ = std::max<uint64_t>(cfg_.min_cwnd, uint64_t(double(cwnd_) * factor));
+  epoch_open_ = true;
+  epoch_end_ = snd_nxt;
+  epoch_pkts_ = epoch_ce_ = 0;
+  epoch_min_rtt_ = UINT64_MAX;
+}
+
+}  // namespace vstellar

@@ -1,0 +1,257 @@
+// Completer: ACKs, READ responses and atomic responses come back here. It
+// marks PSNs done, feeds RTT/ECN to the congestion window and path selector,
+// and retires WQEs strictly in order (verbs ordering), producing CQEs.
+#include <algorithm>
+#include <cstring>
+
+#include "vstellar/engine.h"
+
+namespace vstellar {
+namespace {
+
+bool is_rd_atomic(WrOpcode op) {
+  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
+         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
+}
+
+WcOpcode wc_opcode(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::RDMA_WRITE:
+    case WrOpcode::RDMA_WRITE_WITH_IMM: return WcOpcode::RDMA_WRITE;
+    case WrOpcode::SEND:
+    case WrOpcode::SEND_WITH_IMM: return WcOpcode::SEND;
+    case WrOpcode::RDMA_READ: return WcOpcode::RDMA_READ;
+    case WrOpcode::ATOMIC_CMP_AND_SWP: return WcOpcode::COMP_SWAP;
+    case WrOpcode::ATOMIC_FETCH_AND_ADD: return WcOpcode::FETCH_ADD;
+  }
+  return WcOpcode::SEND;
+}
+
+bool in_window(const Qp& qp, uint32_t psn) {
+  return !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt);
+}
+
+}  // namespace
+
+void Engine::comp_rtt(Qp& qp, uint64_t r) {
+  if (r == 0) return;
+  if (qp.srtt == 0) {
+    qp.srtt = r;
+    qp.rttvar = r / 2;
+  } else {
+    uint64_t d = qp.srtt > r ? qp.srtt - r : r - qp.srtt;
+    qp.rttvar = (3 * qp.rttvar + d) / 4;
+    qp.srtt = (7 * qp.srtt + r) / 8;
+  }
+}
+
+void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t, bool, uint64_t& acked_bytes) {
+  PktRec& r = qp.rec(psn);
+  if (r.acked) return;
+  r.acked = true;
+  acked_bytes += r.len;
+  qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);
+  SendWqe& w = qp.sq_at(r.wqe);
+  if (w.done) return;
+  w.pkts_done++;
+  if (w.pkts_done >= w.npkts) w.done = true;
+}
+
+void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
+  const wire::AckExt& a = p.ack;
+  if (seq_lt(qp.snd_nxt, a.cum_psn)) {  // acknowledges what was never sent
+    stats_.bad_ack++;
+    return;
+  }
+  stats_.acks_rcvd++;
+  uint64_t rtt = 0;
+  uint32_t rtt_us = now_us() - a.echo_ts;
+  if (rtt_us < 10'000'000) rtt = uint64_t(rtt_us) * 1000 + 1;
+  uint64_t acked = 0;
+  // Cumulative part. READ and atomic PSNs are only done when their response
+  // arrives, so the ACK skips them.
+  uint32_t from = seq_lt(qp.cum_seen, qp.snd_una) ? qp.snd_una : qp.cum_seen;
+  for (uint32_t psn = from; seq_lt(psn, a.cum_psn); psn++)
+    if (qp.rec(psn).kind == PktKind::DATA) comp_pkt_done(qp, psn, now, false, acked);
+  if (seq_lt(qp.cum_seen, a.cum_psn)) qp.cum_seen = a.cum_psn;
+  // Selective part.
+  for (unsigned wi = 0; wi < a.sack_words; wi++) {
+    uint64_t bits = a.sack[wi];
+    while (bits) {
+      unsigned b = unsigned(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      uint32_t psn = a.sack_base + wi * 64 + b;
+      if (in_window(qp, psn) && qp.rec(psn).kind == PktKind::DATA)
+        comp_pkt_done(qp, psn, now, false, acked);
+    }
+  }
+  while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
+  comp_rtt(qp, rtt);
+  qp.paths.on_ack(a.echo_path, rtt);
+  qp.cc.on_ack(acked, a.rx_count, a.ce_count, rtt, qp.snd_una, qp.snd_nxt);
+
+  if (a.syndrome != wire::Syndrome::ACK) {
+    stats_.naks_rcvd++;
+    if (!in_window(qp, a.nak_psn)) {
+      comp_retire(qp);
+      return;
+    }
+    PktRec& r = qp.rec(a.nak_psn);
+    SendWqe& w = qp.sq_at(r.wqe);
+    switch (a.syndrome) {
+      case wire::Syndrome::RNR_NAK: {
+        if (r.acked || w.done) break;
+        // One RNR retry per hold period, however many packets got NAKed.
+        if (now >= w.rnr_hold_until) {
+          if (qp.attr.rnr_retry != 7) {
+            if (w.rnr_left == 0) {
+              comp_fail_wqe(qp, r.wqe, WcStatus::RNR_RETRY_EXC_ERR);
+              return;
+            }
+            w.rnr_left--;
+          }
+          uint64_t wait = std::max<uint64_t>(uint64_t(std::min(a.rnr_us, 1'000'000u)) * 1000, 1000);
+          w.rnr_hold_until = now + wait;
+        }
+        r.tx_seq++;  // the pending RTO of this packet is replaced by the RNR wait
+        qp.timers.push({w.rnr_hold_until, a.nak_psn, r.tx_seq, true});
+        break;
+      }
+      case wire::Syndrome::NAK_REM_ACCESS:
+        comp_fail_wqe(qp, r.wqe, WcStatus::REM_ACCESS_ERR);
+        return;
+      case wire::Syndrome::NAK_INV_REQ:
+        comp_fail_wqe(qp, r.wqe, WcStatus::REM_INV_REQ_ERR);
+        return;
+      case wire::Syndrome::NAK_REM_OP:
+        comp_fail_wqe(qp, r.wqe, WcStatus::REM_OP_ERR);
+        return;
+      case wire::Syndrome::ACK: break;
+    }
+  }
+  comp_retire(qp);
+}
+
+// Scatter response bytes into the WQE's local SGEs at message offset `off`.
+bool Engine::place_local(Qp& qp, SendWqe& w, uint64_t off, const uint8_t* src, size_t len) {
+  uint64_t pos = 0;
+  size_t left = len;
+  for (uint32_t i = 0; i < w.nsge && left > 0; i++) {
+    const Sge& s = w.sge[i];
+    if (off >= pos + s.length) {
+      pos += s.length;
+      continue;
+    }
+    uint64_t in = off - pos;
+    uint64_t take = std::min<uint64_t>(s.length - in, left);
+    Mr* mr = find_mr(s.lkey);
+    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE)) return false;
+    if (!mem_write(mr->mem(), s.addr + in, src, take)) return false;
+    src += take;
+    left -= take;
+    off += take;
+    pos += s.length;
+  }
+  return left == 0;
+}
+
+void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
+  uint32_t psn = p.base.psn;
+  if (!in_window(qp, psn)) {
+    stats_.dup_pkts++;
+    return;
+  }
+  PktRec& r = qp.rec(psn);
+  if (r.kind != PktKind::READ || r.acked) {
+    stats_.dup_pkts++;
+    return;
+  }
+  if (p.payload_len != r.len || p.rresp.msg_off != r.off) {  // not the answer we asked for
+    stats_.bad_ack++;
+    return;
+  }
+  SendWqe& w = qp.sq_at(r.wqe);
+  if (!place_local(qp, w, r.off, p.payload, p.payload_len)) {
+    comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
+    return;
+  }
+  uint64_t rtt = r.retries == 0 ? now - r.sent_ns : 0;
+  uint16_t path = r.path;
+  uint64_t acked = 0;
+  comp_pkt_done(qp, psn, now, true, acked);
+  while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
+  comp_rtt(qp, rtt);
+  qp.paths.on_ack(path, rtt);
+  qp.cc.on_ack(acked, 1, 0, rtt, qp.snd_una, qp.snd_nxt);
+  comp_retire(qp);
+}
+
+void Engine::comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
+  uint32_t psn = p.base.psn;
+  if (!in_window(qp, psn)) {
+    stats_.dup_pkts++;
+    return;
+  }
+  PktRec& r = qp.rec(psn);
+  if (r.kind != PktKind::ATOMIC || r.acked) {
+    stats_.dup_pkts++;
+    return;
+  }
+  SendWqe& w = qp.sq_at(r.wqe);
+  uint64_t orig = p.aresp.orig;
+  if (!place_local(qp, w, 0, reinterpret_cast<const uint8_t*>(&orig), 8)) {
+    comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
+    return;
+  }
+  uint64_t acked = 0;
+  comp_pkt_done(qp, psn, now, true, acked);
+  while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
+  comp_retire(qp);
+}
+
+void Engine::comp_fail_wqe(Qp& qp, uint64_t idx, WcStatus st) {
+  SendWqe& w = qp.sq_at(idx);
+  if (!w.done || w.status == WcStatus::SUCCESS) {
+    w.done = true;
+    w.status = st;
+  }
+  qp.sq_next = qp.sq_tail;
+  events_.push_back({AsyncEventType::QP_FATAL, qp.qpn_});
+  qp_to_error(qp);
+}
+
+void Engine::comp_retire(Qp& qp) {
+  while (qp.sq_head < qp.sq_tail) {
+    SendWqe& w = qp.sq_at(qp.sq_head);
+    if (!w.done) {
+      if (qp.state_ != QpState::ERR) break;
+      w.done = true;
+      w.status = WcStatus::WR_FLUSH_ERR;
+    }
+    if (w.rd_counted) {
+      w.rd_counted = false;
+      qp.rd_atomic_outstanding--;
+    }
+    if (w.signaled || w.status != WcStatus::SUCCESS) {
+      Wc wc;
+      wc.wr_id = w.wr_id;
+      wc.status = w.status;
+      wc.opcode = wc_opcode(w.op);
+      wc.byte_len = w.op == WrOpcode::RDMA_READ ? uint32_t(w.len)
+                    : is_rd_atomic(w.op)        ? 8
+                                                : uint32_t(w.len);
+      wc.qp_num = qp.qpn_;
+      wc.src_qp = qp.attr.dest_qp_num;
+      emit(qp.send_cq, wc);
+    }
+    qp.sq_head++;
+  }
+  if (qp.sq_next < qp.sq_head) qp.sq_next = qp.sq_head;
+  if (qp.state_ == QpState::SQD && qp.sq_head == qp.sq_next && !qp.drained_reported &&
+      qp.attr.en_sqd_async_notify) {
+    qp.drained_reported = true;
+    events_.push_back({AsyncEventType::SQ_DRAINED, qp.qpn_});
+  }
+}
+
+}  // namespace vstellar

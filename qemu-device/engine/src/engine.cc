@@ -1,0 +1,211 @@
+// Engine: object tables, packet dispatch and the progress loop. The verbs
+// state machine is in qp.cc, the transport in requester.cc / responder.cc /
+// completer.cc.
+#include "vstellar/engine.h"
+
+#include <algorithm>
+
+namespace vstellar {
+
+const char* to_string(WcStatus s) {
+  static const char* names[] = {"SUCCESS", "LOC_LEN_ERR", "LOC_QP_OP_ERR", "LOC_EEC_OP_ERR",
+                                "LOC_PROT_ERR", "WR_FLUSH_ERR", "MW_BIND_ERR", "BAD_RESP_ERR",
+                                "LOC_ACCESS_ERR", "REM_INV_REQ_ERR", "REM_ACCESS_ERR",
+                                "REM_OP_ERR", "RETRY_EXC_ERR", "RNR_RETRY_EXC_ERR",
+                                "LOC_RDD_VIOL_ERR", "REM_INV_RD_REQ_ERR", "REM_ABORT_ERR",
+                                "INV_EECN_ERR", "INV_EEC_STATE_ERR", "FATAL_ERR",
+                                "RESP_TIMEOUT_ERR", "GENERAL_ERR"};
+  unsigned i = unsigned(s);
+  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "?";
+}
+
+const char* to_string(QpState s) {
+  static const char* names[] = {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"};
+  unsigned i = unsigned(s);
+  return i < 7 ? names[i] : "?";
+}
+
+bool EngineConfig::validate() {
+  if (mtu < 256 || mtu > 16384) return false;
+  if (num_paths < 1 || num_paths > 256) return false;
+  if (window_pkts < 64 || window_pkts > (1u << 20) || (window_pkts & (window_pkts - 1))) return false;
+  if (read_chunk_pkts < 1) read_chunk_pkts = 1;
+  if (read_chunk_pkts > window_pkts / 4) read_chunk_pkts = window_pkts / 4;
+  if (ack_every < 1) ack_every = 1;
+  if (tx_budget < 1) tx_budget = 1;
+  if (rto_ns < 1000) return false;
+  if (rto_max_ns < rto_ns) rto_max_ns = rto_ns;
+  if (single_path >= num_paths) return false;
+  return true;
+}
+
+Engine::Engine(const EngineConfig& cfg, Link& link, Clock& clock)
+    : cfg_(cfg), link_(link), clock_(clock) {
+  if (!cfg_.validate()) cfg_ = EngineConfig{};
+  stats_.paths.resize(cfg_.num_paths);
+}
+
+Engine::~Engine() = default;
+
+Pd* Engine::alloc_pd() {
+  pds_.push_back(std::make_unique<Pd>(next_handle_++));
+  return pds_.back().get();
+}
+
+int Engine::dealloc_pd(Pd* pd) {
+  auto it = std::find_if(pds_.begin(), pds_.end(), [&](auto& p) { return p.get() == pd; });
+  if (it == pds_.end()) return EINVAL;
+  if (pd->refs) return EBUSY;
+  pds_.erase(it);
+  return 0;
+}
+
+Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
+                   std::shared_ptr<MemoryTranslator> mem) {
+  if (!pd || !mem || length == 0) return nullptr;
+  if (access & ~ACCESS_ALL_SUPPORTED) return nullptr;
+  if (iova + length < iova) return nullptr;  // wraps
+  // IB: remote write/atomic need local write.
+  if ((access & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC)) && !(access & ACCESS_LOCAL_WRITE))
+    return nullptr;
+  size_t slot = 0;
+  while (slot < mrs_.size() && mrs_[slot]) slot++;
+  if (slot >= (1u << 24) - 1) return nullptr;
+  if (slot == mrs_.size()) mrs_.emplace_back();
+  // Key = slot+1 in the upper 24 bits, a changing tag in the low 8, so a key
+  // of a deregistered MR does not match the next MR in the same slot.
+  key_tag_ = (key_tag_ * 37 + 11) & 0xff;
+  uint32_t key = uint32_t(slot + 1) << 8 | key_tag_;
+  mrs_[slot] = std::make_unique<Mr>(pd, iova, length, access, key, std::move(mem));
+  pd->refs++;
+  return mrs_[slot].get();
+}
+
+Mr* Engine::find_mr(uint32_t key) {
+  size_t slot = (key >> 8);
+  if (slot == 0 || slot > mrs_.size()) return nullptr;
+  Mr* mr = mrs_[slot - 1].get();
+  return (mr && mr->lkey() == key) ? mr : nullptr;
+}
+
+int Engine::dereg_mr(Mr* mr) {
+  if (!mr || find_mr(mr->lkey()) != mr) return EINVAL;
+  mr->pd()->refs--;
+  mrs_[(mr->lkey() >> 8) - 1].reset();
+  return 0;
+}
+
+Cq* Engine::create_cq(uint32_t cqe) {
+  if (cqe < 1 || cqe > DeviceLimits::kMaxCqe) return nullptr;
+  cqs_.push_back(std::make_unique<Cq>(next_handle_++, cqe));
+  return cqs_.back().get();
+}
+
+int Engine::destroy_cq(Cq* cq) {
+  auto it = std::find_if(cqs_.begin(), cqs_.end(), [&](auto& c) { return c.get() == cq; });
+  if (it == cqs_.end()) return EINVAL;
+  if (cq->refs) return EBUSY;
+  cqs_.erase(it);
+  return 0;
+}
+
+Qp* Engine::find_qp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+void Engine::emit(Cq* cq, const Wc& wc) {
+  if (!cq->push(wc)) events_.push_back({AsyncEventType::CQ_ERR, cq->cqn()});
+  if (cq->on_completion) cq->on_completion(*cq);
+}
+
+void Engine::xmit(Qp& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
+                  size_t nspans, size_t plen, bool retx) {
+  link_.send(path, qp.attr.ah, hdr, hlen, pl, nspans);
+  stats_.tx_pkts++;
+  stats_.tx_bytes += hlen + plen;
+  if (path < stats_.paths.size()) {
+    PathCounters& pc = stats_.paths[path];
+    pc.tx_pkts++;
+    pc.tx_bytes += hlen + plen;
+    if (retx) pc.retx_pkts++;
+  }
+}
+
+void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
+  wire::Packet p;
+  stats_.rx_pkts++;
+  stats_.rx_bytes += len;
+  if (wire::parse(data, len, p) != wire::ParseError::OK) {
+    stats_.bad_parse++;
+    return;
+  }
+  if (p.base.path < stats_.paths.size()) stats_.paths[p.base.path].rx_pkts++;
+  Qp* qp = find_qp(p.base.dst_qpn);
+  if (!qp) {
+    stats_.bad_qpn++;
+    return;
+  }
+  // Only the connected peer may talk to an RC QP.
+  if (p.base.src_qpn != qp->attr.dest_qp_num || from.ip != qp->attr.ah.ip) {
+    stats_.bad_peer++;
+    return;
+  }
+  if (ce) stats_.ce_marks++;
+  uint64_t now = clock_.now_ns();
+  switch (p.base.op) {
+    case wire::Op::ACK:
+    case wire::Op::READ_RESP:
+    case wire::Op::ATOMIC_RESP:
+      if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) {
+        stats_.bad_state++;
+        return;
+      }
+      if (p.base.op == wire::Op::ACK) comp_ack(*qp, p, now);
+      else if (p.base.op == wire::Op::READ_RESP) comp_read_resp(*qp, p, now);
+      else comp_atomic_resp(*qp, p, now);
+      return;
+    default:
+      if (qp->state_ == QpState::RESET || qp->state_ == QpState::INIT ||
+          qp->state_ == QpState::ERR) {
+        stats_.bad_state++;
+        return;
+      }
+      resp_receive(*qp, p, ce, now);
+  }
+}
+
+bool Engine::progress() {
+  uint64_t now = clock_.now_ns();
+  bool more = false;
+  for (Qp* qp : qp_list_) {
+    if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
+    req_timers(*qp, now);
+    if (req_progress(*qp, now)) more = true;
+  }
+  for (Qp* qp : ack_list_)
+    if (qp->ack_pending) send_ack(*qp);
+  ack_list_.clear();
+  link_.flush();
+  return more;
+}
+
+uint64_t Engine::next_deadline() {
+  uint64_t d = UINT64_MAX;
+  for (Qp* qp : qp_list_) {
+    if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
+    // Drop stale timers here too so an idle engine does not wake for them.
+    while (!qp->timers.empty()) {
+      const RetxTimer& t = qp->timers.top();
+      uint32_t psn = t.psn;
+      bool live = !seq_lt(psn, qp->snd_una) && seq_lt(psn, qp->snd_nxt) &&
+                  !qp->rec(psn).acked && qp->rec(psn).tx_seq == t.tx_seq;
+      if (live) break;
+      qp->timers.pop();
+    }
+    if (!qp->timers.empty()) d = std::min(d, qp->timers.top().deadline);
+  }
+  return d;
+}
+
+}  // namespace vstellar

@@ -1,0 +1,59 @@
+#include "vstellar/memory.h"
+
+#include <cstring>
+
+namespace vstellar {
+
+TranslateResult HostMemory::translate(uint64_t iova, uint64_t len, bool, HostSpan* out,
+                                      size_t max_out) {
+  TranslateResult r;
+  r.ok = true;
+  if (len == 0 || max_out == 0) return r;
+  if (block_ == 0) {
+    out[0] = {reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(iova)), static_cast<size_t>(len)};
+    r.count = 1;
+    r.covered = len;
+    return r;
+  }
+  uint64_t a = iova, left = len;
+  while (left > 0 && r.count < max_out) {
+    uint64_t in_block = block_ - (a % block_);
+    uint64_t n = in_block < left ? in_block : left;
+    out[r.count++] = {reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a)), static_cast<size_t>(n)};
+    a += n;
+    left -= n;
+    r.covered += n;
+  }
+  return r;
+}
+
+namespace {
+template <typename F>
+bool for_spans(MemoryTranslator& t, uint64_t iova, uint64_t len, bool wr, F&& f) {
+  HostSpan spans[16];
+  uint64_t done = 0;
+  while (done < len) {
+    TranslateResult r = t.translate(iova + done, len - done, wr, spans, 16);
+    if (!r.ok || r.covered == 0) return false;
+    for (size_t i = 0; i < r.count; i++) {
+      f(spans[i], done);
+      done += spans[i].len;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len) {
+  auto* s = static_cast<const uint8_t*>(src);
+  return for_spans(t, iova, len, true,
+                   [&](HostSpan sp, uint64_t off) { std::memcpy(sp.ptr, s + off, sp.len); });
+}
+
+bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len) {
+  auto* d = static_cast<uint8_t*>(dst);
+  return for_spans(t, iova, len, false,
+                   [&](HostSpan sp, uint64_t off) { std::memcpy(d + off, sp.ptr, sp.len); });
+}
+
+}  // namespace vstellar

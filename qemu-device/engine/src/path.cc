@@ -1,0 +1,112 @@
+#include "vstellar/path.h"
+
+#include <algorithm>
+
+namespace vstellar {
+
+const char* to_string(PathAlgo a) {
+  switch (a) {
+    case PathAlgo::OBS: return "obs";
+    case PathAlgo::RR: return "rr";
+    case PathAlgo::DWRR: return "dwrr";
+    case PathAlgo::BEST_RTT: return "bestrtt";
+    case PathAlgo::SINGLE: return "single";
+  }
+  return "?";
+}
+
+bool parse_path_algo(const std::string& s, PathAlgo& out) {
+  for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT, PathAlgo::SINGLE})
+    if (s == to_string(a)) { out = a; return true; }
+  return false;
+}
+
+PathSelector::PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path)
+    : algo_(algo), n_(num_paths ? num_paths : 1), single_(single_path), rng_(seed | 1) {
+  if (single_ >= n_) single_ = 0;
+  if (algo_ == PathAlgo::DWRR) {
+    weight_.assign(n_, 1.0);
+    deficit_.assign(n_, 0.0);
+  }
+  if (algo_ == PathAlgo::BEST_RTT) srtt_.assign(n_, 0);
+  rr_ = uint32_t(rand() % n_);
+}
+
+uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
+  rng_ ^= rng_ >> 12;
+  rng_ ^= rng_ << 25;
+  rng_ ^= rng_ >> 27;
+  return rng_ * 2685821657736338717ull;
+}
+
+uint16_t PathSelector::pick(uint32_t bytes) {
+  picks_++;
+  switch (algo_) {
+    case PathAlgo::OBS: return uint16_t(rand() % n_);
+    case PathAlgo::RR: return uint16_t(rr_++ % n_);
+    case PathAlgo::DWRR: return pick_dwrr(bytes);
+    case PathAlgo::BEST_RTT: return pick_best_rtt();
+    case PathAlgo::SINGLE: return single_;
+  }
+  return 0;
+}
+
+uint16_t PathSelector::pick_retx(uint16_t avoid, uint32_t bytes) {
+  if (n_ == 1) return 0;
+  if (algo_ == PathAlgo::SINGLE) return single_;  // the baseline has one path only
+  uint16_t p = pick(bytes);
+  if (p == avoid) p = uint16_t((p + 1 + rand() % (n_ - 1)) % n_);
+  return p;
+}
+
+// Deficit weighted round robin: each visit gives a path quantum = weight*MTU
+// bytes of credit; it sends while it has credit. A path that lost packets has a
+// lower weight, so it carries proportionally less.
+uint16_t PathSelector::pick_dwrr(uint32_t bytes) {
+  const double quantum = 4096.0;
+  double need = bytes ? double(bytes) : 1.0;
+  for (int guard = 0; guard < 4 * n_ + 64; guard++) {
+    uint16_t p = uint16_t(rr_ % n_);
+    if (deficit_[p] >= need) {
+      deficit_[p] -= need;
+      return p;
+    }
+    deficit_[p] += quantum * weight_[p];
+    rr_++;
+  }
+  return uint16_t(rr_++ % n_);
+}
+
+// Lowest smoothed RTT wins; every 16th packet explores a random path so the
+// estimates of the others stay fresh, and unknown paths count as best.
+uint16_t PathSelector::pick_best_rtt() {
+  if (picks_ % 16 == 0) return uint16_t(rand() % n_);
+  uint16_t best = 0;
+  uint64_t best_rtt = UINT64_MAX;
+  uint16_t start = uint16_t(rand() % n_);  // break ties randomly
+  for (uint16_t i = 0; i < n_; i++) {
+    uint16_t p = uint16_t((start + i) % n_);
+    if (srtt_[p] < best_rtt) {
+      best_rtt = srtt_[p];
+      best = p;
+    }
+  }
+  return best;
+}
+
+void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
+  if (path >= n_) return;
+  if (algo_ == PathAlgo::DWRR) weight_[path] += (1.0 - weight_[path]) / 16.0;
+  if (algo_ == PathAlgo::BEST_RTT && rtt_ns) {
+    uint64_t& s = srtt_[path];
+    s = s ? (7 * s + rtt_ns) / 8 : rtt_ns;
+  }
+}
+
+void PathSelector::on_timeout(uint16_t path) {
+  if (path >= n_) return;
+  if (algo_ == PathAlgo::DWRR) weight_[path] = std::max(weight_[path] / 2, 1.0 / 64);
+  if (algo_ == PathAlgo::BEST_RTT) srtt_[path] = std::max<uint64_t>(srtt_[path] * 4, 1'000'000);
+}
+
+}  // namespace vstellar

@@ -1,0 +1,323 @@
+// QP creation, the verbs state machine (the attribute rules ibv_modify_qp
+// applies, taken from the IB spec table that the kernel's
+// ib_modify_qp_is_ok() encodes, RC column), and posting.
+#include <algorithm>
+#include <cstring>
+
+#include "vstellar/engine.h"
+
+namespace vstellar {
+namespace {
+
+struct Transition {
+  bool valid;
+  uint32_t req;
+  uint32_t opt;
+};
+
+constexpr int kStates = 7;
+
+const Transition& transition(QpState cur, QpState next) {
+  static Transition t[kStates][kStates];
+  static bool built = false;
+  if (!built) {
+    auto S = [](QpState s) { return int(s); };
+    for (int c = 0; c < kStates; c++) {
+      t[c][S(QpState::RESET)] = {true, 0, 0};
+      t[c][S(QpState::ERR)] = {true, 0, 0};
+    }
+    t[S(QpState::RESET)][S(QpState::INIT)] = {true, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS, 0};
+    t[S(QpState::INIT)][S(QpState::INIT)] = {true, 0, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS};
+    t[S(QpState::INIT)][S(QpState::RTR)] = {
+        true,
+        QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN | QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER,
+        QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX};
+    t[S(QpState::RTR)][S(QpState::RTS)] = {
+        true, QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC,
+        QP_CUR_STATE | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_MIN_RNR_TIMER | QP_PATH_MIG_STATE};
+    t[S(QpState::RTS)][S(QpState::RTS)] = {
+        true, 0,
+        QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_PATH_MIG_STATE | QP_MIN_RNR_TIMER};
+    t[S(QpState::RTS)][S(QpState::SQD)] = {true, 0, QP_EN_SQD_ASYNC_NOTIFY};
+    t[S(QpState::SQD)][S(QpState::RTS)] = {
+        true, 0,
+        QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_MIN_RNR_TIMER | QP_PATH_MIG_STATE};
+    t[S(QpState::SQD)][S(QpState::SQD)] = {
+        true, 0,
+        QP_PORT | QP_AV | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC |
+            QP_MAX_DEST_RD_ATOMIC | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX |
+            QP_MIN_RNR_TIMER | QP_PATH_MIG_STATE};
+    t[S(QpState::SQE)][S(QpState::RTS)] = {true, 0,
+                                            QP_CUR_STATE | QP_ACCESS_FLAGS | QP_MIN_RNR_TIMER};
+    built = true;
+  }
+  return t[int(cur)][int(next)];
+}
+
+bool is_rd_atomic(WrOpcode op) {
+  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
+         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
+}
+
+}  // namespace
+
+Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
+  const QpCap& c = init.cap;
+  if (!pd || !init.send_cq || !init.recv_cq) return nullptr;
+  if (c.max_send_wr < 1 || c.max_send_wr > DeviceLimits::kMaxQpWr) return nullptr;
+  if (c.max_recv_wr < 1 || c.max_recv_wr > DeviceLimits::kMaxQpWr) return nullptr;
+  if (c.max_send_sge > DeviceLimits::kMaxSge || c.max_recv_sge > DeviceLimits::kMaxSge) return nullptr;
+  if (c.max_inline_data > DeviceLimits::kMaxInline) return nullptr;
+  if (next_qpn_ > DeviceLimits::kMaxQpn) return nullptr;
+  auto qp = std::make_unique<Qp>();
+  qp->qpn_ = next_qpn_++;
+  qp->pd = pd;
+  qp->send_cq = init.send_cq;
+  qp->recv_cq = init.recv_cq;
+  qp->init = init;
+  qp->sq.resize(c.max_send_wr);
+  qp->inline_buf.resize(size_t(c.max_send_wr) * c.max_inline_data);
+  qp->rq.resize(c.max_recv_wr);
+  qp->recs.resize(cfg_.window_pkts);
+  qp->rbits.assign(cfg_.window_pkts / 64, 0);
+  pd->refs++;
+  init.send_cq->refs++;
+  init.recv_cq->refs++;
+  Qp* raw = qp.get();
+  qps_[raw->qpn_] = std::move(qp);
+  qp_list_.push_back(raw);
+  return raw;
+}
+
+int Engine::destroy_qp(Qp* qp) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  qp->pd->refs--;
+  qp->send_cq->refs--;
+  qp->recv_cq->refs--;
+  qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
+  ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
+  qps_.erase(qp->qpn_);
+  return 0;
+}
+
+int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
+  if (!qp) return EINVAL;
+  attr = qp->attr;
+  attr.qp_state = attr.cur_qp_state = qp->state_;
+  attr.sq_draining = qp->state_ == QpState::SQD && qp->sq_head != qp->sq_next;
+  init = qp->init;
+  return 0;
+}
+
+int Engine::check_modify(Qp& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
+  const Transition& t = transition(cur, next);
+  if (!t.valid) return EINVAL;
+  uint32_t extra = mask & ~(QP_STATE | QP_CUR_STATE);
+  if ((extra & t.req) != t.req) return EINVAL;              // a required attribute is missing
+  if (extra & ~(t.req | t.opt | QP_CUR_STATE)) return EINVAL;  // an attribute not allowed here
+  if ((mask & QP_CUR_STATE) && !(t.opt & QP_CUR_STATE) && next != QpState::RESET &&
+      next != QpState::ERR)
+    return EINVAL;
+  if ((mask & QP_PORT) && a.port_num != 1) return EINVAL;
+  if ((mask & QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
+  if ((mask & QP_ACCESS_FLAGS) && (a.qp_access_flags & ~ACCESS_ALL_SUPPORTED)) return EINVAL;
+  if ((mask & QP_PATH_MTU) && mtu_bytes(a.path_mtu) == 0) return EINVAL;
+  if ((mask & QP_DEST_QPN) && a.dest_qp_num > DeviceLimits::kMaxQpn) return EINVAL;
+  if ((mask & QP_RQ_PSN) && a.rq_psn > 0xFFFFFF) return EINVAL;
+  if ((mask & QP_SQ_PSN) && a.sq_psn > 0xFFFFFF) return EINVAL;
+  if ((mask & QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > DeviceLimits::kMaxRdAtomic) return EINVAL;
+  if ((mask & QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > DeviceLimits::kMaxRdAtomic)
+    return EINVAL;
+  if ((mask & QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
+  if ((mask & QP_TIMEOUT) && a.timeout > 31) return EINVAL;
+  if ((mask & QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
+  if ((mask & QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
+  if ((mask & QP_AV) && (a.ah.port == 0 || a.ah.ip == 0)) return EINVAL;
+  return 0;
+}
+
+int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  QpState cur = qp->state_;
+  if ((mask & QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
+  QpState next = (mask & QP_STATE) ? a.qp_state : cur;
+  if (int(next) >= kStates) return EINVAL;
+  if (int err = check_modify(*qp, a, mask, cur, next)) return err;
+
+  QpAttr& s = qp->attr;
+  if (mask & QP_ACCESS_FLAGS) s.qp_access_flags = a.qp_access_flags;
+  if (mask & QP_PKEY_INDEX) s.pkey_index = a.pkey_index;
+  if (mask & QP_PORT) s.port_num = a.port_num;
+  if (mask & QP_AV) s.ah = a.ah;
+  if (mask & QP_PATH_MTU) s.path_mtu = a.path_mtu;
+  if (mask & QP_TIMEOUT) s.timeout = a.timeout;
+  if (mask & QP_RETRY_CNT) s.retry_cnt = a.retry_cnt;
+  if (mask & QP_RNR_RETRY) s.rnr_retry = a.rnr_retry;
+  if (mask & QP_RQ_PSN) s.rq_psn = a.rq_psn;
+  if (mask & QP_SQ_PSN) s.sq_psn = a.sq_psn;
+  if (mask & QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = a.max_rd_atomic;
+  if (mask & QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (mask & QP_MIN_RNR_TIMER) s.min_rnr_timer = a.min_rnr_timer;
+  if (mask & QP_DEST_QPN) s.dest_qp_num = a.dest_qp_num;
+  if (mask & QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a.en_sqd_async_notify;
+
+  if (next == QpState::RESET) {
+    reset_qp(*qp);
+    qp->state_ = QpState::RESET;
+    return 0;
+  }
+  if (next == QpState::ERR) {
+    qp_to_error(*qp);
+    return 0;
+  }
+  if (cur == QpState::INIT && next == QpState::RTR) {
+    // The responder starts here: expect rq_psn first.
+    uint32_t path_bytes = mtu_bytes(s.path_mtu);
+    // IB's largest MTU enum is 4096; a larger engine MTU applies when the QP
+    // asks for the largest.
+    qp->seg = s.path_mtu == MTU_4096 ? cfg_.mtu : std::min(cfg_.mtu, path_bytes);
+    qp->epsn = s.rq_psn;
+    std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
+    qp->pending_rd.clear();
+    for (auto& r : qp->atomic_replay) r.valid = false;
+  }
+  if (cur == QpState::RTR && next == QpState::RTS) init_transport(*qp);
+  if (next == QpState::SQD && cur != QpState::SQD) qp->drained_reported = false;
+  qp->state_ = next;
+  if (next == QpState::SQD) comp_retire(*qp);  // reports SQ_DRAINED if already drained
+  return 0;
+}
+
+// Requester side of the connection, set up on RTR->RTS.
+void Engine::init_transport(Qp& qp) {
+  qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
+  for (auto& r : qp.recs) r = PktRec{};
+  qp.timers = {};
+  qp.inflight = 0;
+  qp.srtt = qp.rttvar = 0;
+  qp.cc.reset(cfg_.cc, qp.seg);
+  qp.paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
+                          cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp.qpn_) << 17),
+                          cfg_.single_path);
+}
+
+void Engine::reset_qp(Qp& qp) {
+  qp.sq_head = qp.sq_next = qp.sq_tail = 0;
+  qp.rq_head = qp.rq_tail = 0;
+  qp.rd_atomic_outstanding = 0;
+  qp.next_rsn = 0;
+  qp.snd_una = qp.snd_nxt = 0;
+  for (auto& r : qp.recs) r = PktRec{};
+  qp.timers = {};
+  qp.inflight = 0;
+  qp.epsn = 0;
+  std::fill(qp.rbits.begin(), qp.rbits.end(), 0);
+  qp.pending_rd.clear();
+  for (auto& r : qp.atomic_replay) r.valid = false;
+  qp.ack_pending = false;
+  qp.rx_since_ack = qp.ce_since_ack = 0;
+  qp.attr = QpAttr{};
+}
+
+// Enter ERR: every outstanding WQE completes, in order, with its status or
+// WR_FLUSH_ERR; the transport stops.
+void Engine::qp_to_error(Qp& qp) {
+  qp.state_ = QpState::ERR;
+  qp.timers = {};
+  qp.pending_rd.clear();
+  qp.ack_pending = false;
+  resp_complete_recvs(qp);  // those that finished normally first
+  while (qp.rq_head < qp.rq_tail) {
+    RecvWqe& r = qp.rq_at(qp.rq_head++);
+    Wc wc;
+    wc.wr_id = r.wr_id;
+    wc.status = r.status != WcStatus::SUCCESS ? r.status : WcStatus::WR_FLUSH_ERR;
+    wc.opcode = WcOpcode::RECV;
+    wc.qp_num = qp.qpn_;
+    wc.src_qp = qp.attr.dest_qp_num;
+    emit(qp.recv_cq, wc);
+  }
+  comp_retire(qp);
+}
+
+int Engine::post_send(Qp* qp, const SendWr& wr) {
+  if (!qp) return EINVAL;
+  QpState st = qp->state_;
+  if (st == QpState::RESET || st == QpState::INIT || st == QpState::RTR) return EINVAL;
+  if (unsigned(wr.opcode) > unsigned(WrOpcode::ATOMIC_FETCH_AND_ADD)) return EINVAL;
+  if (wr.num_sge > qp->init.cap.max_send_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
+  if (qp->sq_tail - qp->sq_head >= qp->sq.size()) return ENOMEM;
+  bool inl = (wr.send_flags & SEND_INLINE) != 0;
+  bool rd_atomic = is_rd_atomic(wr.opcode);
+  bool atomic = rd_atomic && wr.opcode != WrOpcode::RDMA_READ;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
+  if (inl && (rd_atomic || len > qp->init.cap.max_inline_data)) return EINVAL;
+  if (atomic && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
+  if (len > DeviceLimits::kMaxMsgSize) return EINVAL;
+
+  uint64_t idx = qp->sq_tail;
+  SendWqe& w = qp->sq_at(idx);
+  w = SendWqe{};
+  w.wr_id = wr.wr_id;
+  w.op = wr.opcode;
+  w.flags = wr.send_flags;
+  w.imm = wr.imm_data;
+  w.raddr = wr.remote_addr;
+  w.rkey = wr.rkey;
+  w.cmp_add = wr.compare_add;
+  w.swap = wr.swap;
+  w.len = len;
+  w.is_inline = inl;
+  w.signaled = qp->init.sq_sig_all || (wr.send_flags & SEND_SIGNALED);
+  if (inl) {
+    // Inline SGE addresses are host pointers readable now (the virtio
+    // backend passes its own copy of the WQE's inline bytes).
+    uint8_t* dst = &qp->inline_buf[(idx % qp->sq.size()) * qp->init.cap.max_inline_data];
+    for (uint32_t i = 0; i < wr.num_sge; i++) {
+      const Sge& s = wr.sg_list[i];
+      if (s.length) std::memcpy(dst, reinterpret_cast<const void*>(uintptr_t(s.addr)), s.length);
+      dst += s.length;
+    }
+  } else {
+    w.nsge = wr.num_sge;
+    for (uint32_t i = 0; i < wr.num_sge; i++) w.sge[i] = wr.sg_list[i];
+  }
+  qp->sq_tail++;
+  if (st == QpState::ERR || st == QpState::SQE) {
+    w.started = w.done = true;
+    w.status = WcStatus::WR_FLUSH_ERR;
+    w.signaled = true;
+    qp->sq_next = qp->sq_tail;
+    comp_retire(*qp);
+  }
+  return 0;
+}
+
+int Engine::post_recv(Qp* qp, const RecvWr& wr) {
+  if (!qp) return EINVAL;
+  if (qp->state_ == QpState::RESET) return EINVAL;
+  if (wr.num_sge > qp->init.cap.max_recv_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
+  if (qp->rq_tail - qp->rq_head >= qp->rq.size()) return ENOMEM;
+  if (qp->state_ == QpState::ERR) {
+    Wc wc;
+    wc.wr_id = wr.wr_id;
+    wc.status = WcStatus::WR_FLUSH_ERR;
+    wc.opcode = WcOpcode::RECV;
+    wc.qp_num = qp->qpn_;
+    emit(qp->recv_cq, wc);
+    return 0;
+  }
+  RecvWqe& r = qp->rq_at(qp->rq_tail);
+  r = RecvWqe{};
+  r.wr_id = wr.wr_id;
+  r.nsge = wr.num_sge;
+  for (uint32_t i = 0; i < wr.num_sge; i++) {
+    r.sge[i] = wr.sg_list[i];
+    r.cap += wr.sg_list[i].length;
+  }
+  qp->rq_tail++;
+  return 0;
+}
+
+}  // namespace vstellar

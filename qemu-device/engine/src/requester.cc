@@ -1,0 +1,263 @@
+// Requester: turns send WQEs into packets. Each packet gets its own PSN and a
+// path from the connection's PathSelector; the window (PSN span) and the
+// congestion window (bytes in flight) bound what is outstanding. Packets are
+// never stored: a retransmission rebuilds the packet from the WQE, reading
+// the payload from the MR again (IRN-style).
+#include <algorithm>
+
+#include "vstellar/engine.h"
+
+namespace vstellar {
+namespace {
+
+bool is_rd_atomic(WrOpcode op) {
+  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
+         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
+}
+
+wire::Op data_op(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::SEND: return wire::Op::SEND;
+    case WrOpcode::SEND_WITH_IMM: return wire::Op::SEND_IMM;
+    case WrOpcode::RDMA_WRITE: return wire::Op::WRITE;
+    default: return wire::Op::WRITE_IMM;
+  }
+}
+
+}  // namespace
+
+uint64_t Engine::rto(const Qp& qp, unsigned retries) const {
+  uint64_t base = std::max(cfg_.rto_ns, qp.srtt + 4 * qp.rttvar);
+  uint64_t r = base << std::min(retries, 16u);  // exponential backoff per packet
+  return std::min(r, cfg_.rto_max_ns);
+}
+
+// First look at a WQE: check its local SGEs (keys, PD, bounds, access) and
+// number its packets.
+bool Engine::req_start(Qp& qp, uint64_t idx, SendWqe& w) {
+  w.started = true;
+  bool rd_atomic = is_rd_atomic(w.op);
+  uint32_t need = rd_atomic ? uint32_t(ACCESS_LOCAL_WRITE) : 0u;
+  if (!w.is_inline) {
+    for (uint32_t i = 0; i < w.nsge; i++) {
+      const Sge& s = w.sge[i];
+      if (s.length == 0) continue;
+      Mr* mr = find_mr(s.lkey);
+      if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr, s.length, need)) {
+        comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
+        return false;
+      }
+    }
+  }
+  w.seg = qp.seg;
+  if (w.op == WrOpcode::ATOMIC_CMP_AND_SWP || w.op == WrOpcode::ATOMIC_FETCH_AND_ADD)
+    w.npkts = 1;
+  else
+    w.npkts = std::max<uint32_t>(1, uint32_t((w.len + w.seg - 1) / w.seg));
+  w.first_psn = qp.snd_nxt;
+  if (w.op == WrOpcode::SEND || w.op == WrOpcode::SEND_WITH_IMM ||
+      w.op == WrOpcode::RDMA_WRITE_WITH_IMM)
+    w.rsn = qp.next_rsn++;
+  w.rnr_left = qp.attr.rnr_retry;
+  if (rd_atomic) {
+    qp.rd_atomic_outstanding++;
+    w.rd_counted = true;
+  }
+  return true;
+}
+
+bool Engine::req_progress(Qp& qp, uint64_t now) {
+  uint32_t budget = cfg_.tx_budget;
+  while (budget > 0) {
+    if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
+    if (qp.sq_next == qp.sq_tail) return false;
+    uint64_t idx = qp.sq_next;
+    SendWqe& w = qp.sq_at(idx);
+    if (!w.started) {
+      if (qp.state_ == QpState::SQD) return false;  // SQD: finish what started, start nothing
+      uint32_t max_rd = std::max<uint32_t>(1, qp.attr.max_rd_atomic);
+      if (is_rd_atomic(w.op) && qp.rd_atomic_outstanding >= max_rd) return false;
+      // Fence: wait until every earlier READ/atomic has completed.
+      if ((w.flags & SEND_FENCE) && qp.rd_atomic_outstanding > 0) return false;
+      if (!req_start(qp, idx, w)) return false;
+    }
+    if (w.done || w.pkts_sent >= w.npkts) {
+      qp.sq_next++;
+      continue;
+    }
+    if (now < w.rnr_hold_until) return false;
+    uint32_t n = 1;
+    if (w.op == WrOpcode::RDMA_READ) n = std::min(cfg_.read_chunk_pkts, w.npkts - w.pkts_sent);
+    if (qp.snd_nxt + n - qp.snd_una > qp.window()) return false;
+    if (qp.inflight >= qp.cc.cwnd()) return false;
+    uint32_t psn = qp.snd_nxt;
+    PktKind kind = w.op == WrOpcode::RDMA_READ ? PktKind::READ
+                   : is_rd_atomic(w.op)        ? PktKind::ATOMIC
+                                               : PktKind::DATA;
+    for (uint32_t k = 0; k < n; k++) {
+      PktRec& r = qp.rec(psn + k);
+      uint32_t tx_seq = r.tx_seq;  // keep counting so old timers stay stale
+      r = PktRec{};
+      r.tx_seq = tx_seq;
+      r.wqe = idx;
+      r.kind = kind;
+      uint64_t off = uint64_t(w.pkts_sent + k) * w.seg;
+      r.off = uint32_t(off);
+      r.len = kind == PktKind::ATOMIC ? 8 : uint32_t(std::min<uint64_t>(w.seg, w.len - off));
+      qp.inflight += r.len;
+    }
+    qp.snd_nxt += n;
+    w.pkts_sent += n;
+    if (!req_send(qp, psn, n, false, now)) return false;
+    if (w.pkts_sent == w.npkts) qp.sq_next++;
+    budget--;
+  }
+  return true;
+}
+
+// Host spans of [off, off+len) of a WQE's gather list.
+size_t Engine::gather(Qp& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max) {
+  if (len == 0) return 0;
+  if (w.is_inline) {
+    size_t slot = size_t(&w - qp.sq.data());
+    uint8_t* base = &qp.inline_buf[slot * qp.init.cap.max_inline_data];
+    out[0] = {base + off, len};
+    return 1;
+  }
+  size_t n = 0;
+  uint64_t pos = 0, want = off, left = len;
+  for (uint32_t i = 0; i < w.nsge && left > 0; i++) {
+    const Sge& s = w.sge[i];
+    if (want >= pos + s.length) {
+      pos += s.length;
+      continue;
+    }
+    uint64_t in = want - pos;
+    uint64_t take = std::min<uint64_t>(s.length - in, left);
+    Mr* mr = find_mr(s.lkey);  // looked up again: it may have been deregistered
+    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, 0)) return SIZE_MAX;
+    uint64_t done = 0;
+    while (done < take) {
+      if (n == max) return SIZE_MAX;
+      TranslateResult tr = mr->mem().translate(s.addr + in + done, take - done, false, out + n, max - n);
+      if (!tr.ok || tr.covered == 0) return SIZE_MAX;
+      n += tr.count;
+      done += tr.covered;
+    }
+    left -= take;
+    want += take;
+    pos += s.length;
+  }
+  return left == 0 ? n : SIZE_MAX;
+}
+
+// (Re)transmit the packet(s) of PSNs [psn, psn+npsn); npsn > 1 only for the
+// first request of a READ chunk.
+bool Engine::req_send(Qp& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now) {
+  PktRec& r = qp.rec(psn);
+  uint64_t idx = r.wqe;
+  SendWqe& w = qp.sq_at(idx);
+  uint32_t total = 0;
+  for (uint32_t k = 0; k < npsn; k++) total += qp.rec(psn + k).len;
+  uint16_t path = retx ? qp.paths.pick_retx(r.path, total) : qp.paths.pick(total);
+
+  wire::Base b;
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = psn;
+  b.path = path;
+  b.ts = now_us();
+  b.flags = retx ? wire::F_RETX : 0;
+  uint8_t hdr[wire::kMaxHeaderLen];
+  size_t hlen = 0;
+  HostSpan spans[64];
+  size_t nspans = 0;
+  size_t plen = 0;
+  switch (r.kind) {
+    case PktKind::DATA: {
+      b.op = data_op(w.op);
+      if (r.off == 0) b.flags |= wire::F_FIRST;
+      if (uint64_t(r.off) + r.len == w.len) {
+        b.flags |= wire::F_LAST;
+        if (w.flags & SEND_SOLICITED) b.flags |= wire::F_SOLICITED;
+      }
+      nspans = gather(qp, w, r.off, r.len, spans, 64);
+      if (nspans == SIZE_MAX) {
+        comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
+        return false;
+      }
+      plen = r.len;
+      b.payload_len = uint16_t(plen);
+      wire::DataExt e;
+      e.va = w.raddr;
+      e.rkey = w.rkey;
+      e.msg_off = r.off;
+      e.msg_len = uint32_t(w.len);
+      e.rsn = w.rsn;
+      e.imm = w.imm;
+      hlen = wire::encode(b, e, hdr);
+      break;
+    }
+    case PktKind::READ: {
+      b.op = wire::Op::READ_REQ;
+      wire::ReadReqExt e;
+      e.va = w.raddr + r.off;
+      e.rkey = w.rkey;
+      e.len = total;
+      e.msg_off = r.off;
+      e.seg = uint16_t(w.seg);
+      hlen = wire::encode(b, e, hdr);
+      break;
+    }
+    case PktKind::ATOMIC: {
+      bool cas = w.op == WrOpcode::ATOMIC_CMP_AND_SWP;
+      b.op = cas ? wire::Op::CMP_SWAP : wire::Op::FETCH_ADD;
+      wire::AtomicExt e;
+      e.va = w.raddr;
+      e.rkey = w.rkey;
+      e.swap_add = cas ? w.swap : w.cmp_add;
+      e.compare = cas ? w.cmp_add : 0;
+      hlen = wire::encode(b, e, hdr);
+      break;
+    }
+  }
+  for (uint32_t k = 0; k < npsn; k++) {
+    PktRec& x = qp.rec(psn + k);
+    x.tx_seq++;
+    x.path = path;
+    x.sent_ns = now;
+    qp.timers.push({now + rto(qp, x.retries), psn + k, x.tx_seq, false});
+  }
+  xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
+  if (r.kind == PktKind::DATA) stats_.data_pkts_sent++;
+  if (retx) stats_.retx_pkts++;
+  return true;
+}
+
+// Retransmission timers. A timer is live only if its PSN is still in the
+// window, unacknowledged, and was not sent again since (tx_seq matches).
+void Engine::req_timers(Qp& qp, uint64_t now) {
+  while (!qp.timers.empty()) {
+    RetxTimer t = qp.timers.top();
+    if (t.deadline > now) break;
+    qp.timers.pop();
+    if (seq_lt(t.psn, qp.snd_una) || !seq_lt(t.psn, qp.snd_nxt)) continue;
+    PktRec& r = qp.rec(t.psn);
+    if (r.acked || r.tx_seq != t.tx_seq) continue;
+    SendWqe& w = qp.sq_at(r.wqe);
+    if (w.done) continue;
+    if (!t.rnr) {
+      stats_.timeouts++;
+      if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
+      qp.paths.on_timeout(r.path);
+      if (r.retries >= qp.attr.retry_cnt) {
+        comp_fail_wqe(qp, r.wqe, WcStatus::RETRY_EXC_ERR);
+        return;
+      }
+      r.retries++;
+    }
+    if (!req_send(qp, t.psn, 1, true, now)) return;
+  }
+}
+
+}  // namespace vstellar

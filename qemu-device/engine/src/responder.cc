@@ -1,0 +1,464 @@
+// Responder: requests from the peer. Data packets are placed directly where
+// they belong (each carries its address/key or receive sequence number and
+// offset), in any order inside the PSN window; an arrival bitmap drops
+// duplicates and yields the SACK. READ and atomic requests execute when every
+// earlier PSN has arrived (so they see earlier WRITEs, as IB's in-order
+// responder does). Receive completions are produced in order once the
+// cumulative PSN passes a message's last packet.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "vstellar/engine.h"
+
+namespace vstellar {
+namespace {
+
+constexpr size_t kMaxPendingRd = 1024;
+
+// IB encoding of min_rnr_timer, in microseconds.
+constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
+                                 160,    240,   320,   480,   640,   960,    1280,   1920,
+                                 2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
+                                 40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+
+}  // namespace
+
+void Engine::resp_receive(Qp& qp, const wire::Packet& p, bool ce, uint64_t now) {
+  const uint32_t psn = p.base.psn;
+  const uint32_t d = psn - qp.epsn;
+  const bool old = seq_lt(psn, qp.epsn);
+  const bool in_win = !old && d < qp.window();
+  auto note_ack = [&] {
+    if (!qp.ack_pending) {
+      qp.ack_pending = true;
+      qp.ack_lo = qp.ack_hi = psn;
+      ack_list_.push_back(&qp);
+    } else {
+      if (seq_lt(psn, qp.ack_lo)) qp.ack_lo = psn;
+      if (seq_lt(qp.ack_hi, psn)) qp.ack_hi = psn;
+    }
+    qp.rx_since_ack++;
+    if (ce) qp.ce_since_ack++;
+    qp.last_ts = p.base.ts;
+    qp.last_path = p.base.path;
+    if (qp.rx_since_ack >= cfg_.ack_every) send_ack(qp);
+  };
+
+  switch (p.base.op) {
+    case wire::Op::SEND:
+    case wire::Op::SEND_IMM:
+    case wire::Op::WRITE:
+    case wire::Op::WRITE_IMM:
+      if (old || (in_win && qp.rbit(psn))) {
+        stats_.dup_pkts++;
+        note_ack();  // the ACK for it may have been lost
+        return;
+      }
+      if (!in_win) {
+        stats_.out_of_window++;
+        return;
+      }
+      resp_data(qp, p);
+      if (qp.state_ == QpState::ERR) return;
+      note_ack();
+      return;
+    case wire::Op::READ_REQ:
+    case wire::Op::CMP_SWAP:
+    case wire::Op::FETCH_ADD: {
+      bool is_read = p.base.op == wire::Op::READ_REQ;
+      if (old || (in_win && qp.rbit(psn))) {
+        if (is_read) {
+          resp_read(qp, p);  // a re-request of (part of) a READ: reads are idempotent
+        } else {
+          // A duplicate atomic must not execute twice: answer from the replay cache.
+          for (auto& r : qp.atomic_replay) {
+            if (r.valid && r.psn == psn) {
+              wire::Base b;
+              b.op = wire::Op::ATOMIC_RESP;
+              b.dst_qpn = qp.attr.dest_qp_num;
+              b.src_qpn = qp.qpn_;
+              b.psn = psn;
+              b.path = qp.paths.pick(8);
+              b.ts = p.base.ts;
+              wire::AtomicRespExt e{r.orig};
+              uint8_t hdr[wire::kMaxHeaderLen];
+              size_t hl = wire::encode(b, e, hdr);
+              xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+            }
+          }
+          stats_.dup_pkts++;
+        }
+        return;
+      }
+      if (!in_win) {
+        stats_.out_of_window++;
+        return;
+      }
+      if (d == 0) {
+        bool ok = is_read ? resp_read(qp, p) : resp_atomic(qp, p);
+        if (!ok) return;
+        uint32_t n = is_read ? std::max<uint32_t>(1, (p.rreq.len + p.rreq.seg - 1) / p.rreq.seg) : 1;
+        resp_mark(qp, psn, n);
+        resp_advance(qp);
+        return;
+      }
+      // Earlier PSNs still missing: hold the request until they arrive.
+      for (auto& q : qp.pending_rd)
+        if (q.base.psn == psn) return;
+      if (qp.pending_rd.size() >= kMaxPendingRd) {
+        stats_.pending_rd_drops++;
+        return;
+      }
+      qp.pending_rd.push_back(p);
+      qp.pending_rd.back().payload = nullptr;
+      return;
+    }
+    default:
+      stats_.bad_state++;
+      return;
+  }
+}
+
+void Engine::resp_mark(Qp& qp, uint32_t psn, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t x = psn + k;
+    if (!seq_lt(x, qp.epsn) && x - qp.epsn < qp.window()) qp.set_rbit(x, true);
+  }
+}
+
+void Engine::resp_advance(Qp& qp) {
+  uint32_t start = qp.epsn;
+  for (;;) {
+    while (qp.rbit(qp.epsn)) {
+      qp.set_rbit(qp.epsn, false);
+      qp.epsn++;
+    }
+    // A held READ/atomic whose turn has come.
+    auto it = std::find_if(qp.pending_rd.begin(), qp.pending_rd.end(),
+                           [&](const wire::Packet& q) { return q.base.psn == qp.epsn; });
+    qp.pending_rd.erase(std::remove_if(qp.pending_rd.begin(), qp.pending_rd.end(),
+                                       [&](const wire::Packet& q) {
+                                         return seq_lt(q.base.psn, qp.epsn);
+                                       }),
+                        qp.pending_rd.end());
+    it = std::find_if(qp.pending_rd.begin(), qp.pending_rd.end(),
+                      [&](const wire::Packet& q) { return q.base.psn == qp.epsn; });
+    if (it == qp.pending_rd.end()) break;
+    wire::Packet q = *it;
+    qp.pending_rd.erase(it);
+    bool is_read = q.base.op == wire::Op::READ_REQ;
+    bool ok = is_read ? resp_read(qp, q) : resp_atomic(qp, q);
+    if (!ok) return;
+    uint32_t n = is_read ? std::max<uint32_t>(1, (q.rreq.len + q.rreq.seg - 1) / q.rreq.seg) : 1;
+    resp_mark(qp, q.base.psn, n);
+  }
+  if (qp.epsn != start) resp_complete_recvs(qp);
+}
+
+bool Engine::scatter(Qp& qp, const RecvWqe& r, uint64_t off, const uint8_t* src, size_t len,
+                     WcStatus& st) {
+  uint64_t pos = 0;
+  size_t left = len;
+  for (uint32_t i = 0; i < r.nsge && left > 0; i++) {
+    const Sge& s = r.sge[i];
+    if (off >= pos + s.length) {
+      pos += s.length;
+      continue;
+    }
+    uint64_t in = off - pos;
+    uint64_t take = std::min<uint64_t>(s.length - in, left);
+    Mr* mr = find_mr(s.lkey);
+    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE) ||
+        !mem_write(mr->mem(), s.addr + in, src, take)) {
+      st = WcStatus::LOC_PROT_ERR;
+      return false;
+    }
+    src += take;
+    left -= take;
+    off += take;
+    pos += s.length;
+  }
+  if (left) {
+    st = WcStatus::LOC_LEN_ERR;
+    return false;
+  }
+  return true;
+}
+
+void Engine::resp_data(Qp& qp, const wire::Packet& p) {
+  const wire::DataExt& e = p.data;
+  const uint32_t psn = p.base.psn;
+  const uint64_t plen = p.payload_len;
+  const bool last = p.base.flags & wire::F_LAST;
+  const wire::Op op = p.base.op;
+  if (uint64_t(e.msg_off) + plen > e.msg_len || e.msg_len > DeviceLimits::kMaxMsgSize ||
+      (last && uint64_t(e.msg_off) + plen != e.msg_len)) {
+    resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
+    return;
+  }
+  bool needs_rq = op != wire::Op::WRITE;
+  RecvWqe* r = nullptr;
+  if (needs_rq && (op != wire::Op::WRITE_IMM || last)) {
+    uint32_t k = e.rsn - uint32_t(qp.rq_head);
+    if (int32_t(k) < 0) {  // names a receive WQE that already completed: bogus
+      resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
+      return;
+    }
+    if (k >= qp.rq_tail - qp.rq_head) {  // not posted yet: receiver not ready
+      resp_nak(qp, wire::Syndrome::RNR_NAK, psn, WcStatus::SUCCESS);
+      return;
+    }
+    r = &qp.rq_at(qp.rq_head + k);
+  }
+  if (op == wire::Op::WRITE || op == wire::Op::WRITE_IMM) {
+    Mr* mr = find_mr(e.rkey);
+    uint64_t va = e.va + e.msg_off;
+    if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
+        va < e.va || !mr->allows(va, plen, ACCESS_REMOTE_WRITE)) {
+      resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
+      return;
+    }
+    if (plen && !mem_write(mr->mem(), va, p.payload, plen)) {
+      resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+      return;
+    }
+    if (r) {
+      r->have_last = true;
+      r->last_psn = psn;
+      r->byte_len = e.msg_len;
+      r->imm = e.imm;
+      r->with_imm = true;
+      r->write_imm = true;
+    }
+  } else {
+    if (e.msg_len > r->cap) {
+      r->status = WcStatus::LOC_LEN_ERR;
+      resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::LOC_LEN_ERR);
+      return;
+    }
+    WcStatus st = WcStatus::SUCCESS;
+    if (plen && !scatter(qp, *r, e.msg_off, p.payload, plen, st)) {
+      r->status = st;
+      resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, st);
+      return;
+    }
+    if (last) {
+      r->have_last = true;
+      r->last_psn = psn;
+      r->byte_len = e.msg_len;
+      r->imm = e.imm;
+      r->with_imm = op == wire::Op::SEND_IMM;
+      r->write_imm = false;
+    }
+  }
+  resp_mark(qp, psn, 1);
+  resp_advance(qp);
+}
+
+bool Engine::resp_read(Qp& qp, const wire::Packet& p) {
+  const wire::ReadReqExt& e = p.rreq;
+  const uint32_t psn = p.base.psn;
+  if (e.seg == 0 || e.len > DeviceLimits::kMaxMsgSize ||
+      (e.len + uint64_t(e.seg) - 1) / e.seg > qp.window() / 2) {
+    resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
+    return false;
+  }
+  Mr* mr = find_mr(e.rkey);
+  if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
+      !mr->allows(e.va, e.len, ACCESS_REMOTE_READ)) {
+    resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
+    return false;
+  }
+  uint32_t n = std::max<uint32_t>(1, (e.len + e.seg - 1) / e.seg);
+  for (uint32_t k = 0; k < n; k++) {
+    uint64_t off = uint64_t(k) * e.seg;
+    uint32_t l = uint32_t(std::min<uint64_t>(e.seg, e.len - off));
+    HostSpan spans[64];
+    size_t ns = 0;
+    uint64_t done = 0;
+    while (done < l) {
+      TranslateResult tr =
+          mr->mem().translate(e.va + off + done, l - done, false, spans + ns, 64 - ns);
+      if (!tr.ok || tr.covered == 0) {
+        resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+        return false;
+      }
+      ns += tr.count;
+      done += tr.covered;
+    }
+    wire::Base b;
+    b.op = wire::Op::READ_RESP;
+    b.dst_qpn = qp.attr.dest_qp_num;
+    b.src_qpn = qp.qpn_;
+    b.psn = psn + k;
+    b.path = qp.paths.pick(l);
+    b.ts = p.base.ts;
+    b.payload_len = uint16_t(l);
+    if (k == 0) b.flags |= wire::F_FIRST;
+    if (k + 1 == n) b.flags |= wire::F_LAST;
+    wire::ReadRespExt x;
+    x.msg_off = uint32_t(e.msg_off + off);
+    uint8_t hdr[wire::kMaxHeaderLen];
+    size_t hl = wire::encode(b, x, hdr);
+    xmit(qp, b.path, hdr, hl, spans, ns, l, false);
+  }
+  return true;
+}
+
+bool Engine::resp_atomic(Qp& qp, const wire::Packet& p) {
+  const wire::AtomicExt& e = p.atomic;
+  const uint32_t psn = p.base.psn;
+  if (e.va % 8) {
+    resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
+    return false;
+  }
+  Mr* mr = find_mr(e.rkey);
+  if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_ATOMIC) ||
+      !mr->allows(e.va, 8, ACCESS_REMOTE_ATOMIC)) {
+    resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
+    return false;
+  }
+  HostSpan sp;
+  TranslateResult tr = mr->mem().translate(e.va, 8, true, &sp, 1);
+  if (!tr.ok || tr.covered != 8 || (reinterpret_cast<uintptr_t>(sp.ptr) % 8)) {
+    resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+    return false;
+  }
+  // Atomic with respect to other host threads touching the same memory.
+  std::atomic_ref<uint64_t> ref(*reinterpret_cast<uint64_t*>(sp.ptr));
+  uint64_t orig;
+  if (p.base.op == wire::Op::CMP_SWAP) {
+    orig = e.compare;
+    ref.compare_exchange_strong(orig, e.swap_add);
+  } else {
+    orig = ref.fetch_add(e.swap_add);
+  }
+  auto& slot = qp.atomic_replay[qp.atomic_replay_next++ % 32];
+  slot = {psn, orig, true};
+  wire::Base b;
+  b.op = wire::Op::ATOMIC_RESP;
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = psn;
+  b.path = qp.paths.pick(8);
+  b.ts = p.base.ts;
+  wire::AtomicRespExt x{orig};
+  uint8_t hdr[wire::kMaxHeaderLen];
+  size_t hl = wire::encode(b, x, hdr);
+  xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+  return true;
+}
+
+void Engine::resp_complete_recvs(Qp& qp) {
+  while (qp.rq_head < qp.rq_tail) {
+    RecvWqe& r = qp.rq_at(qp.rq_head);
+    if (!r.have_last || !seq_lt(r.last_psn, qp.epsn) || r.status != WcStatus::SUCCESS) break;
+    Wc wc;
+    wc.wr_id = r.wr_id;
+    wc.status = WcStatus::SUCCESS;
+    wc.opcode = r.write_imm ? WcOpcode::RECV_RDMA_WITH_IMM : WcOpcode::RECV;
+    wc.byte_len = r.byte_len;
+    wc.imm_data = r.imm;
+    wc.wc_flags = r.with_imm ? uint32_t(WC_WITH_IMM) : 0u;
+    wc.qp_num = qp.qpn_;
+    wc.src_qp = qp.attr.dest_qp_num;
+    emit(qp.recv_cq, wc);
+    qp.rq_head++;
+  }
+}
+
+// NAK a request. RNR is a wait; every other NAK is a fatal error for the
+// connection (IB class B/C/D responder errors), so the QP goes to ERR.
+void Engine::resp_nak(Qp& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = psn;
+  b.path = qp.paths.pick(0);
+  b.ts = now_us();
+  wire::AckExt a;
+  a.cum_psn = qp.epsn;
+  a.sack_base = qp.epsn;
+  a.syndrome = s;
+  a.nak_psn = psn;
+  a.echo_ts = qp.last_ts;
+  a.echo_path = qp.last_path;
+  a.rnr_us = kRnrUs[qp.attr.min_rnr_timer & 31];
+  uint8_t hdr[wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
+  size_t hl = wire::encode(b, a, hdr);
+  xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+  if (s == wire::Syndrome::RNR_NAK) {
+    stats_.rnr_naks_sent++;
+    return;
+  }
+  stats_.naks_sent++;
+  (void)local;  // recorded in the receive WQE by the caller; flushed below
+  events_.push_back({s == wire::Syndrome::NAK_REM_ACCESS ? AsyncEventType::QP_ACCESS_ERR
+                                                         : AsyncEventType::QP_REQ_ERR,
+                     qp.qpn_});
+  qp_to_error(qp);
+}
+
+// Cumulative PSN plus a SACK bitmap over the PSNs that arrived since the last
+// ACK (several ACK packets if they span more than one bitmap).
+void Engine::send_ack(Qp& qp) {
+  if (!qp.ack_pending) return;
+  const uint32_t W = qp.window();
+  wire::AckExt a;
+  a.cum_psn = qp.epsn;
+  a.syndrome = wire::Syndrome::ACK;
+  a.ce_count = uint16_t(std::min<uint32_t>(qp.ce_since_ack, 65535));
+  a.rx_count = uint16_t(std::min<uint32_t>(qp.rx_since_ack, 65535));
+  a.echo_ts = qp.last_ts;
+  a.echo_path = qp.last_path;
+  uint32_t lo = seq_lt(qp.ack_lo, qp.epsn) ? qp.epsn : qp.ack_lo;
+  uint32_t hi = qp.ack_hi;
+  uint32_t base = lo & ~63u;
+  bool first = true;
+  do {
+    a.sack_base = base;
+    a.sack_words = 0;
+    if (seq_le(qp.epsn, hi)) {
+      uint32_t words = std::min<uint32_t>(wire::kMaxSackWords, (hi - base) / 64 + 1);
+      for (uint32_t w = 0; w < words; w++) {
+        uint32_t wb = base + w * 64;  // PSN of bit 0
+        uint64_t v;
+        if (seq_le(wb + 64, qp.epsn)) {
+          v = ~0ull;
+        } else if (!seq_lt(wb, qp.epsn + W)) {
+          v = 0;
+        } else {
+          v = qp.rbits[(wb & (W - 1)) / 64];
+          if (seq_lt(wb, qp.epsn)) v |= (1ull << (qp.epsn - wb)) - 1;  // below epsn: arrived
+          uint32_t end = qp.epsn + W;                                  // beyond the window: unknown
+          if (seq_lt(end, wb + 64)) v &= (1ull << (end - wb)) - 1;
+        }
+        a.sack[w] = v;
+      }
+      a.sack_words = uint8_t(words);
+    }
+    wire::Base b;
+    b.op = wire::Op::ACK;
+    b.dst_qpn = qp.attr.dest_qp_num;
+    b.src_qpn = qp.qpn_;
+    b.psn = qp.epsn;
+    b.path = qp.paths.pick(0);
+    b.ts = now_us();
+    uint8_t hdr[wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
+    size_t hl = wire::encode(b, a, hdr);
+    xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+    stats_.acks_sent++;
+    if (first) {
+      first = false;
+      a.ce_count = 0;
+      a.rx_count = 0;
+    }
+    base += wire::kMaxSackWords * 64;
+  } while (seq_le(base, hi) && seq_le(qp.epsn, hi));
+  qp.ack_pending = false;
+  qp.rx_since_ack = qp.ce_since_ack = 0;
+}
+
+}  // namespace vstellar

@@ -1,0 +1,155 @@
+#include "vstellar/wire.h"
+
+#include <cstring>
+
+namespace vstellar::wire {
+namespace {
+
+struct Writer {
+  uint8_t* p;
+  void u8(uint8_t v) { *p++ = v; }
+  void u16(uint16_t v) { u8(uint8_t(v >> 8)); u8(uint8_t(v)); }
+  void u32(uint32_t v) { u16(uint16_t(v >> 16)); u16(uint16_t(v)); }
+  void u64(uint64_t v) { u32(uint32_t(v >> 32)); u32(uint32_t(v)); }
+};
+
+// Reads from a private copy of the header bytes, never from the datagram
+// buffer twice.
+struct Reader {
+  const uint8_t* p;
+  uint8_t u8() { return *p++; }
+  uint16_t u16() { uint16_t h = u8(); return uint16_t(h << 8 | u8()); }
+  uint32_t u32() { uint32_t h = u16(); return h << 16 | u16(); }
+  uint64_t u64() { uint64_t h = u32(); return h << 32 | u32(); }
+};
+
+uint8_t* put_base(const Base& b, uint8_t* out) {
+  Writer w{out};
+  w.u8(uint8_t(b.version << 4));
+  w.u8(uint8_t(b.op));
+  w.u16(b.flags);
+  w.u32(b.dst_qpn);
+  w.u32(b.src_qpn);
+  w.u32(b.psn);
+  w.u16(b.path);
+  w.u16(b.payload_len);
+  w.u32(b.ts);
+  return w.p;
+}
+
+}  // namespace
+
+const char* to_string(Op op) {
+  switch (op) {
+    case Op::SEND: return "SEND";
+    case Op::SEND_IMM: return "SEND_IMM";
+    case Op::WRITE: return "WRITE";
+    case Op::WRITE_IMM: return "WRITE_IMM";
+    case Op::READ_REQ: return "READ_REQ";
+    case Op::READ_RESP: return "READ_RESP";
+    case Op::CMP_SWAP: return "CMP_SWAP";
+    case Op::FETCH_ADD: return "FETCH_ADD";
+    case Op::ATOMIC_RESP: return "ATOMIC_RESP";
+    case Op::ACK: return "ACK";
+  }
+  return "?";
+}
+
+size_t encode(const Base& b, const DataExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u64(e.va); w.u32(e.rkey); w.u32(e.msg_off); w.u32(e.msg_len); w.u32(e.rsn); w.u32(e.imm); w.u32(0);
+  return size_t(w.p - out);
+}
+size_t encode(const Base& b, const ReadReqExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u64(e.va); w.u32(e.rkey); w.u32(e.len); w.u32(e.msg_off); w.u16(e.seg); w.u16(0);
+  return size_t(w.p - out);
+}
+size_t encode(const Base& b, const ReadRespExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u32(e.msg_off); w.u32(0);
+  return size_t(w.p - out);
+}
+size_t encode(const Base& b, const AtomicExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u64(e.va); w.u32(e.rkey); w.u32(0); w.u64(e.swap_add); w.u64(e.compare);
+  return size_t(w.p - out);
+}
+size_t encode(const Base& b, const AtomicRespExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u64(e.orig);
+  return size_t(w.p - out);
+}
+size_t encode(const Base& b, const AckExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  uint8_t words = e.sack_words > kMaxSackWords ? kMaxSackWords : e.sack_words;
+  w.u32(e.cum_psn); w.u32(e.sack_base); w.u8(words); w.u8(uint8_t(e.syndrome));
+  w.u16(e.ce_count); w.u32(e.echo_ts); w.u16(e.echo_path); w.u16(e.rx_count);
+  w.u32(e.nak_psn); w.u32(e.rnr_us);
+  for (unsigned i = 0; i < words; i++) w.u64(e.sack[i]);
+  return size_t(w.p - out);
+}
+
+ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
+  if (len < kBaseLen) return ParseError::TRUNCATED;
+  uint8_t hdr[kMaxHeaderLen + 8 * kMaxSackWords];
+  size_t copy = len < sizeof(hdr) ? len : sizeof(hdr);
+  std::memcpy(hdr, buf, copy);  // validate the copy, never the shared buffer
+  Reader r{hdr};
+  Base& b = out.base;
+  b.version = uint8_t(r.u8() >> 4);
+  uint8_t op = r.u8();
+  b.flags = r.u16();
+  b.dst_qpn = r.u32();
+  b.src_qpn = r.u32();
+  b.psn = r.u32();
+  b.path = r.u16();
+  b.payload_len = r.u16();
+  b.ts = r.u32();
+  if (b.version != kVersion) return ParseError::BAD_VERSION;
+  if (op < uint8_t(Op::SEND) || op > uint8_t(Op::ACK)) return ParseError::BAD_OPCODE;
+  b.op = Op(op);
+  size_t hl = kBaseLen + ext_len(b.op);
+  if (len < hl) return ParseError::TRUNCATED;
+  switch (b.op) {
+    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: {
+      DataExt& e = out.data;
+      e.va = r.u64(); e.rkey = r.u32(); e.msg_off = r.u32(); e.msg_len = r.u32();
+      e.rsn = r.u32(); e.imm = r.u32(); e.rsvd = r.u32();
+      break;
+    }
+    case Op::READ_REQ: {
+      ReadReqExt& e = out.rreq;
+      e.va = r.u64(); e.rkey = r.u32(); e.len = r.u32(); e.msg_off = r.u32(); e.seg = r.u16();
+      e.rsvd = r.u16();
+      break;
+    }
+    case Op::READ_RESP: out.rresp.msg_off = r.u32(); out.rresp.rsvd = r.u32(); break;
+    case Op::CMP_SWAP: case Op::FETCH_ADD: {
+      AtomicExt& e = out.atomic;
+      e.va = r.u64(); e.rkey = r.u32(); e.rsvd = r.u32(); e.swap_add = r.u64(); e.compare = r.u64();
+      break;
+    }
+    case Op::ATOMIC_RESP: out.aresp.orig = r.u64(); break;
+    case Op::ACK: {
+      AckExt& e = out.ack;
+      e.cum_psn = r.u32(); e.sack_base = r.u32(); e.sack_words = r.u8();
+      uint8_t syn = r.u8();
+      e.ce_count = r.u16(); e.echo_ts = r.u32(); e.echo_path = r.u16(); e.rx_count = r.u16();
+      e.nak_psn = r.u32(); e.rnr_us = r.u32();
+      if (syn > uint8_t(Syndrome::NAK_REM_OP)) return ParseError::BAD_OPCODE;
+      e.syndrome = Syndrome(syn);
+      if (e.sack_words > kMaxSackWords) return ParseError::BAD_LENGTH;
+      hl += 8u * e.sack_words;
+      if (len < hl) return ParseError::TRUNCATED;
+      for (unsigned i = 0; i < e.sack_words; i++) e.sack[i] = r.u64();
+      break;
+    }
+  }
+  if (len - hl != b.payload_len) return ParseError::BAD_LENGTH;
+  out.payload = buf + hl;
+  out.payload_len = b.payload_len;
+  return ParseError::OK;
+}
+
+}  // namespace vstellar::wire
