@@ -1,0 +1,120 @@
+// Path selection and congestion control.
+#include <set>
+
+#include "sim_pair.h"
+
+namespace vstellar::test {
+namespace {
+
+TEST(Paths, ObsSpreadsEvenly) {
+  PathSelector s(PathAlgo::OBS, 128, 42);
+  std::vector<int> n(128);
+  for (int i = 0; i < 128 * 1000; i++) n[s.pick(4096)]++;
+  for (int c : n) {
+    EXPECT_GT(c, 800);
+    EXPECT_LT(c, 1200);
+  }
+}
+
+TEST(Paths, RoundRobinAndSingle) {
+  PathSelector rr(PathAlgo::RR, 8, 1);
+  uint16_t first = rr.pick(1);
+  for (int i = 1; i < 20; i++) EXPECT_EQ(rr.pick(1), (first + i) % 8);
+  PathSelector one(PathAlgo::SINGLE, 8, 1, 5);
+  for (int i = 0; i < 20; i++) EXPECT_EQ(one.pick(1), 5);
+}
+
+TEST(Paths, RetransmissionAvoidsThePathThatLost) {
+  for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
+    PathSelector s(a, 4, 3);
+    for (int i = 0; i < 1000; i++) EXPECT_NE(s.pick_retx(uint16_t(i % 4), 4096), i % 4);
+  }
+}
+
+TEST(Paths, DwrrShiftsLoadAwayFromTimeouts) {
+  PathSelector s(PathAlgo::DWRR, 4, 3);
+  for (int i = 0; i < 6; i++) s.on_timeout(2);
+  std::vector<int> n(4);
+  for (int i = 0; i < 40000; i++) n[s.pick(4096)]++;
+  EXPECT_LT(n[2] * 10, n[0]);
+  EXPECT_GT(n[2], 0);
+}
+
+TEST(Paths, BestRttPrefersTheFastPath) {
+  PathSelector s(PathAlgo::BEST_RTT, 8, 3);
+  for (int p = 0; p < 8; p++) s.on_ack(uint16_t(p), p == 6 ? 10'000 : 50'000);
+  std::vector<int> n(8);
+  for (int i = 0; i < 1600; i++) n[s.pick(4096)]++;
+  EXPECT_GT(n[6], 1300);
+}
+
+TEST(Paths, EngineSpraysOverAllPaths) {
+  PairOptions o;
+  o.buf_size = 4 << 20;
+  Pair t(o);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 4 << 20, 0), 0);
+  ASSERT_EQ(t.wait(t.a, t.a.scq, 1).size(), 1u);
+  int used = 0;
+  for (auto& p : t.a.eng->stats().paths) used += p.tx_pkts > 0;
+  EXPECT_GE(used, 120);  // 1024 packets over 128 paths
+}
+
+TEST(Cc, EcnAndDelayShrinkTheWindowLossDoesNot) {
+  CcConfig c;
+  c.init_cwnd = 1 << 20;
+  c.max_cwnd = 4 << 20;
+  c.target_delay_ns = 100'000;
+  CongestionControl cc(c, 4096);
+  uint32_t psn = 0;
+  // No signal: grows.
+  for (int i = 0; i < 1000; i++, psn += 8) cc.on_ack(8 * 4096, 8, 0, 20'000, psn, psn + 256);
+  uint64_t grown = cc.cwnd();
+  EXPECT_GT(grown, uint64_t(1) << 20);
+  // All packets CE-marked: shrinks.
+  for (int i = 0; i < 1000; i++, psn += 8) cc.on_ack(8 * 4096, 8, 8, 20'000, psn, psn + 64);
+  uint64_t marked = cc.cwnd();
+  EXPECT_LT(marked, grown / 4);
+  EXPECT_GT(cc.alpha(), 0.5);
+  // Delay above target: shrinks too.
+  CongestionControl d(c, 4096);
+  psn = 0;
+  for (int i = 0; i < 200; i++, psn += 8) d.on_ack(8 * 4096, 8, 0, 400'000, psn, psn + 64);
+  EXPECT_LT(d.cwnd(), uint64_t(1) << 19);
+  EXPECT_GE(d.cwnd(), c.min_cwnd);
+}
+
+TEST(Cc, BottleneckWithEcnStillDeliversAndMarksShrinkWindow) {
+  PairOptions o;
+  o.buf_size = 8 << 20;
+  o.cfg.cc.init_cwnd = 4 << 20;
+  Pair t(o);
+  t.net.impairment.bandwidth_bps = 10'000'000'000ull;  // 10 Gb/s
+  t.net.impairment.ecn_threshold_ns = 20'000;
+  fill_random(t.a.buf.data(), 8 << 20, 1);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 8 << 20, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 8 << 20), 0);
+  EXPECT_GT(t.net.stats.ce, 0u);
+  EXPECT_LT(t.a.qp->cc.cwnd(), uint64_t(4) << 20);
+}
+
+TEST(Engine, IdleEngineHasNoDeadline) {
+  PairOptions o;
+  o.cfg.rto_ns = 300'000;
+  Pair t(o);
+  EXPECT_EQ(t.a.eng->next_deadline(), UINT64_MAX);
+  t.net.impairment.loss = 1.0;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 64, 0), 0);
+  uint64_t now = t.net.now_ns();
+  t.a.eng->progress();
+  EXPECT_EQ(t.a.eng->next_deadline(), now + 300'000);
+  t.net.impairment.loss = 0;
+  ASSERT_EQ(t.wait(t.a, t.a.scq, 1).size(), 1u);
+  t.net.run_for(1'000'000);
+  EXPECT_EQ(t.a.eng->next_deadline(), UINT64_MAX);
+}
+
+}  // namespace
+}  // namespace vstellar::test
