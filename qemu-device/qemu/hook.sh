@@ -1,0 +1,34 @@
+#!/bin/sh
+# Run by tools/build-qemu.sh in the unpacked QEMU source, after our files
+# were copied over it: wire them into QEMU's build without editing QEMU's
+# own files by hand. (include/vstellar/virtio_vstellar.h in this overlay is
+# a copy of the repository's include/vstellar/virtio_vstellar.h, so that it
+# is part of the QEMU cache key; ctest qemu.abi_header_in_sync checks that
+# the two are identical.)
+set -eu
+
+# Kconfig symbol and meson sources, appended once (the tree may be reused).
+if ! grep -q '^config VHOST_USER_VSTELLAR$' hw/virtio/Kconfig; then
+	cat >> hw/virtio/Kconfig <<'KCONFIG'
+
+config VHOST_USER_VSTELLAR
+    bool
+    default y
+    depends on VIRTIO && VHOST_USER
+KCONFIG
+fi
+# Inserted before virtio_ss is frozen (add_all) at the end of the file.
+if ! grep -q 'vhost-user-vstellar.c' hw/virtio/meson.build; then
+	anchor="virtio_ss.add_all(when: 'CONFIG_VIRTIO_PCI', if_true: virtio_pci_ss)"
+	grep -qF "$anchor" hw/virtio/meson.build ||
+		{ echo "hook.sh: hw/virtio/meson.build changed; cannot add our files" >&2; exit 1; }
+	awk -v anchor="$anchor" '
+		$0 == anchor {
+			print "# vStellar (added by qemu-device/qemu/hook.sh)"
+			print "virtio_ss.add(when: \x27CONFIG_VHOST_USER_VSTELLAR\x27, if_true: files(\x27vhost-user-vstellar.c\x27))"
+			print "virtio_ss.add(when: [\x27CONFIG_VIRTIO_PCI\x27, \x27CONFIG_VHOST_USER_VSTELLAR\x27], if_true: files(\x27vhost-user-vstellar-pci.c\x27))"
+			print ""
+		}
+		{ print }' hw/virtio/meson.build > hw/virtio/meson.build.new
+	mv hw/virtio/meson.build.new hw/virtio/meson.build
+fi

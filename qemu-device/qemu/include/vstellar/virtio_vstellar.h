@@ -1,0 +1,691 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR BSD-2-Clause */
+/*
+ * vStellar device interface: the virtio RDMA device (virtio ID 42) that
+ * vstellard serves behind QEMU's vhost-user-vstellar-pci.
+ *
+ * Defined once here and shared by the guest driver (kernel/vstellar), the
+ * rdma-core provider (providers/vstellar), the QEMU frontend and vstellard.
+ * The prose specification is docs/virtio-vstellar.md; where this header and
+ * the document disagree, it is a bug in both.
+ *
+ * Rules: every field has a fixed width and is little-endian (__le*) unless
+ * it is an InfiniBand wire value (__be*: immediate data, GIDs are raw bytes).
+ * Every structure has a static-asserted size. Reserved fields are written
+ * as zero and a device rejects commands whose reserved fields are not zero,
+ * so they can be given meaning later without a new command.
+ *
+ * Types come from <linux/types.h>: the kernel's own in kernel builds, the
+ * uapi copy (linux-libc-dev) in userspace, as rdma-core's kernel-headers do.
+ */
+#ifndef VSTELLAR_VIRTIO_VSTELLAR_H
+#define VSTELLAR_VIRTIO_VSTELLAR_H
+
+#include <linux/types.h>
+
+#ifdef __cplusplus
+#define VSTELLAR_ABI_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define VSTELLAR_ABI_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#define VSTELLAR_ABI_SIZE(type, size) \
+	VSTELLAR_ABI_ASSERT(sizeof(struct type) == (size), #type " size")
+#define VSTELLAR_ABI_OFFSET(type, field, off) \
+	VSTELLAR_ABI_ASSERT(__builtin_offsetof(struct type, field) == (off), \
+			    #type "." #field " offset")
+
+/* ------------------------------------------------------------------ */
+/* Identity and version                                                 */
+/* ------------------------------------------------------------------ */
+
+/* "RDMA device" in the virtio specification's device ID table. */
+#define VIRTIO_ID_VSTELLAR		42
+#define VSTELLAR_PCI_VENDOR_ID		0x1af4	/* virtio (Red Hat, Inc.) */
+#define VSTELLAR_PCI_DEVICE_ID		(0x1040 + VIRTIO_ID_VSTELLAR) /* 0x106a */
+
+/*
+ * Interface version, in config.abi_version as (major << 16) | minor. A new
+ * minor only adds (commands, feature bits, meaning for reserved fields); a
+ * driver refuses a device whose major differs from its own.
+ */
+#define VSTELLAR_ABI_MAJOR		1
+#define VSTELLAR_ABI_MINOR		0
+#define VSTELLAR_ABI_VERSION \
+	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
+#define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
+
+/* ------------------------------------------------------------------ */
+/* Feature bits (device-specific range 0..23)                           */
+/* ------------------------------------------------------------------ */
+
+/* Reliable-connected QPs (IB_QPT_RC). */
+#define VIRTIO_VSTELLAR_F_RC		0
+/* Unreliable-datagram QPs and address handles (IB_QPT_UD, CREATE_AH). */
+#define VIRTIO_VSTELLAR_F_UD		1
+/* Doorbell notification suppression (db page need_kick, kick queue). */
+#define VIRTIO_VSTELLAR_F_DB_SUPPRESS	2
+/* More than one CQ notification queue (config.num_cq_queues > 1). */
+#define VIRTIO_VSTELLAR_F_MULTI_CQNQ	3
+/* RDMA atomics (compare-and-swap, fetch-and-add) on RC QPs. */
+#define VIRTIO_VSTELLAR_F_ATOMIC	4
+/* Inline data in send WQEs (config.max_inline_data > 0). */
+#define VIRTIO_VSTELLAR_F_INLINE	5
+
+/* ------------------------------------------------------------------ */
+/* Virtqueues                                                           */
+/* ------------------------------------------------------------------ */
+
+enum vstellar_vq {
+	/* driver -> device commands; one request chain = out hdr+body, in resp */
+	VSTELLAR_VQ_CONTROL = 0,
+	/* device -> driver async events; driver posts writable buffers */
+	VSTELLAR_VQ_EVENT = 1,
+	/*
+	 * Doorbell kick queue: carries no buffers. Its notify page (the
+	 * device runs with page-per-vq) is mapped into user contexts; any
+	 * store to it wakes vstellard through the queue's ioeventfd.
+	 */
+	VSTELLAR_VQ_KICK = 2,
+	/* CQ notification queues: VSTELLAR_VQ_CQN0 + i, i < num_cq_queues */
+	VSTELLAR_VQ_CQN0 = 3,
+};
+#define VSTELLAR_MAX_CQ_QUEUES		64
+#define VSTELLAR_MAX_VQS		(VSTELLAR_VQ_CQN0 + VSTELLAR_MAX_CQ_QUEUES)
+
+/* ------------------------------------------------------------------ */
+/* Config space                                                         */
+/* ------------------------------------------------------------------ */
+
+/* config.device_status bits */
+#define VSTELLAR_DEV_S_FATAL		(1u << 0) /* device lost state; reset it */
+#define VSTELLAR_DEV_S_BACKEND_LOST	(1u << 1) /* frontend: vstellard went away */
+
+/* Shared-memory region ids (virtio PCI capability type 8, "shm") */
+#define VSTELLAR_SHM_DOORBELL		0
+
+#define VSTELLAR_DB_PAGE_SIZE		4096
+
+struct virtio_vstellar_config {
+	__le32 abi_version;		/* VSTELLAR_ABI_VERSION */
+	__le32 device_status;		/* VSTELLAR_DEV_S_*, read-only */
+	__le32 epoch;			/* +1 at every backend (re)connection */
+	__le32 num_cq_queues;		/* CQ notification vqs, 1..64 */
+	__u8 node_guid[8];		/* EUI-64, network byte order */
+	__le64 page_size_cap;		/* bit n set: MR pages of 2^n supported */
+	__le64 max_mr_size;		/* bytes */
+	__le32 max_ucontext;
+	__le32 max_pd;
+	__le32 max_qp;
+	__le32 max_qp_wr;		/* entries per SQ or RQ, power of two */
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_inline_data;		/* bytes */
+	__le32 max_cq;
+	__le32 max_cqe;			/* entries per CQ, power of two */
+	__le32 max_mr;
+	__le32 max_ah;
+	__le32 max_qp_rd_atom;		/* outstanding RDMA reads/atomics, responder */
+	__le32 max_qp_init_rd_atom;	/* ... initiator */
+	__le32 max_cmd_pages;		/* page addresses in one command */
+	__le32 max_msg_size;		/* bytes */
+	__le32 gid_table_len;
+	__le32 db_page_count;		/* pages in shm region VSTELLAR_SHM_DOORBELL */
+	__le32 db_page_size;		/* VSTELLAR_DB_PAGE_SIZE */
+	__le32 db_slots;		/* doorbell slots per page (see db page) */
+	__le32 reserved[3];
+};
+VSTELLAR_ABI_SIZE(virtio_vstellar_config, 128);
+VSTELLAR_ABI_OFFSET(virtio_vstellar_config, node_guid, 16);
+VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_ucontext, 40);
+VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
+
+/* ------------------------------------------------------------------ */
+/* Control queue: command header, status codes                          */
+/* ------------------------------------------------------------------ */
+
+enum vstellar_cmd_opcode {
+	VSTELLAR_CMD_QUERY_DEVICE	= 0x01,
+	VSTELLAR_CMD_QUERY_PORT		= 0x02,
+	VSTELLAR_CMD_ALLOC_UCONTEXT	= 0x03,
+	VSTELLAR_CMD_DEALLOC_UCONTEXT	= 0x04,
+	VSTELLAR_CMD_ALLOC_PD		= 0x05,
+	VSTELLAR_CMD_DEALLOC_PD		= 0x06,
+	VSTELLAR_CMD_CREATE_CQ		= 0x07,
+	VSTELLAR_CMD_RESIZE_CQ		= 0x08,
+	VSTELLAR_CMD_DESTROY_CQ		= 0x09,
+	VSTELLAR_CMD_REQ_NOTIFY_CQ	= 0x0a,
+	VSTELLAR_CMD_CREATE_QP		= 0x0b,
+	VSTELLAR_CMD_MODIFY_QP		= 0x0c,
+	VSTELLAR_CMD_QUERY_QP		= 0x0d,
+	VSTELLAR_CMD_DESTROY_QP		= 0x0e,
+	VSTELLAR_CMD_REG_MR		= 0x0f,
+	VSTELLAR_CMD_DEREG_MR		= 0x10,
+	VSTELLAR_CMD_ADD_GID		= 0x11,
+	VSTELLAR_CMD_DEL_GID		= 0x12,
+	VSTELLAR_CMD_CREATE_AH		= 0x13,
+	VSTELLAR_CMD_DESTROY_AH		= 0x14,
+	VSTELLAR_CMD_MAX		= 0x14,
+};
+
+/*
+ * A request is one descriptor chain: device-readable part = cmd_hdr + the
+ * opcode's body (+ the page list, for commands that carry one), device-
+ * writable part = resp_hdr + the opcode's response body. The device reads
+ * exactly hdr.length body bytes and copies them before it validates them.
+ */
+struct vstellar_cmd_hdr {
+	__le16 opcode;		/* enum vstellar_cmd_opcode */
+	__le16 flags;		/* none defined: 0 */
+	__le32 cmd_id;		/* driver's cookie, echoed in the response */
+	__le32 ucontext;	/* owning user context handle, 0 = kernel */
+	__le32 length;		/* body bytes that follow this header */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_hdr, 16);
+
+struct vstellar_resp_hdr {
+	__le16 opcode;		/* echoed */
+	__le16 status;		/* enum vstellar_status */
+	__le32 cmd_id;		/* echoed */
+	__le32 length;		/* response body bytes written after this header */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_hdr, 16);
+
+/*
+ * Status codes. X-macro with the errno each one maps to, so the kernel and
+ * userspace expand it with their own errno definitions:
+ *   #define X(name, val, err) case VSTELLAR_STATUS_##name: return -err;
+ */
+#define VSTELLAR_STATUS_LIST(X)				\
+	X(OK,		0,  0)				\
+	X(BAD_OPCODE,	1,  EOPNOTSUPP)			\
+	X(BAD_LENGTH,	2,  EINVAL)			\
+	X(BAD_FIELD,	3,  EINVAL)			\
+	X(BAD_HANDLE,	4,  ENOENT)			\
+	X(BAD_STATE,	5,  EINVAL)			\
+	X(NO_RESOURCES,	6,  ENOMEM)			\
+	X(LIMIT,	7,  ENOSPC)			\
+	X(BAD_ADDRESS,	8,  EFAULT)			\
+	X(ACCESS,	9,  EACCES)			\
+	X(BUSY,		10, EBUSY)			\
+	X(UNSUPPORTED,	11, EOPNOTSUPP)			\
+	X(DEVICE_FATAL,	12, EIO)			\
+	X(INTERNAL,	13, EIO)
+
+enum vstellar_status {
+#define VSTELLAR_STATUS_ENUM_(name, val, err) VSTELLAR_STATUS_##name = val,
+	VSTELLAR_STATUS_LIST(VSTELLAR_STATUS_ENUM_)
+#undef VSTELLAR_STATUS_ENUM_
+};
+
+/* ------------------------------------------------------------------ */
+/* Command bodies                                                       */
+/* ------------------------------------------------------------------ */
+
+/* QUERY_DEVICE: no body. Response: */
+struct vstellar_resp_query_device {
+	__le64 fw_version;
+	__u8 sys_image_guid[8];
+	__le32 vendor_id;
+	__le32 vendor_part_id;
+	__le32 hw_version;
+	__le32 device_cap_flags;	/* VSTELLAR_DEVCAP_* */
+	__le32 max_qp;
+	__le32 max_qp_wr;
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_cq;
+	__le32 max_cqe;
+	__le32 max_mr;
+	__le32 max_pd;
+	__le32 max_ah;
+	__le32 max_qp_rd_atom;
+	__le32 max_qp_init_rd_atom;
+	__le32 max_inline_data;
+	__le64 max_mr_size;
+	__le64 page_size_cap;
+	__le32 reserved[4];
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_query_device, 112);
+
+#define VSTELLAR_DEVCAP_RC_RNR_NAK_GEN	(1u << 0)
+#define VSTELLAR_DEVCAP_SYS_IMAGE_GUID	(1u << 1)
+
+/* QUERY_PORT */
+struct vstellar_cmd_query_port {
+	__le32 port;		/* 1 */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_query_port, 8);
+
+/* Port states, MTUs: the IB numbering (ib_port_state, ib_mtu). */
+struct vstellar_resp_query_port {
+	__u8 state;		/* 1 DOWN .. 4 ACTIVE */
+	__u8 phys_state;	/* 5 LINK_UP, 3 DISABLED */
+	__u8 max_mtu;		/* IB_MTU_256 = 1 .. IB_MTU_4096 = 5 */
+	__u8 active_mtu;
+	__u8 active_speed;	/* IB_SPEED_* */
+	__u8 active_width;	/* IB_WIDTH_* */
+	__le16 reserved0;
+	__le32 gid_table_len;
+	__le32 port_cap_flags;
+	__le32 max_msg_size;
+	__le32 reserved[3];
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_query_port, 32);
+
+/* ALLOC_UCONTEXT: no body; hdr.ucontext must be 0. Response: */
+struct vstellar_resp_alloc_ucontext {
+	__le32 ucontext;	/* handle, nonzero */
+	__le32 db_page;		/* index of its page in the doorbell region */
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_alloc_ucontext, 8);
+
+/*
+ * Commands that only name one object use this body; the handle must
+ * belong to hdr.ucontext: DEALLOC_UCONTEXT (handle = the ucontext,
+ * hdr.ucontext = 0), DEALLOC_PD, DESTROY_CQ, DESTROY_QP, QUERY_QP,
+ * DEREG_MR, DESTROY_AH. No response body.
+ */
+struct vstellar_cmd_handle {
+	__le32 handle;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_handle, 8);
+
+/* ALLOC_PD: no body. Response: */
+struct vstellar_resp_alloc_pd {
+	__le32 pdn;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_alloc_pd, 8);
+
+/*
+ * Page list: commands that describe guest memory (CQ and QP rings, MRs)
+ * are followed by num_pages __le64 guest-physical addresses, each aligned
+ * to 1 << page_shift. The pages need not be contiguous.
+ */
+
+/* CREATE_CQ, followed by num_pages addresses of the CQE ring */
+struct vstellar_cmd_create_cq {
+	__le32 log_cqe;		/* ring of 1 << log_cqe CQEs (32 bytes each) */
+	__le32 cq_queue;	/* CQ notification queue index, < num_cq_queues */
+	__le32 page_shift;	/* 12 .. 30 */
+	__le32 num_pages;
+	__le64 ring_offset;	/* byte offset of the ring in the first page */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_create_cq, 24);
+
+struct vstellar_resp_create_cq {
+	__le32 cqn;
+	__le32 db_slot;		/* slot in the ucontext's doorbell page */
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_create_cq, 8);
+
+/* RESIZE_CQ: the new ring; outstanding CQEs are moved by the device. */
+struct vstellar_cmd_resize_cq {
+	__le32 cqn;
+	__le32 log_cqe;
+	__le32 page_shift;
+	__le32 num_pages;
+	__le64 ring_offset;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_resize_cq, 24);
+
+/* REQ_NOTIFY_CQ (kernel CQs; user CQs arm through their doorbell slot) */
+#define VSTELLAR_NOTIFY_NEXT_COMP	1
+#define VSTELLAR_NOTIFY_SOLICITED	2
+struct vstellar_cmd_req_notify_cq {
+	__le32 cqn;
+	__le32 flags;		/* exactly one VSTELLAR_NOTIFY_* */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
+
+/* QP types: the IB numbering */
+#define VSTELLAR_QPT_RC			2
+#define VSTELLAR_QPT_UD			4
+
+/*
+ * CREATE_QP, followed by sq_pages + rq_pages addresses (SQ ring first).
+ * A WQE slot is 1 << log_stride bytes; a WQE never spans slots.
+ */
+struct vstellar_cmd_create_qp {
+	__le32 pdn;
+	__le32 send_cqn;
+	__le32 recv_cqn;
+	__u8 qp_type;		/* VSTELLAR_QPT_* */
+	__u8 sq_sig_all;
+	__u8 sq_log_wqe;	/* SQ entries = 1 << sq_log_wqe */
+	__u8 sq_log_stride;	/* >= 6 */
+	__u8 rq_log_wqe;
+	__u8 rq_log_stride;	/* >= 4 */
+	__u8 page_shift;
+	__u8 reserved0;
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_inline_data;
+	__le32 sq_pages;
+	__le32 rq_pages;
+	__le64 sq_offset;	/* byte offset of each ring in its first page */
+	__le64 rq_offset;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_create_qp, 56);
+
+struct vstellar_resp_create_qp {
+	__le32 qpn;
+	__le32 db_slot;
+	__le32 max_send_sge;	/* what the device granted */
+	__le32 max_recv_sge;
+	__le32 max_inline_data;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_create_qp, 24);
+
+/* QP states: the IB numbering (ib_qp_state) */
+enum vstellar_qp_state {
+	VSTELLAR_QPS_RESET = 0, VSTELLAR_QPS_INIT, VSTELLAR_QPS_RTR,
+	VSTELLAR_QPS_RTS, VSTELLAR_QPS_SQD, VSTELLAR_QPS_SQE, VSTELLAR_QPS_ERR,
+};
+
+/* attr_mask bits: the IB numbering (enum ib_qp_attr_mask) */
+#define VSTELLAR_QP_STATE		(1u << 0)
+#define VSTELLAR_QP_CUR_STATE		(1u << 1)
+#define VSTELLAR_QP_ACCESS_FLAGS	(1u << 3)
+#define VSTELLAR_QP_PKEY_INDEX		(1u << 4)
+#define VSTELLAR_QP_PORT		(1u << 5)
+#define VSTELLAR_QP_QKEY		(1u << 6)
+#define VSTELLAR_QP_AV			(1u << 7)
+#define VSTELLAR_QP_PATH_MTU		(1u << 8)
+#define VSTELLAR_QP_TIMEOUT		(1u << 9)
+#define VSTELLAR_QP_RETRY_CNT		(1u << 10)
+#define VSTELLAR_QP_RNR_RETRY		(1u << 11)
+#define VSTELLAR_QP_RQ_PSN		(1u << 12)
+#define VSTELLAR_QP_MAX_QP_RD_ATOMIC	(1u << 13)
+#define VSTELLAR_QP_MIN_RNR_TIMER	(1u << 15)
+#define VSTELLAR_QP_SQ_PSN		(1u << 16)
+#define VSTELLAR_QP_MAX_DEST_RD_ATOMIC	(1u << 17)
+#define VSTELLAR_QP_DEST_QPN		(1u << 20)
+#define VSTELLAR_QP_ATTR_MASK_VALID	0x0013bffbu
+
+/* Access flags: the IB numbering (ib_access_flags) */
+#define VSTELLAR_ACCESS_LOCAL_WRITE	(1u << 0)
+#define VSTELLAR_ACCESS_REMOTE_WRITE	(1u << 1)
+#define VSTELLAR_ACCESS_REMOTE_READ	(1u << 2)
+#define VSTELLAR_ACCESS_REMOTE_ATOMIC	(1u << 3)
+#define VSTELLAR_ACCESS_VALID		0x0000000fu
+
+/* Address vector (RoCEv2-style: GIDs are IPv6 or IPv4-mapped addresses) */
+struct vstellar_av {
+	__u8 dgid[16];
+	__be32 flow_label;	/* low 20 bits */
+	__u8 sgid_index;
+	__u8 hop_limit;
+	__u8 traffic_class;
+	__u8 sl;
+	__u8 dmac[6];
+	__u8 reserved[2];
+};
+VSTELLAR_ABI_SIZE(vstellar_av, 32);
+
+struct vstellar_qp_attr {
+	__le32 attr_mask;	/* VSTELLAR_QP_*, which fields are meant */
+	__u8 qp_state;
+	__u8 cur_qp_state;
+	__u8 path_mtu;		/* IB_MTU_* */
+	__u8 port;
+	__le32 qkey;
+	__le32 rq_psn;		/* 24 bits */
+	__le32 sq_psn;		/* 24 bits */
+	__le32 dest_qpn;	/* 24 bits */
+	__le32 access_flags;	/* VSTELLAR_ACCESS_* */
+	__le16 pkey_index;
+	__u8 max_rd_atomic;
+	__u8 max_dest_rd_atomic;
+	__u8 min_rnr_timer;
+	__u8 timeout;
+	__u8 retry_cnt;
+	__u8 rnr_retry;
+	__le32 reserved;
+	struct vstellar_av av;
+};
+VSTELLAR_ABI_SIZE(vstellar_qp_attr, 72);
+
+/* MODIFY_QP; no response body */
+struct vstellar_cmd_modify_qp {
+	__le32 qpn;
+	__le32 reserved;
+	struct vstellar_qp_attr attr;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_modify_qp, 80);
+
+/* QUERY_QP: vstellar_cmd_handle body; response: (attr_mask = all valid) */
+struct vstellar_resp_query_qp {
+	struct vstellar_qp_attr attr;
+	__le32 sq_draining;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_query_qp, 80);
+
+/*
+ * REG_MR, followed by num_pages addresses. The MR covers [iova, iova +
+ * length); iova's offset inside a page of 1 << page_shift is the offset
+ * of the first byte in the first page.
+ */
+struct vstellar_cmd_reg_mr {
+	__le32 pdn;
+	__le32 access_flags;	/* VSTELLAR_ACCESS_* */
+	__le64 iova;
+	__le64 length;
+	__le32 page_shift;	/* a bit set in page_size_cap */
+	__le32 num_pages;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_reg_mr, 32);
+
+struct vstellar_resp_reg_mr {
+	__le32 mrn;		/* handle for DEREG_MR */
+	__le32 lkey;
+	__le32 rkey;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_reg_mr, 16);
+
+/* ADD_GID / DEL_GID (DEL_GID: only port and index are read) */
+#define VSTELLAR_GID_TYPE_ROCE_V2	1
+struct vstellar_cmd_gid {
+	__le32 port;
+	__le32 index;		/* < gid_table_len */
+	__u8 gid[16];
+	__le32 gid_type;	/* VSTELLAR_GID_TYPE_* */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_gid, 32);
+
+/* CREATE_AH (UD) */
+struct vstellar_cmd_create_ah {
+	__le32 pdn;
+	__le32 reserved;
+	struct vstellar_av av;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_create_ah, 40);
+
+struct vstellar_resp_create_ah {
+	__le32 ah;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_create_ah, 8);
+
+/* ------------------------------------------------------------------ */
+/* Event queue and CQ notification queues                               */
+/* ------------------------------------------------------------------ */
+
+/* Async event types (numbered like enum ib_event_type where one exists) */
+enum vstellar_event_type {
+	VSTELLAR_EV_CQ_ERR		= 0,
+	VSTELLAR_EV_QP_FATAL		= 1,
+	VSTELLAR_EV_QP_REQ_ERR		= 2,
+	VSTELLAR_EV_QP_ACCESS_ERR	= 3,
+	VSTELLAR_EV_COMM_EST		= 4,
+	VSTELLAR_EV_SQ_DRAINED		= 5,
+	VSTELLAR_EV_DEVICE_FATAL	= 8,
+	VSTELLAR_EV_PORT_ACTIVE		= 9,
+	VSTELLAR_EV_PORT_ERR		= 10,
+	VSTELLAR_EV_GID_CHANGE		= 18,
+};
+
+/* One per eventq buffer (driver posts writable buffers >= 16 bytes) */
+struct vstellar_event {
+	__le16 type;		/* enum vstellar_event_type */
+	__le16 reserved0;
+	__le32 object;		/* QPN, CQN or port, by type; 0 for device */
+	__le32 ucontext;	/* owner of object, 0 = kernel or device */
+	__le32 info;		/* VSTELLAR_STATUS_* or WC status that caused it */
+};
+VSTELLAR_ABI_SIZE(vstellar_event, 16);
+
+/* One per CQ notification buffer: an armed CQ got a completion */
+struct vstellar_cq_notify {
+	__le32 cqn;
+	__le32 ucontext;
+};
+VSTELLAR_ABI_SIZE(vstellar_cq_notify, 8);
+
+/* ------------------------------------------------------------------ */
+/* Doorbell page (one per user context, in shm region VSTELLAR_SHM_DOORBELL) */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The first 64 bytes are the header; the rest are 8-byte slots, handed out
+ * by CREATE_QP and CREATE_CQ (db_slot is the slot's index in the page,
+ * VSTELLAR_DB_FIRST_SLOT .. db_slots - 1). All indices are free-running
+ * 32-bit counters; ring position = index & (entries - 1).
+ */
+struct vstellar_db_page_hdr {
+	__le32 need_kick;	/* device: nonzero = store to the kick page after
+				 * the next index update (notification suppression) */
+	__le32 reserved[15];
+};
+VSTELLAR_ABI_SIZE(vstellar_db_page_hdr, 64);
+
+struct vstellar_db_qp {
+	__le32 sq_pi;		/* SQ producer index (WQEs posted) */
+	__le32 rq_pi;		/* RQ producer index */
+};
+VSTELLAR_ABI_SIZE(vstellar_db_qp, 8);
+
+#define VSTELLAR_CQ_ARM_SOLICITED	(1u << 31)
+struct vstellar_db_cq {
+	__le32 ci;		/* CQ consumer index (CQEs polled) */
+	__le32 arm;		/* bit 31 solicited-only; bits 0..30 arm sequence:
+				 * armed while != the device's last seen value */
+};
+VSTELLAR_ABI_SIZE(vstellar_db_cq, 8);
+
+#define VSTELLAR_DB_SLOT_SIZE		8
+#define VSTELLAR_DB_FIRST_SLOT		(sizeof(struct vstellar_db_page_hdr) / VSTELLAR_DB_SLOT_SIZE)
+#define VSTELLAR_DB_SLOTS_PER_PAGE	(VSTELLAR_DB_PAGE_SIZE / VSTELLAR_DB_SLOT_SIZE)
+
+/* ------------------------------------------------------------------ */
+/* Data path: SGE, WQEs, CQE                                            */
+/* ------------------------------------------------------------------ */
+
+struct vstellar_sge {
+	__le64 addr;		/* in the MR's iova space */
+	__le32 length;
+	__le32 lkey;
+};
+VSTELLAR_ABI_SIZE(vstellar_sge, 16);
+
+enum vstellar_wr_opcode {
+	VSTELLAR_WR_RDMA_WRITE		= 0,
+	VSTELLAR_WR_RDMA_WRITE_IMM	= 1,
+	VSTELLAR_WR_SEND		= 2,
+	VSTELLAR_WR_SEND_IMM		= 3,
+	VSTELLAR_WR_RDMA_READ		= 4,
+	VSTELLAR_WR_ATOMIC_CMP_SWP	= 5,
+	VSTELLAR_WR_ATOMIC_FETCH_ADD	= 6,
+};
+
+#define VSTELLAR_WQE_SIGNALED		(1u << 0)
+#define VSTELLAR_WQE_SOLICITED		(1u << 1)
+#define VSTELLAR_WQE_INLINE		(1u << 2)
+#define VSTELLAR_WQE_FENCE		(1u << 3)
+
+/* Send WQE: this header, then num_sge SGEs or inline_len bytes of data */
+struct vstellar_send_wqe {
+	__le64 wr_id;
+	__u8 opcode;		/* enum vstellar_wr_opcode */
+	__u8 flags;		/* VSTELLAR_WQE_* */
+	__u8 num_sge;
+	__u8 reserved0;
+	__le32 inline_len;
+	__be32 imm_data;
+	__le32 reserved1;
+	union {
+		struct {
+			__le64 remote_addr;
+			__le32 rkey;
+			__le32 reserved;
+		} rdma;
+		struct {
+			__le64 remote_addr;
+			__le32 rkey;
+			__le32 reserved;
+			__le64 compare_add;
+			__le64 swap;
+		} atomic;
+		struct {
+			__le32 ah;
+			__le32 remote_qpn;
+			__le32 remote_qkey;
+			__le32 reserved;
+		} ud;
+		__u8 raw[40];
+	} u;
+};
+VSTELLAR_ABI_SIZE(vstellar_send_wqe, 64);
+
+/* Receive WQE: this header, then num_sge SGEs */
+struct vstellar_recv_wqe {
+	__le64 wr_id;
+	__le32 num_sge;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_recv_wqe, 16);
+
+/* WC opcodes and statuses: the ibv_wc_opcode / ibv_wc_status numbering */
+enum vstellar_wc_opcode {
+	VSTELLAR_WC_SEND		= 0,
+	VSTELLAR_WC_RDMA_WRITE		= 1,
+	VSTELLAR_WC_RDMA_READ		= 2,
+	VSTELLAR_WC_COMP_SWAP		= 3,
+	VSTELLAR_WC_FETCH_ADD		= 4,
+	VSTELLAR_WC_RECV		= 128,
+	VSTELLAR_WC_RECV_RDMA_WITH_IMM	= 129,
+};
+
+#define VSTELLAR_CQE_OWNER		(1u << 0) /* phase bit, in cqe.owner */
+#define VSTELLAR_CQE_WITH_IMM		(1u << 0) /* in cqe.wc_flags */
+#define VSTELLAR_CQE_GRH		(1u << 1)
+
+/*
+ * CQE, 32 bytes. The device writes everything, then (release) the owner
+ * byte. On pass p over the ring (p = index >> log_cqe) a valid CQE has
+ * owner bit == !(p & 1); the ring starts zeroed, so the first pass writes 1.
+ */
+struct vstellar_cqe {
+	__le64 wr_id;
+	__le32 qpn;
+	__le32 byte_len;
+	__be32 imm_data;
+	__le32 src_qp;		/* UD receives */
+	__le16 wqe_idx;		/* low 16 bits of the completed WQE's index */
+	__u8 opcode;		/* enum vstellar_wc_opcode */
+	__u8 status;		/* ibv_wc_status */
+	__u8 vendor_err;
+	__u8 wc_flags;		/* VSTELLAR_CQE_WITH_IMM, ... */
+	__u8 reserved;
+	__u8 owner;		/* VSTELLAR_CQE_OWNER */
+};
+VSTELLAR_ABI_SIZE(vstellar_cqe, 32);
+VSTELLAR_ABI_OFFSET(vstellar_cqe, owner, 31);
+
+#endif /* VSTELLAR_VIRTIO_VSTELLAR_H */
