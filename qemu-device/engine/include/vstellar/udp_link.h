@@ -1,0 +1,100 @@
+// UDP tunnels through io_uring. One socket per path, bound to base_port+path,
+// sends unconnected (sendmsg with a destination): Linux ECMP hashes a
+// connected socket with a per-socket random hash, so the path would not follow
+// the source port. Receives go to the base port's socket through one
+// multishot recvmsg with a provided-buffer ring, so a packet costs no syscall
+// of its own; sends are batched and submitted once per flush().
+//
+// IP ECN: sockets send ECT(0) so a fabric can mark; the receive side reads the
+// TOS byte (IP_RECVTOS) and reports CE to the engine.
+#pragma once
+#include <liburing.h>
+#include <netinet/in.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vstellar/link.h"
+
+namespace vstellar {
+
+struct UdpLinkConfig {
+  uint32_t local_ip = 0x7f000001;  // host order
+  uint16_t base_port = 47000;
+  uint16_t num_paths = 128;        // sockets on base_port .. base_port+num_paths-1
+  uint32_t max_datagram = 4096 + 256;
+  uint32_t rx_buffers = 1024;      // provided buffers (power of two)
+  uint32_t tx_slots = 512;         // sends in flight per flush
+  int sock_buf = 16 << 20;         // SO_RCVBUF/SO_SNDBUF (forced when root)
+  bool ecn = true;
+};
+
+class RxSink {
+ public:
+  virtual ~RxSink() = default;
+  virtual void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, uint16_t src_port,
+                           bool ce) = 0;
+};
+
+struct UdpLinkStats {
+  uint64_t tx = 0, tx_err = 0, rx = 0, rx_trunc = 0, rx_nobufs = 0, submits = 0, waits = 0;
+};
+
+class UdpLink final : public Link {
+ public:
+  explicit UdpLink(const UdpLinkConfig& cfg);
+  ~UdpLink() override;
+  UdpLink(const UdpLink&) = delete;
+  UdpLink& operator=(const UdpLink&) = delete;
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
+            const HostSpan* payload, size_t nspans) override;
+  void flush() override;
+
+  // Hand every datagram that has arrived to `sink`; if none has, block up to
+  // timeout_ns first (0 = do not block). Returns how many were delivered.
+  size_t poll(uint64_t timeout_ns, RxSink& sink);
+
+  const UdpLinkStats& stats() const { return stats_; }
+  const UdpLinkConfig& config() const { return cfg_; }
+
+ private:
+  static constexpr int kMaxIov = 66;
+  struct TxSlot {
+    msghdr msg;
+    iovec iov[kMaxIov];
+    sockaddr_in dst;
+    uint8_t hdr[256];
+  };
+  io_uring_sqe* sqe();
+  void arm_recv();
+  void handle_cqe(io_uring_cqe* cqe, RxSink* sink, size_t& delivered);
+  void reap(RxSink* sink, size_t& delivered);
+
+  UdpLinkConfig cfg_;
+  std::string error_;
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  std::vector<int> fds_;
+  std::vector<TxSlot> tx_;
+  std::vector<uint32_t> tx_free_;
+  uint32_t tx_inflight_ = 0;
+  bool tx_unsubmitted_ = false;
+  // provided buffer ring for multishot receive
+  io_uring_buf_ring* br_ = nullptr;
+  size_t br_bytes_ = 0;
+  uint8_t* rx_mem_ = nullptr;
+  size_t rx_buf_len_ = 0;
+  msghdr rx_msg_{};
+  bool rx_armed_ = false;
+  // stashed receive completions seen while flush() waited for sends
+  struct Stashed { int32_t res; uint32_t flags; };
+  std::vector<Stashed> stash_;
+  UdpLinkStats stats_;
+};
+
+}  // namespace vstellar

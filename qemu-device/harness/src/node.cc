@@ -1,0 +1,78 @@
+#include <algorithm>
+#include <cstdio>
+
+#include "vstellar/harness/harness.h"
+
+namespace vstellar::harness {
+
+uint32_t link_of(uint16_t path, uint32_t links) {
+  // A multiplicative hash, like a switch's ECMP hash of the source port.
+  return uint32_t((uint64_t(path) * 2654435761u) >> 7) % (links ? links : 1);
+}
+
+UdpLinkConfig Node::link_config(const Options& o, uint16_t base_port) {
+  UdpLinkConfig c;
+  c.local_ip = o.local_ip;
+  c.base_port = base_port;
+  c.num_paths = o.eng.num_paths;
+  c.max_datagram = o.eng.mtu + 256;
+  return c;
+}
+
+Node::Node(const Options& o, uint16_t base_port, uint16_t peer_port)
+    : o_(o),
+      peer_port_(peer_port),
+      lossy_link_(o.loss_link >= 0 ? o.loss_link : int(link_of(0, o.loss_links))),
+      link_(link_config(o, base_port)),
+      eng_(o.eng, link_, clock_) {}
+
+void Node::run_once(uint64_t max_wait_ns) {
+  bool more = eng_.progress();
+  uint64_t wait = 0;
+  if (!more) {
+    uint64_t now = clock_.now_ns(), dl = eng_.next_deadline();
+    wait = dl == UINT64_MAX ? max_wait_ns : dl > now ? std::min(dl - now, max_wait_ns) : 0;
+  }
+  link_.poll(wait, *this);
+}
+
+void Node::on_datagram(const uint8_t* data, size_t len, const Endpoint& from, uint16_t src_port,
+                       bool ce) {
+  if (o_.loss_rate > 0) {
+    uint16_t path = uint16_t(src_port - peer_port_);
+    if (path < 256 && int(link_of(path, o_.loss_links)) == lossy_link_ &&
+        std::uniform_real_distribution<double>(0, 1)(rng_) < o_.loss_rate) {
+      emu_dropped++;
+      return;
+    }
+  }
+  eng_.receive(data, len, from, ce);
+}
+
+std::string stats_json(const EngineStats& s, bool path_detail) {
+  char b[1024];
+  snprintf(b, sizeof(b),
+           "{\"tx_pkts\":%lu,\"rx_pkts\":%lu,\"tx_bytes\":%lu,\"rx_bytes\":%lu,"
+           "\"data_pkts_sent\":%lu,\"retx_pkts\":%lu,\"timeouts\":%lu,\"acks_sent\":%lu,"
+           "\"acks_rcvd\":%lu,\"naks_sent\":%lu,\"naks_rcvd\":%lu,\"rnr_naks_sent\":%lu,"
+           "\"dup_pkts\":%lu,\"out_of_window\":%lu,\"bad_parse\":%lu,\"bad_qpn\":%lu,"
+           "\"bad_peer\":%lu,\"bad_state\":%lu,\"bad_ack\":%lu,\"ce_marks\":%lu",
+           s.tx_pkts, s.rx_pkts, s.tx_bytes, s.rx_bytes, s.data_pkts_sent, s.retx_pkts,
+           s.timeouts, s.acks_sent, s.acks_rcvd, s.naks_sent, s.naks_rcvd, s.rnr_naks_sent,
+           s.dup_pkts, s.out_of_window, s.bad_parse, s.bad_qpn, s.bad_peer, s.bad_state,
+           s.bad_ack, s.ce_marks);
+  std::string out = b;
+  if (path_detail) {
+    out += ",\"paths\":[";
+    for (size_t i = 0; i < s.paths.size(); i++) {
+      const PathCounters& p = s.paths[i];
+      snprintf(b, sizeof(b), "%s[%lu,%lu,%lu,%lu,%lu]", i ? "," : "", p.tx_pkts, p.tx_bytes,
+               p.retx_pkts, p.timeouts, p.rx_pkts);
+      out += b;
+    }
+    out += "]";
+  }
+  return out + "}";
+}
+
+}  // namespace vstellar::harness
