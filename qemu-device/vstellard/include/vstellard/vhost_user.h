@@ -1,0 +1,215 @@
+// vstellard's vhost-user server: message layouts (vhost-user protocol, see
+// QEMU's docs/interop/vhost-user.rst) and one session = one QEMU
+// connection = one virtual vStellar device.
+//
+// Written by hand rather than on libvhost-user: libvhost-user mmaps every
+// guest memory region eagerly when SET_MEM_TABLE arrives, which is exactly
+// what PVDMA must not do (Stellar maps and pins guest memory on first DMA,
+// 2 MiB at a time). Here SET_MEM_TABLE only records the regions and keeps
+// their fds; PVDMA maps lazily from them.
+//
+// Every field of every message is validated; a malformed message ends the
+// session (the frontend sees the socket close and reports the device lost
+// to the guest), never the daemon.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <vstellar/virtio_vstellar.h>
+
+namespace vstellard {
+
+enum class Request : uint32_t {
+  kGetFeatures = 1,
+  kSetFeatures = 2,
+  kSetOwner = 3,
+  kResetOwner = 4,
+  kSetMemTable = 5,
+  kSetLogBase = 6,
+  kSetLogFd = 7,
+  kSetVringNum = 8,
+  kSetVringAddr = 9,
+  kSetVringBase = 10,
+  kGetVringBase = 11,
+  kSetVringKick = 12,
+  kSetVringCall = 13,
+  kSetVringErr = 14,
+  kGetProtocolFeatures = 15,
+  kSetProtocolFeatures = 16,
+  kGetQueueNum = 17,
+  kSetVringEnable = 18,
+  kGetConfig = 24,
+  kSetConfig = 25,
+};
+
+constexpr uint32_t kFlagVersionMask = 0x3;
+constexpr uint32_t kFlagVersion = 0x1;
+constexpr uint32_t kFlagReply = 1u << 2;
+constexpr uint32_t kFlagNeedReply = 1u << 3;
+
+// Virtio/vhost feature bits this server knows.
+constexpr int kFeatureIndirectDesc = 28;
+constexpr int kFeatureEventIdx = 29;
+constexpr int kFeatureProtocolFeatures = 30;  // VHOST_USER_F_PROTOCOL_FEATURES
+constexpr int kFeatureVersion1 = 32;
+constexpr int kFeatureRingReset = 40;
+// Protocol feature bits.
+constexpr int kProtocolMq = 0;
+constexpr int kProtocolReplyAck = 3;
+constexpr int kProtocolConfig = 9;
+
+constexpr uint64_t kVringIndexMask = 0xff;
+constexpr uint64_t kVringNoFd = 1u << 8;
+constexpr uint32_t kMaxMemRegions = 8;     // VHOST_MEMORY_BASELINE_NREGIONS
+constexpr uint32_t kMaxVringSize = 32768;  // split ring
+constexpr uint32_t kMaxConfigSize = 256;
+constexpr uint32_t kMaxPayload = 8 + kMaxMemRegions * 32 + 16;
+
+#pragma pack(push, 1)
+struct Header {
+  uint32_t request;
+  uint32_t flags;
+  uint32_t size;
+};
+struct VringState {
+  uint32_t index;
+  uint32_t num;
+};
+struct VringAddr {
+  uint32_t index;
+  uint32_t flags;
+  uint64_t desc_user_addr;
+  uint64_t used_user_addr;
+  uint64_t avail_user_addr;
+  uint64_t log_guest_addr;
+};
+struct MemRegionDesc {
+  uint64_t guest_phys_addr;
+  uint64_t memory_size;
+  uint64_t userspace_addr;
+  uint64_t mmap_offset;
+};
+struct ConfigHeader {
+  uint32_t offset;
+  uint32_t size;
+  uint32_t flags;
+};
+#pragma pack(pop)
+static_assert(sizeof(Header) == 12);
+static_assert(sizeof(VringAddr) == 40);
+static_assert(sizeof(MemRegionDesc) == 32);
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Message {
+  Header hdr{};
+  std::vector<uint8_t> payload;
+  std::vector<Fd> fds;
+};
+
+// A guest memory region as QEMU described it. Not mapped: PVDMA maps
+// ranges of it on first use.
+struct MemRegion {
+  uint64_t gpa = 0;
+  uint64_t size = 0;
+  uint64_t qemu_va = 0;  // QEMU's address, what vring addresses refer to
+  uint64_t offset = 0;   // of the region in fd
+  Fd fd;
+  bool doorbell = false;  // the frontend's doorbell memfd (by its name)
+};
+
+struct Vring {
+  uint32_t num = 0;
+  uint64_t desc = 0, avail = 0, used = 0;  // QEMU addresses
+  bool addr_set = false;
+  uint16_t last_avail = 0;
+  bool enabled = false;
+  bool started = false;  // got a kick fd
+  Fd kick, call, err;
+};
+
+// What the device reports: its config space and offered device features.
+struct DeviceConfig {
+  virtio_vstellar_config config{};
+  uint64_t device_features = 0;  // bits 0..23
+  uint32_t max_queues = VSTELLAR_MAX_VQS;
+  static DeviceConfig Default();
+};
+
+struct Outcome {
+  std::optional<std::vector<uint8_t>> reply;  // whole reply message
+  std::string error;                          // non-empty: end the session
+  bool ok() const { return error.empty(); }
+};
+
+class Session {
+ public:
+  explicit Session(DeviceConfig cfg);
+
+  // Handles one message: validates it, applies it, returns the reply (if
+  // the request has one) or an error after which the caller closes the
+  // connection (a failure ack is in reply when one was asked for).
+  Outcome Handle(Message&& m);
+
+  uint64_t offered_features() const;
+  uint64_t offered_protocol_features() const;
+  uint64_t acked_features() const { return acked_features_; }
+  uint64_t acked_protocol_features() const { return acked_protocol_; }
+  bool owned() const { return owner_; }
+  const std::vector<MemRegion>& regions() const { return regions_; }
+  const Vring& vring(uint32_t i) const { return vrings_.at(i); }
+  const DeviceConfig& device() const { return cfg_; }
+
+  // Finds the region holding [qemu_va, qemu_va + len).
+  const MemRegion* FindByQemuVa(uint64_t qemu_va, uint64_t len) const;
+
+ private:
+  Outcome HandleOne(Message& m);
+  Outcome SetMemTable(Message& m);
+  Outcome SetVringAddr(const VringAddr& a);
+  Outcome SetVringFd(Message& m, Fd Vring::*which);
+  Outcome GetConfig(const Message& m);
+  bool CheckVringIndex(uint32_t index, std::string* err) const;
+
+  DeviceConfig cfg_;
+  bool owner_ = false;
+  bool features_set_ = false;
+  uint64_t acked_features_ = 0;
+  uint64_t acked_protocol_ = 0;
+  std::vector<MemRegion> regions_;
+  std::vector<Vring> vrings_;
+};
+
+// Transport: reads one message (header, payload, SCM_RIGHTS fds) from a
+// connected unix socket. Returns false with *err empty at clean EOF.
+bool ReadMessage(int sock, Message* m, std::string* err);
+bool WriteAll(int sock, const std::vector<uint8_t>& bytes, std::string* err);
+
+// Returns the name of a memfd ("vstellar-doorbell") or "" for other files.
+std::string MemfdName(int fd);
+
+}  // namespace vstellard

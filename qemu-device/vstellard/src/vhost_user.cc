@@ -1,0 +1,513 @@
+// vhost-user server side for vstellard; see include/vstellard/vhost_user.h.
+#include "vstellard/vhost_user.h"
+
+#include <cerrno>
+#include <cstring>
+#include <endian.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace vstellard {
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+namespace {
+
+constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
+
+bool IsPow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+bool AddOverflows(uint64_t a, uint64_t b) { return a + b < a; }
+
+Outcome Fail(std::string e) { return Outcome{std::nullopt, std::move(e)}; }
+
+std::vector<uint8_t> ReplyBytes(const Header& req, const void* payload, uint32_t size) {
+  Header h{req.request, kFlagVersion | kFlagReply, size};
+  std::vector<uint8_t> out(sizeof(h) + size);
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (size) std::memcpy(out.data() + sizeof(h), payload, size);
+  return out;
+}
+
+std::vector<uint8_t> ReplyU64(const Header& req, uint64_t v) {
+  return ReplyBytes(req, &v, sizeof(v));
+}
+
+template <typename T>
+bool Payload(const Message& m, T* out, std::string* err) {
+  if (m.payload.size() != sizeof(T)) {
+    *err = "request " + std::to_string(m.hdr.request) + ": payload of " +
+           std::to_string(m.payload.size()) + " bytes, expected " + std::to_string(sizeof(T));
+    return false;
+  }
+  std::memcpy(out, m.payload.data(), sizeof(T));
+  return true;
+}
+
+// Requests that always have a reply, whatever REPLY_ACK says.
+bool HasReply(Request r) {
+  switch (r) {
+    case Request::kGetFeatures:
+    case Request::kGetProtocolFeatures:
+    case Request::kGetVringBase:
+    case Request::kGetQueueNum:
+    case Request::kGetConfig:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+DeviceConfig DeviceConfig::Default() {
+  DeviceConfig d;
+  virtio_vstellar_config& c = d.config;
+  c.abi_version = htole32(VSTELLAR_ABI_VERSION);
+  c.num_cq_queues = htole32(1);
+  const uint8_t guid[8] = {0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x00, 0x01};
+  std::memcpy(c.node_guid, guid, sizeof(guid));
+  c.page_size_cap = htole64(Bit(12) | Bit(21));
+  c.max_mr_size = htole64(uint64_t{1} << 40);
+  c.max_ucontext = htole32(64);
+  c.max_pd = htole32(1024);
+  c.max_qp = htole32(1024);
+  c.max_qp_wr = htole32(4096);
+  c.max_send_sge = htole32(8);
+  c.max_recv_sge = htole32(8);
+  c.max_inline_data = htole32(256);
+  c.max_cq = htole32(1024);
+  c.max_cqe = htole32(65536);
+  c.max_mr = htole32(4096);
+  c.max_ah = htole32(1024);
+  c.max_qp_rd_atom = htole32(16);
+  c.max_qp_init_rd_atom = htole32(16);
+  c.max_cmd_pages = htole32(65536);
+  c.max_msg_size = htole32(1u << 31);
+  c.gid_table_len = htole32(16);
+  c.db_page_size = htole32(VSTELLAR_DB_PAGE_SIZE);
+  c.db_slots = htole32(VSTELLAR_DB_SLOTS_PER_PAGE);
+  d.device_features = Bit(VIRTIO_VSTELLAR_F_RC) | Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS) |
+                      Bit(VIRTIO_VSTELLAR_F_INLINE);
+  return d;
+}
+
+Session::Session(DeviceConfig cfg) : cfg_(std::move(cfg)), vrings_(cfg_.max_queues) {}
+
+uint64_t Session::offered_features() const {
+  return (cfg_.device_features & 0xffffff) | Bit(kFeatureIndirectDesc) | Bit(kFeatureEventIdx) |
+         Bit(kFeatureProtocolFeatures) | Bit(kFeatureVersion1) | Bit(kFeatureRingReset);
+}
+
+uint64_t Session::offered_protocol_features() const {
+  return Bit(kProtocolMq) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig);
+}
+
+bool Session::CheckVringIndex(uint32_t index, std::string* err) const {
+  if (index >= vrings_.size()) {
+    *err = "vring index " + std::to_string(index) + " out of range (" +
+           std::to_string(vrings_.size()) + " queues)";
+    return false;
+  }
+  return true;
+}
+
+const MemRegion* Session::FindByQemuVa(uint64_t va, uint64_t len) const {
+  if (AddOverflows(va, len)) return nullptr;
+  for (const MemRegion& r : regions_)
+    if (va >= r.qemu_va && va + len <= r.qemu_va + r.size) return &r;
+  return nullptr;
+}
+
+Outcome Session::Handle(Message&& m) {
+  const Header h = m.hdr;
+  Outcome out = HandleOne(m);
+  // REPLY_ACK: a request without its own reply gets 0 (done) or 1 (refused).
+  const bool need_ack = (h.flags & kFlagNeedReply) && (acked_protocol_ & Bit(kProtocolReplyAck)) &&
+                        !HasReply(static_cast<Request>(h.request)) &&
+                        (h.flags & kFlagVersionMask) == kFlagVersion;
+  if (need_ack && !out.reply) out.reply = ReplyU64(h, out.ok() ? 0 : 1);
+  return out;
+}
+
+Outcome Session::HandleOne(Message& m) {
+  const Header& h = m.hdr;
+  std::string err;
+  const auto req = static_cast<Request>(h.request);
+
+  if ((h.flags & kFlagVersionMask) != kFlagVersion)
+    return Fail("unsupported vhost-user version in flags " + std::to_string(h.flags));
+  if (h.flags & ~(kFlagVersionMask | kFlagNeedReply))
+    return Fail("reserved or reply flag set in request flags " + std::to_string(h.flags));
+  if (h.size != m.payload.size()) return Fail("header size does not match payload");
+
+  // Only the fd-carrying requests may carry fds.
+  auto no_fds = [&]() {
+    if (!m.fds.empty()) {
+      err = "request " + std::to_string(h.request) + " carries unexpected fds";
+      return false;
+    }
+    return true;
+  };
+  auto needs_owner = [&]() {
+    if (!owner_) {
+      err = "request " + std::to_string(h.request) + " before SET_OWNER";
+      return false;
+    }
+    return true;
+  };
+
+  Outcome out;
+  switch (req) {
+    case Request::kGetFeatures:
+      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_FEATURES with payload" : err);
+      out.reply = ReplyU64(h, offered_features());
+      return out;
+
+    case Request::kSetFeatures: {
+      uint64_t f;
+      if (!no_fds() || !Payload(m, &f, &err)) return Fail(err);
+      if (f & ~offered_features()) return Fail("SET_FEATURES acks features never offered");
+      acked_features_ = f;
+      features_set_ = true;
+      break;
+    }
+
+    case Request::kGetProtocolFeatures:
+      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_PROTOCOL_FEATURES with payload" : err);
+      out.reply = ReplyU64(h, offered_protocol_features());
+      return out;
+
+    case Request::kSetProtocolFeatures: {
+      uint64_t f;
+      if (!no_fds() || !Payload(m, &f, &err)) return Fail(err);
+      if (f & ~offered_protocol_features())
+        return Fail("SET_PROTOCOL_FEATURES acks features never offered");
+      acked_protocol_ = f;
+      break;
+    }
+
+    case Request::kSetOwner:
+      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "SET_OWNER with payload" : err);
+      if (owner_) return Fail("SET_OWNER twice");
+      owner_ = true;
+      break;
+
+    case Request::kResetOwner:
+      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "RESET_OWNER with payload" : err);
+      owner_ = false;
+      features_set_ = false;
+      acked_features_ = 0;
+      regions_.clear();
+      for (Vring& v : vrings_) v = Vring{};
+      break;
+
+    case Request::kGetQueueNum:
+      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_QUEUE_NUM with payload" : err);
+      if (!(acked_protocol_ & Bit(kProtocolMq))) return Fail("GET_QUEUE_NUM without the MQ protocol feature");
+      out.reply = ReplyU64(h, vrings_.size());
+      return out;
+
+    case Request::kSetMemTable:
+      if (!needs_owner()) return Fail(err);
+      out = SetMemTable(m);
+      break;
+
+    case Request::kSetVringNum: {
+      VringState s;
+      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
+        return Fail(err);
+      if (!IsPow2(s.num) || s.num > kMaxVringSize)
+        return Fail("vring " + std::to_string(s.index) + ": size " + std::to_string(s.num) +
+                    " is not a power of two up to 32768");
+      if (vrings_[s.index].started) return Fail("SET_VRING_NUM on a running vring");
+      vrings_[s.index].num = s.num;
+      vrings_[s.index].addr_set = false;
+      break;
+    }
+
+    case Request::kSetVringAddr: {
+      VringAddr a;
+      if (!needs_owner() || !no_fds() || !Payload(m, &a, &err)) return Fail(err);
+      out = SetVringAddr(a);
+      break;
+    }
+
+    case Request::kSetVringBase: {
+      VringState s;
+      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
+        return Fail(err);
+      if (s.num > 0xffff) return Fail("SET_VRING_BASE: index " + std::to_string(s.num) + " over 16 bits");
+      if (vrings_[s.index].started) return Fail("SET_VRING_BASE on a running vring");
+      vrings_[s.index].last_avail = static_cast<uint16_t>(s.num);
+      break;
+    }
+
+    case Request::kGetVringBase: {
+      VringState s;
+      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
+        return Fail(err);
+      Vring& v = vrings_[s.index];
+      // Stops the ring: the kick fd is dropped, the state goes back.
+      v.started = false;
+      v.enabled = false;
+      v.kick = Fd();
+      VringState r{s.index, v.last_avail};
+      out.reply = ReplyBytes(h, &r, sizeof(r));
+      return out;
+    }
+
+    case Request::kSetVringKick:
+      if (!needs_owner()) return Fail(err);
+      out = SetVringFd(m, &Vring::kick);
+      break;
+    case Request::kSetVringCall:
+      if (!needs_owner()) return Fail(err);
+      out = SetVringFd(m, &Vring::call);
+      break;
+    case Request::kSetVringErr:
+      if (!needs_owner()) return Fail(err);
+      out = SetVringFd(m, &Vring::err);
+      break;
+
+    case Request::kSetVringEnable: {
+      VringState s;
+      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
+        return Fail(err);
+      if (!(acked_features_ & Bit(kFeatureProtocolFeatures)))
+        return Fail("SET_VRING_ENABLE without VHOST_USER_F_PROTOCOL_FEATURES");
+      if (s.num > 1) return Fail("SET_VRING_ENABLE: state " + std::to_string(s.num) + " is not 0 or 1");
+      vrings_[s.index].enabled = s.num == 1;
+      break;
+    }
+
+    case Request::kGetConfig:
+      if (!no_fds()) return Fail(err);
+      return GetConfig(m);
+
+    case Request::kSetConfig:
+      // The device's config space is read-only for the driver.
+      if (!no_fds()) return Fail(err);
+      out.error = "SET_CONFIG: the vStellar config space is read-only";
+      break;
+
+    case Request::kSetLogBase:
+    case Request::kSetLogFd:
+      out.error = "dirty logging (migration) is not supported";
+      break;
+
+    default:
+      out.error = "unsupported request " + std::to_string(h.request);
+      break;
+  }
+
+  return out;
+}
+
+Outcome Session::SetMemTable(Message& m) {
+  const size_t hdr = 8;
+  if (m.payload.size() < hdr) return Fail("SET_MEM_TABLE: short payload");
+  uint32_t n, padding;
+  std::memcpy(&n, m.payload.data(), 4);
+  std::memcpy(&padding, m.payload.data() + 4, 4);
+  if (n == 0 || n > kMaxMemRegions) return Fail("SET_MEM_TABLE: " + std::to_string(n) + " regions (1..8)");
+  if (padding != 0) return Fail("SET_MEM_TABLE: non-zero padding");
+  if (m.payload.size() != hdr + n * sizeof(MemRegionDesc)) return Fail("SET_MEM_TABLE: payload size does not match region count");
+  if (m.fds.size() != n) return Fail("SET_MEM_TABLE: " + std::to_string(m.fds.size()) + " fds for " + std::to_string(n) + " regions");
+
+  std::vector<MemRegion> table;
+  for (uint32_t i = 0; i < n; i++) {
+    MemRegionDesc d;
+    std::memcpy(&d, m.payload.data() + hdr + i * sizeof(d), sizeof(d));
+    const std::string where = "SET_MEM_TABLE region " + std::to_string(i) + ": ";
+    const uint64_t page = 4096;
+    if (d.memory_size == 0) return Fail(where + "empty");
+    if ((d.guest_phys_addr | d.memory_size | d.userspace_addr | d.mmap_offset) & (page - 1))
+      return Fail(where + "not 4 KiB aligned");
+    if (AddOverflows(d.guest_phys_addr, d.memory_size) || AddOverflows(d.userspace_addr, d.memory_size) ||
+        AddOverflows(d.mmap_offset, d.memory_size))
+      return Fail(where + "range wraps around");
+    struct stat st;
+    if (fstat(m.fds[i].get(), &st) != 0) return Fail(where + "fd: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return Fail(where + "fd is not a memory file");
+    if (d.mmap_offset + d.memory_size > static_cast<uint64_t>(st.st_size))
+      return Fail(where + "extends past the end of its file");
+    for (const MemRegion& o : table) {
+      if (d.guest_phys_addr < o.gpa + o.size && o.gpa < d.guest_phys_addr + d.memory_size)
+        return Fail(where + "overlaps another region's guest-physical range");
+      if (d.userspace_addr < o.qemu_va + o.size && o.qemu_va < d.userspace_addr + d.memory_size)
+        return Fail(where + "overlaps another region's QEMU address range");
+    }
+    MemRegion r;
+    r.gpa = d.guest_phys_addr;
+    r.size = d.memory_size;
+    r.qemu_va = d.userspace_addr;
+    r.offset = d.mmap_offset;
+    r.doorbell = MemfdName(m.fds[i].get()) == "vstellar-doorbell";
+    r.fd = std::move(m.fds[i]);
+    table.push_back(std::move(r));
+  }
+  // Recorded, not mapped (PVDMA maps on first use).
+  regions_ = std::move(table);
+  // Ring addresses are QEMU addresses: re-check them against the new table.
+  for (Vring& v : vrings_)
+    if (v.addr_set && (!FindByQemuVa(v.desc, 16ull * v.num) || !FindByQemuVa(v.avail, 6 + 2ull * v.num) ||
+                       !FindByQemuVa(v.used, 6 + 8ull * v.num)))
+      return Fail("SET_MEM_TABLE: a running vring is outside the new table");
+  return Outcome{};
+}
+
+Outcome Session::SetVringAddr(const VringAddr& a) {
+  std::string err;
+  if (!CheckVringIndex(a.index, &err)) return Fail(err);
+  Vring& v = vrings_[a.index];
+  const std::string where = "SET_VRING_ADDR " + std::to_string(a.index) + ": ";
+  if (a.flags != 0) return Fail(where + "flags (dirty logging) not supported");
+  if (v.num == 0) return Fail(where + "before SET_VRING_NUM");
+  if ((a.desc_user_addr & 15) || (a.avail_user_addr & 1) || (a.used_user_addr & 3))
+    return Fail(where + "misaligned ring");
+  if (!FindByQemuVa(a.desc_user_addr, 16ull * v.num) || !FindByQemuVa(a.avail_user_addr, 6 + 2ull * v.num) ||
+      !FindByQemuVa(a.used_user_addr, 6 + 8ull * v.num))
+    return Fail(where + "ring outside guest memory");
+  v.desc = a.desc_user_addr;
+  v.avail = a.avail_user_addr;
+  v.used = a.used_user_addr;
+  v.addr_set = true;
+  return Outcome{};
+}
+
+Outcome Session::SetVringFd(Message& m, Fd Vring::*which) {
+  uint64_t u;
+  std::string err;
+  if (!Payload(m, &u, &err)) return Fail(err);
+  const uint32_t index = u & kVringIndexMask;
+  if (u & ~(kVringIndexMask | kVringNoFd)) return Fail("vring fd message: reserved bits set");
+  if (!CheckVringIndex(index, &err)) return Fail(err);
+  const bool nofd = u & kVringNoFd;
+  if (m.fds.size() != (nofd ? 0u : 1u)) return Fail("vring fd message: wrong fd count");
+  Vring& v = vrings_[index];
+  v.*which = nofd ? Fd() : std::move(m.fds[0]);
+  if (which == &Vring::kick) {
+    // A kick fd (or NOFD: polling) starts the ring; it needs its layout.
+    if (!v.addr_set) return Fail("SET_VRING_KICK before SET_VRING_ADDR");
+    v.started = true;
+  }
+  return Outcome{};
+}
+
+Outcome Session::GetConfig(const Message& m) {
+  ConfigHeader c;
+  if (m.payload.size() < sizeof(c)) return Fail("GET_CONFIG: short payload");
+  std::memcpy(&c, m.payload.data(), sizeof(c));
+  if (c.size > kMaxConfigSize || m.payload.size() != sizeof(c) + c.size)
+    return Fail("GET_CONFIG: size does not match payload");
+  if (c.flags != 0) return Fail("GET_CONFIG: flags must be 0");
+  if (c.offset > sizeof(cfg_.config) || c.size > sizeof(cfg_.config) - c.offset)
+    return Fail("GET_CONFIG: range outside the 128-byte config space");
+  std::vector<uint8_t> p(sizeof(c) + c.size);
+  std::memcpy(p.data(), &c, sizeof(c));
+  std::memcpy(p.data() + sizeof(c), reinterpret_cast<const uint8_t*>(&cfg_.config) + c.offset, c.size);
+  Outcome out;
+  out.reply = ReplyBytes(m.hdr, p.data(), static_cast<uint32_t>(p.size()));
+  return out;
+}
+
+bool ReadMessage(int sock, Message* m, std::string* err) {
+  *m = Message{};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMemRegions)];
+  iovec iov{&m->hdr, sizeof(m->hdr)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  while (n < 0 && errno == EINTR);
+  // Take ownership of every fd that arrived, before any check can fail.
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      m->fds.emplace_back(fd);
+    }
+  }
+  if (n == 0) {
+    err->clear();
+    return false;
+  }
+  if (n < 0) {
+    *err = std::string("recvmsg: ") + std::strerror(errno);
+    return false;
+  }
+  if (static_cast<size_t>(n) != sizeof(m->hdr)) {
+    *err = "short vhost-user header";
+    return false;
+  }
+  if (msg.msg_flags & MSG_CTRUNC) {
+    *err = "too many fds with one message";
+    return false;
+  }
+  if (m->hdr.size > kMaxPayload) {
+    *err = "payload of " + std::to_string(m->hdr.size) + " bytes is too large";
+    return false;
+  }
+  m->payload.resize(m->hdr.size);
+  size_t got = 0;
+  while (got < m->payload.size()) {
+    ssize_t r = recv(sock, m->payload.data() + got, m->payload.size() - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      *err = r == 0 ? "connection closed inside a message" : std::string("recv: ") + std::strerror(errno);
+      return false;
+    }
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteAll(int sock, const std::vector<uint8_t>& b, std::string* err) {
+  size_t done = 0;
+  while (done < b.size()) {
+    ssize_t w = send(sock, b.data() + done, b.size() - done, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      *err = std::string("send: ") + std::strerror(errno);
+      return false;
+    }
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string MemfdName(int fd) {
+  char link[64], target[256];
+  std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof(target) - 1);
+  if (n <= 0) return "";
+  std::string t(target, static_cast<size_t>(n));
+  const std::string prefix = "/memfd:";
+  if (t.rfind(prefix, 0) != 0) return "";
+  t = t.substr(prefix.size());
+  const std::string deleted = " (deleted)";
+  if (t.size() >= deleted.size() && t.compare(t.size() - deleted.size(), deleted.size(), deleted) == 0)
+    t.resize(t.size() - deleted.size());
+  return t;
+}
+
+}  // namespace vstellard
