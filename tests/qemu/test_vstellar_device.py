@@ -130,12 +130,9 @@ class VstellarDeviceTest(unittest.TestCase):
             self.assertEqual(len(bars), 1, "\n".join(out))
             start, end = (int(x, 16) for x in bars[0])
             self.assertEqual(end - start + 1, 64 * 4096)
-            # vstellard saw the handshake, and the doorbell BAR arrived in
-            # its memory table once the guest mapped it, at the BAR address
-            # (the guest kernel probes but has no driver; the firmware and
-            # kernel assign the BAR). The log names regions only after
-            # SET_MEM_TABLE, which comes when a driver starts the device:
-            # without vstellar.ko it does not, so only creation is checked.
+            # vstellard served the connection (handshake and GET_CONFIG at
+            # realize). SET_MEM_TABLE and the rings only come when a driver
+            # starts the device: that is vstellar.ko's test.
             log = b.text()
             self.assertIn("device 0: created in", log)
         finally:
