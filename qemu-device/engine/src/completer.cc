@@ -50,6 +50,7 @@ void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t, bool, uint64_t& acked
   if (r.acked) return;
   r.acked = true;
   acked_bytes += r.len;
+  qp.last_progress_ns = clock_.now_ns();
   qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);
   SendWqe& w = qp.sq_at(r.wqe);
   if (w.done) return;

@@ -106,6 +106,7 @@ bool Engine::req_progress(Qp& qp, uint64_t now) {
       r.len = kind == PktKind::ATOMIC ? 8 : uint32_t(std::min<uint64_t>(w.seg, w.len - off));
       qp.inflight += r.len;
     }
+    if (qp.snd_una == qp.snd_nxt) qp.last_progress_ns = now;  // idle until now is no stall
     qp.snd_nxt += n;
     w.pkts_sent += n;
     if (!req_send(qp, psn, n, false, now)) return false;
@@ -246,6 +247,27 @@ void Engine::req_timers(Qp& qp, uint64_t now) {
     if (r.acked || r.tx_seq != t.tx_seq) continue;
     SendWqe& w = qp.sq_at(r.wqe);
     if (w.done) continue;
+    // The RTO is taken when the timer fires, not when the packet left: a
+    // packet sent before the RTT estimate grew (an initial burst, a queue
+    // building up) gets the current, larger timeout.
+    if (!t.rnr) {
+      uint64_t due = r.sent_ns + rto(qp, r.retries);
+      if (due > now) {
+        qp.timers.push({due, t.psn, t.tx_seq, false});
+        continue;
+      }
+    }
+    // Stall guard: if the peer has acknowledged nothing for a whole RTO, the
+    // likely cause is a stalled receiver (a descheduled process, a dead
+    // peer), not one loss per packet. Resend only the oldest packet as a
+    // probe, with backoff, and defer the other timers; once the probe is
+    // answered, the deferred timers resend whatever is still missing. With a
+    // lossy or dead path, ACKs keep coming over the other paths, so this
+    // never slows normal loss recovery.
+    if (!t.rnr && t.psn != qp.snd_una && now - qp.last_progress_ns >= rto(qp, 0)) {
+      qp.timers.push({now + rto(qp, 0), t.psn, t.tx_seq, false});
+      continue;
+    }
     if (!t.rnr) {
       stats_.timeouts++;
       if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;

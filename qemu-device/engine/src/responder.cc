@@ -413,7 +413,12 @@ void Engine::send_ack(Qp& qp) {
   a.rx_count = uint16_t(std::min<uint32_t>(qp.rx_since_ack, 65535));
   a.echo_ts = qp.last_ts;
   a.echo_path = qp.last_path;
-  uint32_t lo = seq_lt(qp.ack_lo, qp.epsn) ? qp.epsn : qp.ack_lo;
+  // Cover everything from the oldest hole when it fits in one bitmap, so a
+  // lost ACK's information is repeated by the next one; otherwise only what
+  // arrived since the last ACK.
+  uint32_t lo = seq_lt(qp.ack_lo, qp.epsn) || qp.ack_hi - qp.epsn < wire::kMaxSackWords * 64 - 64
+                    ? qp.epsn
+                    : qp.ack_lo;
   uint32_t hi = qp.ack_hi;
   uint32_t base = lo & ~63u;
   bool first = true;

@@ -50,7 +50,7 @@ TRANSPORT
     --rto-us U        minimum retransmission timeout in us (250)
     --window N        PSN window per QP, a power of two (4096)
     --cwnd-init B, --cwnd-max B
-                      congestion window start and cap in bytes (1 MiB, 4 MiB)
+                      congestion window start and cap in bytes (256 KiB, 4 MiB)
     --target-delay-us U
                       RTT above which the window shrinks (1000)
     --no-cc           disable congestion control (window only)

@@ -11,7 +11,7 @@ namespace vstellar {
 
 struct CcConfig {
   bool enabled = true;
-  uint64_t init_cwnd = 1 << 20;       // bytes
+  uint64_t init_cwnd = 256 << 10;     // bytes (a burst of it must drain well within one RTO)
   uint64_t min_cwnd = 4096;           // bytes
   uint64_t max_cwnd = 4 << 20;        // bytes
   uint64_t target_delay_ns = 1'000'000;

@@ -112,6 +112,7 @@ class Qp {
   uint32_t snd_nxt = 0;  // next new PSN
   std::vector<PktRec> recs;  // window-sized ring
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
+  uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
   uint32_t cum_seen = 0;  // highest cumulative ACK processed
   bool drained_reported = false;
   uint64_t inflight = 0;  // payload bytes sent (or requested) and not yet acknowledged
