@@ -1,0 +1,100 @@
+// Micro-benchmarks of the engine's per-packet costs, without real I/O.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "vstellar/engine.h"
+#include "vstellar/sim_net.h"
+
+using namespace vstellar;
+
+static void BM_WireParseData(benchmark::State& st) {
+  wire::Base b;
+  b.op = wire::Op::WRITE;
+  b.payload_len = 4096;
+  wire::DataExt e;
+  std::vector<uint8_t> v(wire::kMaxHeaderLen + 4096);
+  size_t hl = wire::encode(b, e, v.data());
+  v.resize(hl + 4096);
+  wire::Packet p;
+  for (auto _ : st) benchmark::DoNotOptimize(wire::parse(v.data(), v.size(), p));
+}
+BENCHMARK(BM_WireParseData);
+
+static void BM_WireEncodeAck(benchmark::State& st) {
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  wire::AckExt a;
+  a.sack_words = 16;
+  uint8_t buf[wire::kMaxHeaderLen + 128];
+  for (auto _ : st) benchmark::DoNotOptimize(wire::encode(b, a, buf));
+}
+BENCHMARK(BM_WireEncodeAck);
+
+static void BM_PathPick(benchmark::State& st) {
+  PathSelector s(PathAlgo(st.range(0)), 128, 1);
+  for (auto _ : st) benchmark::DoNotOptimize(s.pick(4096));
+}
+BENCHMARK(BM_PathPick)->Arg(int(PathAlgo::OBS))->Arg(int(PathAlgo::RR))->Arg(int(PathAlgo::DWRR))->Arg(int(PathAlgo::BEST_RTT));
+
+// Two engines over the simulated network (no loss): engine CPU per byte for
+// a 1 MiB WRITE, both sides, including the simulator's copies.
+static void BM_SimWrite1M(benchmark::State& st) {
+  SimNet net;
+  EngineConfig cfg;
+  Link& la = net.add_node(1);
+  Link& lb = net.add_node(2);
+  Engine a(cfg, la, net), b(cfg, lb, net);
+  net.attach(1, &a);
+  net.attach(2, &b);
+  std::vector<uint8_t> ba(1 << 20, 1), bb(1 << 20, 0);
+  auto mk = [&](Engine& e, std::vector<uint8_t>& buf, Qp*& qp, Mr*& mr, Cq*& cq) {
+    Pd* pd = e.alloc_pd();
+    cq = e.create_cq(1024);
+    mr = e.reg_mr(pd, uint64_t(uintptr_t(buf.data())), buf.size(),
+                  ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, std::make_shared<HostMemory>());
+    QpInitAttr ia;
+    ia.send_cq = ia.recv_cq = cq;
+    qp = e.create_qp(pd, ia);
+  };
+  Qp *qa, *qb;
+  Mr *ma, *mb;
+  Cq *ca, *cb;
+  mk(a, ba, qa, ma, ca);
+  mk(b, bb, qb, mb, cb);
+  auto conn = [&](Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
+    QpAttr at;
+    at.qp_state = QpState::INIT;
+    at.qp_access_flags = ACCESS_REMOTE_WRITE;
+    e.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
+    at.qp_state = QpState::RTR;
+    at.dest_qp_num = peer->qpn();
+    at.ah = {ip, 1};
+    e.modify_qp(qp, at, QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
+                            QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER);
+    at.qp_state = QpState::RTS;
+    e.modify_qp(qp, at, QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
+                            QP_MAX_QP_RD_ATOMIC);
+  };
+  conn(a, qa, qb, 2);
+  conn(b, qb, qa, 1);
+  Sge sg{uint64_t(uintptr_t(ba.data())), 1 << 20, ma->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::RDMA_WRITE;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.remote_addr = uint64_t(uintptr_t(bb.data()));
+  wr.rkey = mb->rkey();
+  for (auto _ : st) {
+    a.post_send(qa, wr);
+    Wc wc;
+    net.run_until([&] { return a.poll_cq(ca, &wc, 1) == 1; });
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) << 20);
+}
+BENCHMARK(BM_SimWrite1M)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
