@@ -45,12 +45,12 @@ void Engine::comp_rtt(Qp& qp, uint64_t r) {
   }
 }
 
-void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t, bool, uint64_t& acked_bytes) {
+void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t now, bool, uint64_t& acked_bytes) {
   PktRec& r = qp.rec(psn);
   if (r.acked) return;
   r.acked = true;
   acked_bytes += r.len;
-  qp.last_progress_ns = clock_.now_ns();
+  qp.last_progress_ns = now;
   qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);
   SendWqe& w = qp.sq_at(r.wqe);
   if (w.done) return;

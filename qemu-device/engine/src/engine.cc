@@ -183,15 +183,28 @@ bool Engine::progress() {
     req_timers(*qp, now);
     if (req_progress(*qp, now)) more = true;
   }
-  for (Qp* qp : ack_list_)
-    if (qp->ack_pending) send_ack(*qp);
-  ack_list_.clear();
+  // ACK coalescing: an ACK goes out once ack_every packets arrived or
+  // ack_delay after the previous one. Without it a receiver that keeps up
+  // would ACK every tiny batch, and the ACK traffic itself would slow both
+  // sides down.
+  ack_later_.clear();
+  for (Qp* qp : ack_list_) {
+    if (!qp->ack_pending) continue;
+    if (now - qp->last_ack_ns >= cfg_.ack_delay_ns || qp->rx_since_ack >= cfg_.ack_every) {
+      send_ack(*qp);
+    } else if (std::find(ack_later_.begin(), ack_later_.end(), qp) == ack_later_.end()) {
+      ack_later_.push_back(qp);
+    }
+  }
+  ack_list_.swap(ack_later_);
   link_.flush();
   return more;
 }
 
 uint64_t Engine::next_deadline() {
   uint64_t d = UINT64_MAX;
+  for (Qp* qp : ack_list_)
+    if (qp->ack_pending) d = std::min(d, qp->last_ack_ns + cfg_.ack_delay_ns);
   for (Qp* qp : qp_list_) {
     if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
     // Drop stale timers here too so an idle engine does not wake for them.

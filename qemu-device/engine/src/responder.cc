@@ -464,6 +464,7 @@ void Engine::send_ack(Qp& qp) {
   } while (seq_le(base, hi) && seq_le(qp.epsn, hi));
   qp.ack_pending = false;
   qp.rx_since_ack = qp.ce_since_ack = 0;
+  qp.last_ack_ns = clock_.now_ns();
 }
 
 }  // namespace vstellar

@@ -39,6 +39,8 @@ NETWORK
     --base-port P     first local UDP port; path i is source port P+i; the
                       engine receives on P (server 47000, client 47300)
     --peer-port Q     the peer's base port (default: the other role's)
+                      With --role pair, --base-port is the server's base port
+                      and the client uses base port + 300.
     --ctrl-port C     TCP control port on the server (46999)
 
 TRANSPORT
@@ -150,7 +152,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     else if (a == "--op") { o.op = v; ok = o.op == "write" || o.op == "send" || o.op == "read"; }
     else if (a == "--local-ip") ok = parse_ip(v, o.local_ip);
     else if (a == "--peer-ip") ok = parse_ip(v, o.peer_ip);
-    else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 256));
+    else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 600));
     else if (a == "--peer-port") o.peer_port = uint16_t(num(1, 65535));
     else if (a == "--ctrl-port") o.ctrl_port = uint16_t(num(1, 65535));
     else if (a == "--paths") o.eng.num_paths = uint16_t(num(1, 256));

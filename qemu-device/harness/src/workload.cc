@@ -580,6 +580,8 @@ int run_pair(const Options& o) {
     close(fds[0]);
     Options s = o;
     s.role = "server";
+    s.base_port = o.base_port ? o.base_port : kServerPort;
+    s.peer_port = uint16_t(s.base_port + 300);
     std::string j;
     int rc = server_impl(s, j);
     if (write(fds[1], j.data(), j.size()) < 0) rc = 1;
@@ -588,6 +590,8 @@ int run_pair(const Options& o) {
   close(fds[1]);
   Options c = o;
   c.role = "client";
+  c.peer_port = o.base_port ? o.base_port : kServerPort;
+  c.base_port = uint16_t(c.peer_port + 300);
   std::string cj;
   int rc = client_impl(c, cj);
   std::string sj;

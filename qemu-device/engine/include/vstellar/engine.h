@@ -36,6 +36,7 @@ struct EngineConfig {
   uint32_t window_pkts = 4096;    // PSN window per QP, power of two
   uint32_t read_chunk_pkts = 64;  // a READ is requested in chunks of this many response packets
   uint32_t ack_every = 32;        // ACK at least every N data packets
+  uint64_t ack_delay_ns = 10'000; // otherwise at most one ACK per QP per this interval
   uint32_t tx_budget = 64;        // packets per QP per progress() call (fairness)
   uint64_t seed = 1;
   CcConfig cc;
@@ -156,6 +157,7 @@ class Engine {
   std::unordered_map<uint32_t, std::unique_ptr<Qp>> qps_;
   std::vector<Qp*> qp_list_;
   std::vector<Qp*> ack_list_;
+  std::vector<Qp*> ack_later_;
 };
 
 }  // namespace vstellar

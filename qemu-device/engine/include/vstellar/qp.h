@@ -133,6 +133,7 @@ class Qp {
 
   // ACK state: what arrived since the last ACK
   bool ack_pending = false;
+  uint64_t last_ack_ns = 0;
   uint32_t ack_lo = 0, ack_hi = 0;  // PSN range to cover with SACK bits
   uint32_t rx_since_ack = 0, ce_since_ack = 0;
   uint32_t last_ts = 0;
