@@ -1,10 +1,8 @@
 #!/bin/sh
 # Run by tools/build-qemu.sh in the unpacked QEMU source, after our files
 # were copied over it: wire them into QEMU's build without editing QEMU's
-# own files by hand. (include/vstellar/virtio_vstellar.h in this overlay is
-# a copy of the repository's include/vstellar/virtio_vstellar.h, so that it
-# is part of the QEMU cache key; ctest qemu.abi_header_in_sync checks that
-# the two are identical.)
+# own files by hand. (tools/build-qemu.sh copies the repository's
+# include/vstellar/ into the tree first, and keys the build by it.)
 set -eu
 
 # Kconfig symbol and meson sources, appended once (the tree may be reused).

@@ -1,0 +1,71 @@
+# vStellar top-level Makefile.
+#
+#   make demo    two guests run ib_write_bw against each other (README)
+#   make test    build everything, then run every test (unit, host, guest)
+#   make bench   run the benchmarks; JSON and PNG land in out/bench/
+#   make deps    install the Debian packages the rest needs (run first by all)
+#
+# Host C++ (engine, vstellard, tests) builds with CMake/Ninja in build/.
+# QEMU, rdma-core and the guest image are built by tools/build-*.sh into
+# $(VSTELLAR_CACHE), keyed by their inputs, and recorded in build/guest.env.
+
+include config/versions.mk
+export VSTELLAR_CACHE
+
+BUILD := build
+OUT := out
+NINJA_JOBS ?= $(shell nproc)
+
+.PHONY: all deps host guest qemu rdma-core demo test test-unit test-guest bench clean distclean-cache help
+
+all: deps host guest
+
+help:
+	@sed -n '3,7p' Makefile | sed 's/^# *//'
+
+deps:
+	@tools/install-deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt
+	@cmake -S . -B $(BUILD) -G Ninja -Wno-dev > /dev/null
+
+host: deps $(BUILD)/build.ninja
+	@cmake $(BUILD) > /dev/null
+	@ninja -C $(BUILD) -j$(NINJA_JOBS) --quiet
+
+# The guest side: QEMU, rdma-core (with our provider), the guest image. Each
+# script prints its cached result; guest.env records them for the launcher.
+guest: deps
+	@mkdir -p $(BUILD)
+	@qemu=$$(tools/build-qemu.sh) && \
+	 stage=$$(tools/build-rdma-core.sh) && \
+	 image=$$(tools/build-guest-image.sh "$$stage") && \
+	 printf 'QEMU=%s\nRDMA_CORE_STAGE=%s\nGUEST_IMAGE=%s\n' "$$qemu" "$$stage" "$$image" \
+		> $(BUILD)/guest.env
+	@cat $(BUILD)/guest.env
+
+demo: all
+	@tools/demo.sh
+
+# One ctest run covers unit, host and guest tests, so CI reads one summary.
+test: all
+	@tools/vstellar-guest cleanup > /dev/null
+	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
+
+test-unit: all
+	@ctest --test-dir $(BUILD) --output-on-failure -LE guest $(CTEST_ARGS)
+
+test-guest: all
+	@ctest --test-dir $(BUILD) --output-on-failure -L guest $(CTEST_ARGS)
+
+bench: all
+	@mkdir -p $(OUT)/bench
+	@for b in tools/bench/*/run; do echo "== $$b"; BUILD_DIR=$(BUILD) $$b $(OUT)/bench || exit 1; done
+	@echo "results: $(OUT)/bench/"
+
+clean:
+	rm -rf $(BUILD) $(OUT)
+
+# Removes QEMU, rdma-core and guest-image builds and the downloaded sources.
+distclean-cache:
+	rm -rf $(VSTELLAR_CACHE)

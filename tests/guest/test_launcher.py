@@ -1,0 +1,63 @@
+"""The guest launcher: boot, command, output, exit status, clean-up."""
+import os
+import re
+import subprocess
+import unittest
+
+from guestlib import TOP, vstellar_guest as vg
+
+LAUNCHER = os.path.join(TOP, "tools", "vstellar-guest")
+
+
+def our_namespaces():
+    return [ns for ns in os.listdir("/run/netns")
+            if re.match(rf"^{vg.NS_PREFIX}\d+(hub|h\d+)$", ns)] if os.path.isdir("/run/netns") else []
+
+
+def qemu_processes(image):
+    out = subprocess.run(["pgrep", "-af", "qemu-system-x86_64"], stdout=subprocess.PIPE, text=True).stdout
+    return [line for line in out.splitlines() if image in line]
+
+
+class LauncherTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.art = vg.Artifacts()
+        with open(os.path.join(TOP, "config", "versions.mk")) as f:
+            cls.abi = re.search(r"^GUEST_KERNEL_ABI = (\S+)$", f.read(), re.M).group(1)
+
+    def test_guest_runs_command_with_our_userspace(self):
+        # One boot checks the pinned kernel, the exit status, our rdma-core
+        # build (56.1, not the host's), pyverbs and perftest being there.
+        script = ("uname -r; "
+                  "ls /usr/lib/x86_64-linux-gnu/libibverbs.so.1.*; "
+                  "python3 -c 'import pyverbs.device as d; print(\"pyverbs\", len(d.get_device_list()))'; "
+                  "command -v ib_write_bw; "
+                  "rdma link show; exit 7")
+        results = vg.run_guests([script], timeout=300, network=False)
+        status, out, console = results[0]
+        self.assertEqual(status, 7, "\n".join(console))
+        self.assertEqual(out[0], self.abi)
+        self.assertRegex(out[1], r"libibverbs\.so\.1\.\d+\.56\.1$")
+        self.assertIn("pyverbs 0", out)
+        self.assertIn("/usr/bin/ib_write_bw", out)
+        self.assertEqual(our_namespaces(), [])
+
+    def test_timeout_kills_guest_and_removes_network(self):
+        before = our_namespaces()
+        r = subprocess.run([LAUNCHER, "run", "-n", "2", "--timeout", "20", "--", "sleep 600"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(r.returncode, 124, r.stderr)
+        self.assertIn("timed out after 20 s", r.stderr)
+        self.assertEqual(our_namespaces(), before)
+        self.assertEqual(qemu_processes(self.art.initrd), [])
+
+    def test_missing_image_is_a_clear_error(self):
+        r = subprocess.run([LAUNCHER, "run", "--image", "/nonexistent", "--", "true"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no guest image found (/nonexistent): run `make guest` first", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

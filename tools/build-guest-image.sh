@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Build the guest image: the pinned Debian 6.1 kernel and one uncompressed
+# initramfs (uncompressed because TCG decompresses slowly) made from Debian
+# packages: busybox, kmod, iproute2, perftest, python3, the kernel modules
+# for RDMA and virtio, and our rdma-core build (libibverbs, librdmacm, the rxe
+# and vstellar providers, utilities, pyverbs and rdma-core's tests/). Our
+# kernel module and tests, when built, go in too.
+#
+# Usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]
+#   EXTRA_DIR trees are copied over the root last (our module, selftests).
+# Cached in $VSTELLAR_CACHE/guest-<key>; prints that directory, which holds
+# vmlinuz and initrd.cpio.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+stage=${1:?usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]}; shift
+[[ -d $stage/usr/lib ]] || die "$stage is not an rdma-core stage (run tools/build-rdma-core.sh)"
+extras=("$@")
+
+abi=$GUEST_KERNEL_ABI
+# Modules the tests load, with their dependencies resolved from modules.dep.
+root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
+	ib_core ib_uverbs ib_umad rdma_ucm rdma_rxe crc32_generic)
+# Packages whose files are copied (from the host, where `make deps` put
+# them); perftest comes straight from its .deb so that the host keeps no
+# second libibverbs beside ours.
+host_packages=(busybox-static kmod iproute2)
+
+debs=$VSTELLAR_CACHE/debs
+mkdir -p "$debs"
+getdeb() {
+	local pkg=$1 ver=$2
+	local f
+	f=$(ls "$debs/${pkg}_"*.deb 2>/dev/null | grep -F "_${ver#*:}_" | head -n1 || true)
+	if [[ -z $f ]]; then
+		(cd "$debs" && apt-get download -qq "$pkg=$ver" 2>/dev/null) ||
+			die "apt-get download $pkg=$ver failed (run: make deps)"
+		f=$(ls "$debs/${pkg}_"*"_${ver#*:}_"*.deb | head -n1)
+	fi
+	echo "$f"
+}
+kdeb=$(getdeb "linux-image-$abi" "$GUEST_KERNEL_VERSION")
+perftest_ver=$(apt-cache policy perftest | sed -n 's/ *Candidate: //p')
+[[ -n $perftest_ver && $perftest_ver != "(none)" ]] || die "no perftest package known to apt (run: make deps)"
+pdeb=$(getdeb perftest "$perftest_ver")
+
+host_versions=$(dpkg-query -W "${host_packages[@]}" python3.11-minimal libpython3.11-stdlib)
+key=$(key_of "$kdeb" "$pdeb" "$host_versions" "${root_modules[*]}" "$stage" \
+	"$VSTELLAR_TOP/tools/guest" "$0" "${extras[@]}")
+out=$VSTELLAR_CACHE/guest-$key
+if [[ -e $out/.complete ]]; then
+	echo "$out"
+	exit 0
+fi
+lock_entry "$out"
+if [[ -e $out/.complete ]]; then
+	echo "$out"
+	exit 0
+fi
+
+start=$SECONDS
+rm -rf "$out" && mkdir -p "$out"
+root=$out/root
+mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64}
+
+log "kernel $abi from $(basename "$kdeb")"
+kx=$out/kernel-deb
+dpkg-deb -x "$kdeb" "$kx"
+cp "$kx/boot/vmlinuz-$abi" "$out/vmlinuz"
+moddir=$kx/lib/modules/$abi
+[[ -f $moddir/modules.dep ]] || depmod -b "$kx" "$abi"
+
+# Resolve the module closure from modules.dep.
+declare -A want=()
+add_module() {
+	local name=$1 line path dep
+	line=$(grep -E "(^|/)${name}\.ko(\.[a-z]+)?:" "$moddir/modules.dep" | head -n1) ||
+		die "module $name is not in $abi"
+	path=${line%%:*}
+	[[ -n ${want[$path]:-} ]] && return
+	want[$path]=1
+	for dep in ${line#*:}; do
+		dep=${dep##*/}; add_module "${dep%%.ko*}"
+	done
+}
+for m in "${root_modules[@]}"; do add_module "$m"; done
+for path in "${!want[@]}"; do
+	install -D -m644 "$moddir/$path" "$root/lib/modules/$abi/$path"
+done
+cp "$moddir"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$abi/" 2>/dev/null || true
+
+log "Debian packages from the host: ${host_packages[*]}, python3"
+copy_path() {  # copy a host file or symlink into the root, keeping its path
+	local f=$1
+	[[ -e $f || -L $f ]] || return 0
+	[[ -d $f && ! -L $f ]] && return 0
+	mkdir -p "$root$(dirname "$f")"
+	cp -a "$f" "$root$f"
+}
+for p in "${host_packages[@]}"; do
+	while read -r f; do
+		case $f in /usr/share/*) continue ;; esac
+		copy_path "$f"
+	done < <(dpkg -L "$p")
+done
+# busybox provides the shell and the small tools; kmod the module tools.
+for applet in $("$root/bin/busybox" --list-full); do
+	[[ -e $root/$applet ]] || ln -s /bin/busybox "$root/$applet"
+done
+for t in modprobe insmod rmmod lsmod depmod modinfo; do
+	ln -sf /bin/kmod "$root/sbin/$t"
+done
+# Python for pyverbs and rdma-core's tests: the interpreter and its standard
+# library, without what only a desktop or a developer uses.
+copy_path /usr/bin/python3.11
+ln -sf python3.11 "$root/usr/bin/python3"
+mkdir -p "$root/usr/lib/python3.11" "$root/usr/lib/python3/dist-packages"
+tar -C /usr/lib/python3.11 --exclude=__pycache__ --exclude='./test' --exclude=./idlelib \
+	--exclude=./tkinter --exclude=./turtledemo --exclude=./ensurepip --exclude=./lib2to3 \
+	--exclude=./pydoc_data --exclude='./config-3.11-*' --exclude=./site-packages \
+	--exclude=./dist-packages -cf - . | tar -C "$root/usr/lib/python3.11" -xf -
+
+log "perftest from $(basename "$pdeb"), rdma-core from $stage"
+dpkg-deb -x "$pdeb" "$root"
+rm -rf "$root/usr/share/doc" "$root/usr/share/man"
+cp -a "$stage/." "$root/"
+for d in "${extras[@]}"; do cp -a "$d/." "$root/"; done
+
+# Shared libraries of every ELF file in the root, resolved against the root
+# first (so our libibverbs wins), then the host. A library found nowhere is
+# a missing package in tools/install-deps.sh, not something to skip.
+libpath=$root/usr/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/libibverbs
+for _ in 1 2 3; do
+	find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
+		xargs -0 file -N -F' ' | awk '/ ELF / && /dynamically linked|shared object/ {print $1}' |
+		while read -r elf; do
+			LD_LIBRARY_PATH=$libpath ldd "$elf" 2>/dev/null |
+				awk -v elf="${elf#"$root"}" '/=> not found/ {print "MISSING " $1 " " elf}
+					/=> \// {print $3} /^\t\/lib64/ {print $1}'
+		done | sort -u | while read -r lib what needed_by; do
+			[[ $lib == MISSING ]] && die "$needed_by needs $what, which no installed package provides (add its package to tools/install-deps.sh)"
+			case $lib in "$root"/*) continue ;; esac
+			[[ -e $root$lib ]] || { copy_path "$lib"; real=$(readlink -f "$lib"); copy_path "$real"; }
+		done
+done
+# Debian's merged /usr: /lib -> /usr/lib is on the host, be exact here too.
+if [[ -d $root/lib/x86_64-linux-gnu ]]; then
+	cp -a "$root/lib/x86_64-linux-gnu/." "$root/usr/lib/x86_64-linux-gnu/"
+	rm -rf "$root/lib/x86_64-linux-gnu"
+fi
+ln -sfn ../usr/lib/x86_64-linux-gnu "$root/lib/x86_64-linux-gnu"
+
+echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
+echo "root:x:0:" > "$root/etc/group"
+printf '127.0.0.1 localhost\n' > "$root/etc/hosts"
+install -m755 "$VSTELLAR_TOP/tools/guest/init" "$root/init"
+depmod -b "$root" "$abi"
+cp -a /etc/ld.so.conf /etc/ld.so.conf.d "$root/etc/"
+ldconfig -r "$root"
+
+(cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) > "$out/initrd.cpio"
+rm -rf "$kx"
+touch "$out/.complete"
+log "guest image built in $((SECONDS - start)) s: $(du -h "$out/initrd.cpio" | cut -f1) initramfs"
+echo "$out"

@@ -1,0 +1,55 @@
+# Shared helpers for vStellar's shell tools. Source it; it defines functions
+# only (and reads config/versions.mk).
+
+VSTELLAR_TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Read KEY = value pins from config/versions.mk into the environment, unless
+# the caller already set them.
+while IFS='=' read -r key value; do
+	key=${key%% *}; key=${key%\?}
+	value=${value#"${value%%[! ]*}"}
+	[[ -z $key || $key == \#* ]] && continue
+	[[ -n ${!key:-} ]] || export "$key=$value"
+done < "$VSTELLAR_TOP/config/versions.mk"
+
+log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
+die() { printf '%s: error: %s\n' "${0##*/}" "$*" >&2; exit 1; }
+
+# key_of FILE_OR_DIR... : a short hash of the contents of its inputs (paths
+# and bytes), used to name cache entries so that changed inputs rebuild.
+key_of() {
+	local f
+	for f in "$@"; do
+		if [[ -d $f ]]; then
+			(cd "$f" && find . -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z |
+				xargs -0 -r sha256sum)
+		elif [[ -e $f ]]; then
+			printf '%s ' "${f##*/}"; sha256sum < "$f"
+		else
+			printf '%s\n' "$f"
+		fi
+	done | sha256sum | cut -c1-16
+}
+
+# fetch_source PKG VERSION [apt-get source options]: download a Debian source
+# package once into the cache (apt checks it against the signed index).
+fetch_source() {
+	local pkg=$1 ver=$2; shift 2
+	local dir=$VSTELLAR_CACHE/src
+	mkdir -p "$dir"
+	local upstream=${ver#*:}; upstream=${upstream%-*}
+	if ! compgen -G "$dir/${pkg}_${upstream}.orig.tar.*" >/dev/null; then
+		log "downloading Debian source $pkg=$ver"
+		(cd "$dir" && apt-get source -qq --download-only "$@" "$pkg=$ver") ||
+			die "apt-get source $pkg=$ver failed (is the deb-src entry there? run: make deps)"
+	fi
+}
+
+# lock_entry DIR: hold an exclusive lock for building cache entry DIR, so
+# that two builds of one key (two clones, make -j) do not unpack into the same
+# directory at once. Released when the script exits.
+lock_entry() {
+	mkdir -p "$(dirname "$1")"
+	exec 9> "$1.lock"
+	flock 9
+}

@@ -1,0 +1,93 @@
+"""perftest between two guests: the commands to run and the parser of results.
+
+Shared by the guest tests, `make demo` and `make bench`, so that all three run
+perftest the same way. Guest 0 is the server, guest 1 the client.
+"""
+
+import re
+
+# rxe needs crc32_generic present: `rdma link add` fails with "No such file
+# or directory" without it.
+RXE_MODULES = ["crc32_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm"]
+RXE_SETUP = "rdma link add rxe0 type rxe netdev eth0 || exit 1\n"
+
+# The client may start before the server listens: retry the connection only,
+# for a bounded time (perftest exits at once when nobody listens).
+CLIENT_RETRY = """\
+run_client() {{
+  i=0
+  while [ $i -lt {tries} ]; do
+    "$@" > /tmp/client.out 2>&1 && {{ cat /tmp/client.out; return 0; }}
+    grep -q "Couldn't connect\\|Unable to perform rdma_client function\\|Failed to connect" \\
+      /tmp/client.out || {{ cat /tmp/client.out; return 1; }}
+    i=$((i + 1)); sleep 1
+  done
+  cat /tmp/client.out; return 1
+}}
+"""
+
+
+def perftest_pair(tests, device, setup="", tries=60):
+    """Server and client scripts that run each (tool, args) of tests in turn.
+
+    tests: list of (tool, extra_args) such as ("ib_write_bw", "-s 65536 -n 200").
+    Each tool runs on its own port so that a late client never meets the
+    previous test's server.
+    """
+    server = [setup, "set -e"]
+    client = [setup, CLIENT_RETRY.format(tries=tries), "set -e"]
+    for i, (tool, args) in enumerate(tests):
+        port = 18515 + i
+        server.append(f"echo '== {tool} {args}'")
+        server.append(f"{tool} -d {device} -p {port} {args}")
+        client.append(f"echo '== {tool} {args}'")
+        client.append(f"run_client {tool} -d {device} -p {port} {args} $VSTELLAR_PEER_IP")
+    return "\n".join(server) + "\n", "\n".join(client) + "\n"
+
+
+def split_sections(lines):
+    """{'ib_write_bw -s ...': [lines]} from output with '== tool args' headers."""
+    sections, current = {}, None
+    for line in lines:
+        if line.startswith("== "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return sections
+
+
+_NUM = r"[-+]?\d+(?:\.\d+)?"
+
+
+def parse_bw(lines):
+    """Rows of an ib_*_bw report: bytes, iterations, peak and average Gb/s, Mpps."""
+    rows = []
+    header = False
+    for line in lines:
+        if re.search(r"#bytes\s+#iterations\s+BW peak", line):
+            header = True
+            continue
+        m = re.match(rf"^\s*(\d+)\s+(\d+)\s+({_NUM})\s+({_NUM})\s+({_NUM})\s*$", line)
+        if header and m:
+            rows.append({"bytes": int(m.group(1)), "iterations": int(m.group(2)),
+                         "bw_peak_gbps": float(m.group(3)), "bw_avg_gbps": float(m.group(4)),
+                         "msg_rate_mpps": float(m.group(5))})
+    return rows
+
+
+def parse_lat(lines):
+    """Rows of an ib_*_lat report, in microseconds."""
+    rows = []
+    header = False
+    names = ["t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p99_9"]
+    for line in lines:
+        if re.search(r"#bytes\s+#iterations\s+t_min", line):
+            header = True
+            continue
+        parts = line.split()
+        if header and len(parts) == 9 and all(re.fullmatch(_NUM, p) for p in parts):
+            row = {"bytes": int(parts[0]), "iterations": int(parts[1])}
+            row.update({f"{n}_us": float(v) for n, v in zip(names, parts[2:])})
+            rows.append(row)
+    return rows
