@@ -538,6 +538,8 @@ int client_impl(const Options& o, std::string& json) {
               "\"msg_rate_mps\":%.4f,\"errors\":%lu,\"first_error\":\"%s\",\"emu_dropped\":%lu",
               secs, msgs, bytes, double(bytes) * 8 / secs / 1e9, double(msgs) / secs / 1e6, errors,
               first_error.c_str(), s.node->emu_dropped);
+  // Every posted WR completed (successfully or not) before the drain deadline?
+  json += fmt(",\"posted\":%lu,\"completed\":%lu", posted, done);
   if (o.mode == "lat") {
     std::sort(lat.begin(), lat.end());
     auto pct = [&](double q) { return lat.empty() ? 0.0 : double(lat[size_t(q * double(lat.size() - 1))]) / 2e3; };
