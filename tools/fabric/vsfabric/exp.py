@@ -51,3 +51,43 @@ def save(fig, args, name):
     plt.close(fig)
     print(f"wrote {path}", file=sys.stderr)
     return path
+
+
+def ring_pairs(tors, hosts):
+    """Ring-allreduce-like neighbours with every hop crossing the fabric:
+    h0.0 -> h1.0 -> ... -> h(T-1).0 -> h0.1 -> h1.1 -> ... -> h0.0."""
+    order = [(t, i) for i in range(hosts) for t in range(tors)]
+    return [(order[j], order[(j + 1) % len(order)]) for j in range(len(order))]
+
+
+def lossy_uplink(fab, pair_index=0, src=(0, 0), dst=(1, 0)):
+    """The ToR-0 uplink that path 0 of pair `pair_index` hashes onto, so a
+    single-path connection crosses the lossy link (as the harness's own
+    --loss-link default does)."""
+    from . import harness
+    sp, cp, _ = harness.ports(pair_index)
+    dev = harness.route_dev(fab, fab.tor(src[0]), [(cp, sp)], fab.host_ip(*src),
+                            fab.host_ip(*dst))[0]
+    return int(dev[1:])
+
+
+def total_series(results, t_ref=None, iv_ms=None):
+    """Sum the clients' per-interval goodput. With t_ref (wall clock), each
+    client's series is shifted by its start time so the sum is on one clock;
+    intervals are put into bins of iv_ms (a client's samples in one bin are
+    averaged) and the bins summed over clients."""
+    acc = {}
+    for r in results:
+        c = r.get("client") or {}
+        ivs = c.get("intervals", [])
+        if not ivs:
+            continue
+        off = 0 if t_ref is None else (r["t_start"] - t_ref) * 1000
+        step = iv_ms or (ivs[1]["t_ms"] - ivs[0]["t_ms"] if len(ivs) > 1 else 100)
+        mine = {}
+        for iv in ivs:
+            b = int((iv["t_ms"] + off) // step) * step
+            mine.setdefault(b, []).append(iv["gbps"])
+        for b, v in mine.items():
+            acc[b] = acc.get(b, 0) + sum(v) / len(v)
+    return sorted((t, round(g, 4)) for t, g in acc.items())
