@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
+/*
+ * vStellar: driver for the virtio RDMA device (virtio ID 42).
+ */
+#ifndef _VSTELLAR_H_
+#define _VSTELLAR_H_
+
+#include <linux/netdevice.h>
+#include <linux/virtio.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <rdma/ib_verbs.h>
+
+#include <vstellar/virtio_vstellar.h>
+#include <vstellar/vstellar-abi.h>
+
+#include "vstellar_com.h"
+
+#define DRV_MODULE_NAME		"vstellar"
+#define VSTELLAR_PORT		1
+
+/* A device-to-driver queue whose buffers the driver keeps posted. */
+struct vstellar_rxq {
+	struct virtqueue *vq;
+	void *bufs;
+	unsigned int nbufs;
+	unsigned int buf_size;
+};
+
+struct vstellar_dev {
+	struct ib_device ibdev;
+	struct virtio_device *vdev;
+	struct vstellar_com com;
+
+	struct virtio_vstellar_config cfg;	/* as read at probe */
+	struct vstellar_resp_query_device attr;	/* QUERY_DEVICE answer */
+	u32 features;				/* VIRTIO_VSTELLAR_F_* */
+
+	struct vstellar_rxq eventq;
+	spinlock_t eventq_lock;			/* eventq buffers */
+	struct work_struct event_work;
+	unsigned int num_cqnq;
+	struct vstellar_rxq *cqnq;		/* [num_cqnq] */
+	spinlock_t *cqnq_lock;			/* [num_cqnq] */
+
+	struct work_struct config_work;
+	bool registered;
+	bool fatal;				/* device lost: reported once */
+
+	/* user doorbell pages (shm region 0) and the kick notify page */
+	u64 db_base;
+	u64 db_len;
+	u64 kick_addr;				/* 0 if it cannot be mapped */
+
+	/* cqn -> vstellar_cq, qpn -> vstellar_qp (events, notifications) */
+	struct xarray cqs;
+	struct xarray qps;
+
+	struct notifier_block nb;		/* netdevice events */
+	struct net_device *netdev;		/* the one we are bound to */
+	struct mutex netdev_lock;		/* protects netdev */
+};
+
+struct vstellar_ucontext {
+	struct ib_ucontext ibucontext;
+	u32 handle;
+	u32 db_page;
+	struct rdma_user_mmap_entry *db_entry;
+	struct rdma_user_mmap_entry *kick_entry;
+};
+
+enum vstellar_mmap_kind {
+	VSTELLAR_MMAP_DB,	/* doorbell page: ordinary write-back memory */
+	VSTELLAR_MMAP_KICK,	/* kick notify page: MMIO, uncached */
+};
+
+struct vstellar_user_mmap_entry {
+	struct rdma_user_mmap_entry rdma_entry;
+	u64 address;
+	enum vstellar_mmap_kind kind;
+};
+
+struct vstellar_pd {
+	struct ib_pd ibpd;
+	u32 pdn;
+};
+
+struct vstellar_cq {
+	struct ib_cq ibcq;
+	u32 cqn;
+	u32 ucontext;
+	u32 db_slot;
+	u32 log_cqe;
+	struct ib_umem *umem;
+};
+
+struct vstellar_qp {
+	struct ib_qp ibqp;
+	u32 qpn;
+	u32 ucontext;
+	u32 db_slot;
+	u8 sq_sig_all;
+	struct ib_qp_cap cap;		/* as granted at create */
+	struct ib_umem *sq_umem;
+	struct ib_umem *rq_umem;
+};
+
+struct vstellar_mr {
+	struct ib_mr ibmr;
+	u32 mrn;
+	u32 ucontext;
+	struct ib_umem *umem;
+};
+
+struct vstellar_ah {
+	struct ib_ah ibah;
+	u32 handle;
+	u32 ucontext;
+};
+
+static inline struct vstellar_dev *to_vdev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct vstellar_dev, ibdev);
+}
+
+static inline struct vstellar_ucontext *to_vuctx(struct ib_ucontext *uctx)
+{
+	return container_of(uctx, struct vstellar_ucontext, ibucontext);
+}
+
+static inline struct vstellar_pd *to_vpd(struct ib_pd *pd)
+{
+	return container_of(pd, struct vstellar_pd, ibpd);
+}
+
+static inline struct vstellar_cq *to_vcq(struct ib_cq *cq)
+{
+	return container_of(cq, struct vstellar_cq, ibcq);
+}
+
+static inline struct vstellar_qp *to_vqp(struct ib_qp *qp)
+{
+	return container_of(qp, struct vstellar_qp, ibqp);
+}
+
+static inline struct vstellar_mr *to_vmr(struct ib_mr *mr)
+{
+	return container_of(mr, struct vstellar_mr, ibmr);
+}
+
+static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
+{
+	return container_of(ah, struct vstellar_ah, ibah);
+}
+
+/* vstellar_verbs.c */
+int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
+			  struct ib_udata *udata);
+int vstellar_query_port(struct ib_device *ibdev, u32 port,
+			struct ib_port_attr *props);
+int vstellar_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
+			u16 *pkey);
+int vstellar_get_port_immutable(struct ib_device *ibdev, u32 port,
+				struct ib_port_immutable *immutable);
+enum rdma_link_layer vstellar_get_link_layer(struct ib_device *ibdev,
+					     u32 port);
+void vstellar_get_dev_fw_str(struct ib_device *ibdev, char *str);
+int vstellar_add_gid(const struct ib_gid_attr *attr, void **context);
+int vstellar_del_gid(const struct ib_gid_attr *attr, void **context);
+int vstellar_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata);
+void vstellar_dealloc_ucontext(struct ib_ucontext *uctx);
+void vstellar_disassociate_ucontext(struct ib_ucontext *uctx);
+int vstellar_mmap(struct ib_ucontext *uctx, struct vm_area_struct *vma);
+void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry);
+int vstellar_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
+int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
+int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		       struct ib_udata *udata);
+int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
+int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
+		       struct ib_udata *udata);
+int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		       int attr_mask, struct ib_udata *udata);
+int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		      int attr_mask, struct ib_qp_init_attr *init_attr);
+int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				   u64 virt_addr, int access_flags,
+				   struct ib_udata *udata);
+int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
+		       struct ib_udata *udata);
+int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+#endif /* _VSTELLAR_H_ */

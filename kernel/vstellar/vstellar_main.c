@@ -1,0 +1,670 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * vStellar: virtio probe and remove, queues, events and ib_device
+ * registration.
+ */
+#include <linux/if_arp.h>
+#include <linux/module.h>
+#include <linux/pci.h>
+#include <linux/rtnetlink.h>
+#include <linux/virtio_config.h>
+#include <linux/virtio_pci.h>
+#include <rdma/ib_cache.h>
+
+#include "vstellar.h"
+
+MODULE_AUTHOR("vStellar project");
+MODULE_DESCRIPTION("vStellar virtio RDMA device driver");
+MODULE_LICENSE("Dual BSD/GPL");
+
+static unsigned int cmd_timeout_ms = 5000;
+module_param(cmd_timeout_ms, uint, 0444);
+MODULE_PARM_DESC(cmd_timeout_ms,
+		 "Time the device has to answer a command, in ms (default 5000)");
+
+static char *netdev;
+module_param(netdev, charp, 0444);
+MODULE_PARM_DESC(netdev,
+		 "Net device whose addresses become the GIDs (default: the first virtio-net device)");
+
+#define VSTELLAR_EVENTQ_BUFS	64
+
+static const struct virtio_device_id vstellar_id_table[] = {
+	{ VIRTIO_ID_VSTELLAR, VIRTIO_DEV_ANY_ID },
+	{ 0 },
+};
+MODULE_DEVICE_TABLE(virtio, vstellar_id_table);
+
+static unsigned int vstellar_features[] = {
+	VIRTIO_VSTELLAR_F_RC,
+	VIRTIO_VSTELLAR_F_UD,
+	VIRTIO_VSTELLAR_F_DB_SUPPRESS,
+	VIRTIO_VSTELLAR_F_MULTI_CQNQ,
+	VIRTIO_VSTELLAR_F_ATOMIC,
+	VIRTIO_VSTELLAR_F_INLINE,
+};
+
+/* ---------------------------------------------------------------- */
+/* Device-to-driver queues: event queue and CQ notification queues   */
+/* ---------------------------------------------------------------- */
+
+static int vstellar_rxq_post(struct vstellar_rxq *q, void *buf, gfp_t gfp)
+{
+	struct scatterlist sg;
+
+	sg_init_one(&sg, buf, q->buf_size);
+	return virtqueue_add_inbuf(q->vq, &sg, 1, buf, gfp);
+}
+
+static int vstellar_rxq_init(struct vstellar_rxq *q, struct virtqueue *vq,
+			     unsigned int max_bufs, unsigned int buf_size)
+{
+	unsigned int i;
+	int err;
+
+	q->vq = vq;
+	q->buf_size = buf_size;
+	q->nbufs = min(virtqueue_get_vring_size(vq), max_bufs);
+	q->bufs = kcalloc(q->nbufs, buf_size, GFP_KERNEL);
+	if (!q->bufs)
+		return -ENOMEM;
+	for (i = 0; i < q->nbufs; i++) {
+		err = vstellar_rxq_post(q, q->bufs + i * buf_size, GFP_KERNEL);
+		if (err)
+			return err;
+	}
+	virtqueue_kick(vq);
+	return 0;
+}
+
+static void vstellar_rxq_free(struct vstellar_rxq *q)
+{
+	if (q->vq)
+		while (virtqueue_detach_unused_buf(q->vq))
+			;
+	kfree(q->bufs);
+	q->bufs = NULL;
+}
+
+static void vstellar_dispatch_port_event(struct vstellar_dev *dev,
+					 enum ib_event_type type)
+{
+	struct ib_event ev = {
+		.device = &dev->ibdev,
+		.event = type,
+		.element.port_num = VSTELLAR_PORT,
+	};
+
+	if (dev->registered)
+		ib_dispatch_event(&ev);
+}
+
+static void vstellar_handle_event(struct vstellar_dev *dev,
+				  const struct vstellar_event *e)
+{
+	u16 type = le16_to_cpu(e->type);
+	u32 obj = le32_to_cpu(e->object);
+	u32 uctx = le32_to_cpu(e->ucontext);
+	struct ib_event ev = { .device = &dev->ibdev, .event = type };
+	struct vstellar_qp *qp;
+	struct vstellar_cq *cq;
+
+	switch (type) {
+	case VSTELLAR_EV_CQ_ERR:
+		xa_lock_irq(&dev->cqs);
+		cq = xa_load(&dev->cqs, obj);
+		if (cq && cq->ucontext == uctx && cq->ibcq.event_handler) {
+			ev.element.cq = &cq->ibcq;
+			cq->ibcq.event_handler(&ev, cq->ibcq.cq_context);
+		}
+		xa_unlock_irq(&dev->cqs);
+		break;
+	case VSTELLAR_EV_QP_FATAL:
+	case VSTELLAR_EV_QP_REQ_ERR:
+	case VSTELLAR_EV_QP_ACCESS_ERR:
+	case VSTELLAR_EV_COMM_EST:
+	case VSTELLAR_EV_SQ_DRAINED:
+		xa_lock_irq(&dev->qps);
+		qp = xa_load(&dev->qps, obj);
+		if (qp && qp->ucontext == uctx && qp->ibqp.event_handler) {
+			ev.element.qp = &qp->ibqp;
+			qp->ibqp.event_handler(&ev, qp->ibqp.qp_context);
+		}
+		xa_unlock_irq(&dev->qps);
+		break;
+	case VSTELLAR_EV_DEVICE_FATAL:
+		dev_err(&dev->vdev->dev, "device reported a fatal error (info %u)\n",
+			le32_to_cpu(e->info));
+		if (!dev->fatal) {
+			dev->fatal = true;
+			vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
+		}
+		break;
+	case VSTELLAR_EV_PORT_ACTIVE:
+	case VSTELLAR_EV_PORT_ERR:
+	case VSTELLAR_EV_GID_CHANGE:
+		vstellar_dispatch_port_event(dev, type);
+		break;
+	default:
+		dev_warn_ratelimited(&dev->vdev->dev, "unknown event type %u\n",
+				     type);
+	}
+}
+
+static void vstellar_event_work(struct work_struct *work)
+{
+	struct vstellar_dev *dev =
+		container_of(work, struct vstellar_dev, event_work);
+	struct vstellar_event e;
+	unsigned int len;
+	void *buf;
+
+	for (;;) {
+		spin_lock_irq(&dev->eventq_lock);
+		buf = virtqueue_get_buf(dev->eventq.vq, &len);
+		if (buf) {
+			memcpy(&e, buf, sizeof(e));
+			vstellar_rxq_post(&dev->eventq, buf, GFP_ATOMIC);
+			virtqueue_kick(dev->eventq.vq);
+		}
+		spin_unlock_irq(&dev->eventq_lock);
+		if (!buf)
+			break;
+		if (len < sizeof(e)) {
+			dev_warn_ratelimited(&dev->vdev->dev,
+					     "short event (%u bytes)\n", len);
+			continue;
+		}
+		vstellar_handle_event(dev, &e);
+	}
+}
+
+static void vstellar_eventq_done(struct virtqueue *vq)
+{
+	struct vstellar_dev *dev = vq->vdev->priv;
+
+	schedule_work(&dev->event_work);
+}
+
+static void vstellar_ctrlq_done(struct virtqueue *vq)
+{
+	struct vstellar_dev *dev = vq->vdev->priv;
+
+	vstellar_com_complete(&dev->com);
+}
+
+/* CQ notification queue interrupt: run the CQs' completion handlers. */
+static void vstellar_cqnq_done(struct virtqueue *vq)
+{
+	struct vstellar_dev *dev = vq->vdev->priv;
+	unsigned int i = vq->index - VSTELLAR_VQ_CQN0;
+	struct vstellar_rxq *q = &dev->cqnq[i];
+	struct vstellar_cq_notify n;
+	struct vstellar_cq *cq;
+	unsigned long flags;
+	unsigned int len;
+	void *buf;
+
+	spin_lock_irqsave(&dev->cqnq_lock[i], flags);
+	do {
+		virtqueue_disable_cb(vq);
+		while ((buf = virtqueue_get_buf(vq, &len))) {
+			memcpy(&n, buf, sizeof(n));
+			vstellar_rxq_post(q, buf, GFP_ATOMIC);
+			if (len < sizeof(n))
+				continue;
+			xa_lock(&dev->cqs);
+			cq = xa_load(&dev->cqs, le32_to_cpu(n.cqn));
+			if (cq && cq->ucontext == le32_to_cpu(n.ucontext) &&
+			    cq->ibcq.comp_handler)
+				cq->ibcq.comp_handler(&cq->ibcq,
+						      cq->ibcq.cq_context);
+			xa_unlock(&dev->cqs);
+		}
+		virtqueue_kick(vq);
+	} while (!virtqueue_enable_cb(vq));
+	spin_unlock_irqrestore(&dev->cqnq_lock[i], flags);
+}
+
+/* ---------------------------------------------------------------- */
+/* Device loss                                                       */
+/* ---------------------------------------------------------------- */
+
+static void vstellar_config_work(struct work_struct *work)
+{
+	struct vstellar_dev *dev =
+		container_of(work, struct vstellar_dev, config_work);
+	struct virtio_device *vdev = dev->vdev;
+	u32 status;
+	u8 vstatus;
+
+	status = virtio_cread32(vdev, offsetof(struct virtio_vstellar_config,
+					       device_status));
+	vstatus = vdev->config->get_status(vdev);
+	if (!(status & (VSTELLAR_DEV_S_FATAL | VSTELLAR_DEV_S_BACKEND_LOST)) &&
+	    !(vstatus & VIRTIO_CONFIG_S_NEEDS_RESET))
+		return;
+
+	/* Nothing pending will be answered: fail it now, and all later. */
+	vstellar_com_abort(&dev->com, -ENODEV);
+	if (dev->fatal)
+		return;
+	dev->fatal = true;
+	dev_err(&vdev->dev, "device lost (device_status %#x%s%s); verbs fail from now on, reload the driver to recover\n",
+		status, status & VSTELLAR_DEV_S_BACKEND_LOST ? ", backend gone" : "",
+		vstatus & VIRTIO_CONFIG_S_NEEDS_RESET ? ", needs reset" : "");
+	vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
+}
+
+static void vstellar_config_changed(struct virtio_device *vdev)
+{
+	struct vstellar_dev *dev = vdev->priv;
+
+	schedule_work(&dev->config_work);
+}
+
+/* ---------------------------------------------------------------- */
+/* Net device association (GIDs come from its addresses)             */
+/* ---------------------------------------------------------------- */
+
+static bool vstellar_netdev_fits(struct net_device *ndev)
+{
+	struct device *parent = ndev->dev.parent;
+
+	if (netdev)
+		return !strcmp(ndev->name, netdev);
+	if (ndev->type != ARPHRD_ETHER || (ndev->flags & IFF_LOOPBACK))
+		return false;
+	return parent && parent->driver &&
+	       !strcmp(parent->driver->name, "virtio_net");
+}
+
+static void vstellar_bind_netdev(struct vstellar_dev *dev,
+				 struct net_device *ndev)
+{
+	int err;
+
+	mutex_lock(&dev->netdev_lock);
+	if (dev->netdev == ndev)
+		goto out;
+	err = ib_device_set_netdev(&dev->ibdev, ndev, VSTELLAR_PORT);
+	if (err) {
+		dev_warn(&dev->vdev->dev, "cannot bind net device: %d\n", err);
+		goto out;
+	}
+	dev->netdev = ndev;
+	if (ndev)
+		dev_info(&dev->vdev->dev, "GIDs from net device %s\n",
+			 ndev->name);
+	if (dev->registered)
+		rdma_roce_rescan_device(&dev->ibdev);
+out:
+	mutex_unlock(&dev->netdev_lock);
+}
+
+static int vstellar_netdev_event(struct notifier_block *nb,
+				 unsigned long event, void *ptr)
+{
+	struct net_device *ndev = netdev_notifier_info_to_dev(ptr);
+	struct vstellar_dev *dev = container_of(nb, struct vstellar_dev, nb);
+
+	if (!net_eq(dev_net(ndev), &init_net))
+		return NOTIFY_DONE;
+	switch (event) {
+	case NETDEV_REGISTER:
+		if (!READ_ONCE(dev->netdev) && vstellar_netdev_fits(ndev))
+			vstellar_bind_netdev(dev, ndev);
+		break;
+	case NETDEV_UNREGISTER:
+		if (READ_ONCE(dev->netdev) == ndev)
+			vstellar_bind_netdev(dev, NULL);
+		break;
+	}
+	return NOTIFY_DONE;
+}
+
+static struct net_device *vstellar_find_netdev(void)
+{
+	struct net_device *ndev;
+
+	ASSERT_RTNL();
+	for_each_netdev(&init_net, ndev)
+		if (vstellar_netdev_fits(ndev))
+			return ndev;
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- */
+/* ib_device                                                         */
+/* ---------------------------------------------------------------- */
+
+static const struct ib_device_ops vstellar_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.uverbs_abi_ver = VSTELLAR_UVERBS_ABI_VERSION,
+
+	.add_gid = vstellar_add_gid,
+	.alloc_pd = vstellar_alloc_pd,
+	.alloc_ucontext = vstellar_alloc_ucontext,
+	.create_ah = vstellar_create_ah,
+	.create_cq = vstellar_create_cq,
+	.create_qp = vstellar_create_qp,
+	.create_user_ah = vstellar_create_ah,
+	.dealloc_pd = vstellar_dealloc_pd,
+	.dealloc_ucontext = vstellar_dealloc_ucontext,
+	.del_gid = vstellar_del_gid,
+	.dereg_mr = vstellar_dereg_mr,
+	.destroy_ah = vstellar_destroy_ah,
+	.destroy_cq = vstellar_destroy_cq,
+	.destroy_qp = vstellar_destroy_qp,
+	.disassociate_ucontext = vstellar_disassociate_ucontext,
+	.get_dev_fw_str = vstellar_get_dev_fw_str,
+	.get_link_layer = vstellar_get_link_layer,
+	.get_port_immutable = vstellar_get_port_immutable,
+	.mmap = vstellar_mmap,
+	.mmap_free = vstellar_mmap_free,
+	.modify_qp = vstellar_modify_qp,
+	.query_device = vstellar_query_device,
+	.query_pkey = vstellar_query_pkey,
+	.query_port = vstellar_query_port,
+	.query_qp = vstellar_query_qp,
+	.reg_user_mr = vstellar_reg_user_mr,
+	.resize_cq = vstellar_resize_cq,
+
+	INIT_RDMA_OBJ_SIZE(ib_ah, vstellar_ah, ibah),
+	INIT_RDMA_OBJ_SIZE(ib_cq, vstellar_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_pd, vstellar_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_qp, vstellar_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, vstellar_ucontext, ibucontext),
+};
+
+/*
+ * The kick page: the kick queue's notify address. The device runs with
+ * page-per-vq, so it sits alone in its page; QEMU places queue i's notify
+ * address at notify_off_multiplier * i in the notify capability's window.
+ */
+static u64 vstellar_find_kick_page(struct vstellar_dev *dev)
+{
+	struct pci_dev *pdev;
+	u32 offset, mult;
+	u8 type, bar;
+	u64 addr;
+	int pos;
+
+	if (!dev_is_pci(dev->vdev->dev.parent))
+		return 0;
+	pdev = to_pci_dev(dev->vdev->dev.parent);
+	for (pos = pci_find_capability(pdev, PCI_CAP_ID_VNDR); pos;
+	     pos = pci_find_next_capability(pdev, pos, PCI_CAP_ID_VNDR)) {
+		pci_read_config_byte(pdev, pos +
+				     offsetof(struct virtio_pci_cap, cfg_type),
+				     &type);
+		if (type != VIRTIO_PCI_CAP_NOTIFY_CFG)
+			continue;
+		pci_read_config_byte(pdev, pos +
+				     offsetof(struct virtio_pci_cap, bar), &bar);
+		pci_read_config_dword(pdev, pos +
+				      offsetof(struct virtio_pci_cap, offset),
+				      &offset);
+		pci_read_config_dword(pdev, pos +
+				      offsetof(struct virtio_pci_notify_cap,
+					       notify_off_multiplier), &mult);
+		if (bar > PCI_STD_RESOURCE_END || mult < PAGE_SIZE)
+			return 0;
+		addr = pci_resource_start(pdev, bar) + offset +
+		       (u64)mult * VSTELLAR_VQ_KICK;
+		if (!PAGE_ALIGNED(addr) ||
+		    addr + PAGE_SIZE > pci_resource_end(pdev, bar) + 1)
+			return 0;
+		return addr;
+	}
+	return 0;
+}
+
+static int vstellar_find_vqs(struct vstellar_dev *dev)
+{
+	unsigned int nvqs = VSTELLAR_VQ_CQN0 + dev->num_cqnq, i;
+	vq_callback_t **callbacks;
+	struct virtqueue **vqs;
+	const char **names;
+	char (*cqn_names)[16];
+	int err = -ENOMEM;
+
+	vqs = kcalloc(nvqs, sizeof(*vqs), GFP_KERNEL);
+	callbacks = kcalloc(nvqs, sizeof(*callbacks), GFP_KERNEL);
+	names = kcalloc(nvqs, sizeof(*names), GFP_KERNEL);
+	cqn_names = kcalloc(dev->num_cqnq, sizeof(*cqn_names), GFP_KERNEL);
+	if (!vqs || !callbacks || !names || !cqn_names)
+		goto out;
+
+	callbacks[VSTELLAR_VQ_CONTROL] = vstellar_ctrlq_done;
+	names[VSTELLAR_VQ_CONTROL] = "control";
+	callbacks[VSTELLAR_VQ_EVENT] = vstellar_eventq_done;
+	names[VSTELLAR_VQ_EVENT] = "event";
+	callbacks[VSTELLAR_VQ_KICK] = NULL;
+	names[VSTELLAR_VQ_KICK] = "kick";
+	for (i = 0; i < dev->num_cqnq; i++) {
+		snprintf(cqn_names[i], sizeof(cqn_names[i]), "cqn%u", i);
+		callbacks[VSTELLAR_VQ_CQN0 + i] = vstellar_cqnq_done;
+		names[VSTELLAR_VQ_CQN0 + i] = cqn_names[i];
+	}
+	/* the names are copied into the interrupt names by the transport */
+	err = virtio_find_vqs(dev->vdev, nvqs, vqs, callbacks, names, NULL);
+	if (err)
+		goto out;
+
+	err = vstellar_com_init(&dev->com, dev->vdev, vqs[VSTELLAR_VQ_CONTROL],
+				cmd_timeout_ms);
+	if (err)
+		goto out;
+	dev->eventq.vq = vqs[VSTELLAR_VQ_EVENT];
+	for (i = 0; i < dev->num_cqnq; i++)
+		dev->cqnq[i].vq = vqs[VSTELLAR_VQ_CQN0 + i];
+out:
+	kfree(cqn_names);
+	kfree(names);
+	kfree(callbacks);
+	kfree(vqs);
+	return err;
+}
+
+static void vstellar_free_queues(struct vstellar_dev *dev)
+{
+	unsigned int i;
+
+	vstellar_rxq_free(&dev->eventq);
+	for (i = 0; dev->cqnq && i < dev->num_cqnq; i++)
+		vstellar_rxq_free(&dev->cqnq[i]);
+	if (dev->com.vq)
+		vstellar_com_release(&dev->com);
+	dev->vdev->config->del_vqs(dev->vdev);
+}
+
+static int vstellar_start_queues(struct vstellar_dev *dev)
+{
+	unsigned int i;
+	int err;
+
+	err = vstellar_rxq_init(&dev->eventq, dev->eventq.vq,
+				VSTELLAR_EVENTQ_BUFS,
+				sizeof(struct vstellar_event));
+	if (err)
+		return err;
+	for (i = 0; i < dev->num_cqnq; i++) {
+		spin_lock_init(&dev->cqnq_lock[i]);
+		err = vstellar_rxq_init(&dev->cqnq[i], dev->cqnq[i].vq, UINT_MAX,
+					sizeof(struct vstellar_cq_notify));
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+static void vstellar_setup_ibdev(struct vstellar_dev *dev)
+{
+	struct ib_device *ibdev = &dev->ibdev;
+
+	ibdev->node_type = RDMA_NODE_IB_CA;
+	ibdev->phys_port_cnt = 1;
+	ibdev->num_comp_vectors = dev->num_cqnq;
+	ibdev->dev.parent = &dev->vdev->dev;
+	memcpy(&ibdev->node_guid, dev->cfg.node_guid, sizeof(ibdev->node_guid));
+	strscpy(ibdev->node_desc, "vStellar virtio RDMA device",
+		sizeof(ibdev->node_desc));
+	ib_set_device_ops(ibdev, &vstellar_dev_ops);
+}
+
+static int vstellar_probe(struct virtio_device *vdev)
+{
+	struct vstellar_dev *dev;
+	struct virtio_shm_region shm;
+	unsigned int i;
+	u32 abi;
+	int err;
+
+	if (!virtio_has_feature(vdev, VIRTIO_F_VERSION_1)) {
+		dev_err(&vdev->dev, "the device lacks VIRTIO_F_VERSION_1\n");
+		return -ENODEV;
+	}
+
+	dev = ib_alloc_device(vstellar_dev, ibdev);
+	if (!dev)
+		return -ENOMEM;
+	dev->vdev = vdev;
+	vdev->priv = dev;
+	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
+	spin_lock_init(&dev->eventq_lock);
+	mutex_init(&dev->netdev_lock);
+	INIT_WORK(&dev->event_work, vstellar_event_work);
+	INIT_WORK(&dev->config_work, vstellar_config_work);
+
+	virtio_cread_bytes(vdev, 0, &dev->cfg, sizeof(dev->cfg));
+	abi = le32_to_cpu(dev->cfg.abi_version);
+	if (VSTELLAR_ABI_VERSION_MAJOR(abi) != VSTELLAR_ABI_MAJOR) {
+		dev_err(&vdev->dev, "device interface %u.%u, driver speaks %u.x\n",
+			abi >> 16, abi & 0xffff, VSTELLAR_ABI_MAJOR);
+		err = -ENODEV;
+		goto err_dealloc;
+	}
+	for (i = 0; i < ARRAY_SIZE(vstellar_features); i++)
+		if (virtio_has_feature(vdev, vstellar_features[i]))
+			dev->features |= BIT(vstellar_features[i]);
+	dev->num_cqnq = clamp_t(u32, le32_to_cpu(dev->cfg.num_cq_queues), 1,
+				VSTELLAR_MAX_CQ_QUEUES);
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_MULTI_CQNQ)))
+		dev->num_cqnq = 1;
+	dev->cqnq = kcalloc(dev->num_cqnq, sizeof(*dev->cqnq), GFP_KERNEL);
+	dev->cqnq_lock = kcalloc(dev->num_cqnq, sizeof(*dev->cqnq_lock),
+				 GFP_KERNEL);
+	if (!dev->cqnq || !dev->cqnq_lock) {
+		err = -ENOMEM;
+		goto err_dealloc;
+	}
+
+	err = vstellar_find_vqs(dev);
+	if (err) {
+		dev_err(&vdev->dev, "cannot set up %u virtqueues: %d\n",
+			VSTELLAR_VQ_CQN0 + dev->num_cqnq, err);
+		goto err_dealloc;
+	}
+	err = vstellar_start_queues(dev);
+	if (err)
+		goto err_queues;
+	virtio_device_ready(vdev);
+
+	/* The first command: tells whether anybody serves the device. */
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_QUERY_DEVICE, 0, NULL, 0,
+				NULL, 0, &dev->attr, sizeof(dev->attr));
+	if (err) {
+		dev_err(&vdev->dev, "QUERY_DEVICE failed: %d%s\n", err,
+			err == -ETIMEDOUT ?
+			" (no answer on the control queue: is vstellard serving it?)" : "");
+		goto err_reset;
+	}
+
+	if (virtio_get_shm_region(vdev, &shm, VSTELLAR_SHM_DOORBELL)) {
+		dev->db_base = shm.addr;
+		dev->db_len = shm.len;
+	} else {
+		dev_warn(&vdev->dev, "no doorbell region: user contexts unavailable\n");
+	}
+	dev->kick_addr = vstellar_find_kick_page(dev);
+
+	vstellar_setup_ibdev(dev);
+	rtnl_lock();
+	vstellar_bind_netdev(dev, vstellar_find_netdev());
+	rtnl_unlock();
+
+	err = ib_register_device(&dev->ibdev, "vstellar%d", vdev->dev.parent);
+	if (err) {
+		dev_err(&vdev->dev, "ib_register_device failed: %d\n", err);
+		goto err_netdev;
+	}
+	dev->registered = true;
+
+	dev->nb.notifier_call = vstellar_netdev_event;
+	err = register_netdevice_notifier(&dev->nb);
+	if (err)
+		goto err_unregister;
+
+	dev_info(&vdev->dev, "%s: interface %u.%u, %u CQ queue(s), %llu doorbell pages, features %#x\n",
+		 dev_name(&dev->ibdev.dev), abi >> 16, abi & 0xffff,
+		 dev->num_cqnq, dev->db_len / VSTELLAR_DB_PAGE_SIZE,
+		 dev->features);
+	return 0;
+
+err_unregister:
+	dev->registered = false;
+	ib_unregister_device(&dev->ibdev);
+err_netdev:
+	vstellar_bind_netdev(dev, NULL);
+err_reset:
+	vstellar_com_abort(&dev->com, -ENODEV);
+	virtio_reset_device(vdev);
+	cancel_work_sync(&dev->event_work);
+	cancel_work_sync(&dev->config_work);
+err_queues:
+	vstellar_free_queues(dev);
+err_dealloc:
+	kfree(dev->cqnq_lock);
+	kfree(dev->cqnq);
+	vdev->priv = NULL;
+	ib_dealloc_device(&dev->ibdev);
+	return err;
+}
+
+static void vstellar_remove(struct virtio_device *vdev)
+{
+	struct vstellar_dev *dev = vdev->priv;
+
+	unregister_netdevice_notifier(&dev->nb);
+	/* destroys what users still hold, through the device if it lives */
+	ib_unregister_device(&dev->ibdev);
+	dev->registered = false;
+	dev->netdev = NULL;	/* released by the unregistration */
+
+	vstellar_com_abort(&dev->com, -ENODEV);
+	virtio_reset_device(vdev);
+	cancel_work_sync(&dev->event_work);
+	cancel_work_sync(&dev->config_work);
+	vstellar_free_queues(dev);
+	WARN_ON(!xa_empty(&dev->cqs) || !xa_empty(&dev->qps));
+	kfree(dev->cqnq_lock);
+	kfree(dev->cqnq);
+	vdev->priv = NULL;
+	ib_dealloc_device(&dev->ibdev);
+}
+
+static struct virtio_driver vstellar_driver = {
+	.driver.name = KBUILD_MODNAME,
+	.driver.owner = THIS_MODULE,
+	.id_table = vstellar_id_table,
+	.feature_table = vstellar_features,
+	.feature_table_size = ARRAY_SIZE(vstellar_features),
+	.probe = vstellar_probe,
+	.remove = vstellar_remove,
+	.config_changed = vstellar_config_changed,
+};
+
+module_virtio_driver(vstellar_driver);

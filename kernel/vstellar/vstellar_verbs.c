@@ -1,0 +1,1015 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * vStellar verbs: each one is a control-queue command. The data path
+ * (posting WQEs, polling CQEs, arming CQs) runs in user space on rings in
+ * the process's memory and the context's doorbell page; see docs/driver.md.
+ */
+#include <linux/log2.h>
+#include <rdma/ib_addr.h>
+#include <rdma/ib_mad.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_user_verbs.h>
+#include <rdma/iter.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "vstellar.h"
+
+#define VSTELLAR_MIN_SQ_LOG_STRIDE	6
+#define VSTELLAR_MIN_RQ_LOG_STRIDE	4
+#define VSTELLAR_MAX_LOG_STRIDE		12
+#define VSTELLAR_MAX_LOG_ENTRIES	24
+
+static u32 vstellar_uctx_handle(struct ib_udata *udata)
+{
+	struct vstellar_ucontext *uctx = rdma_udata_to_drv_context(udata,
+				struct vstellar_ucontext, ibucontext);
+
+	return uctx ? uctx->handle : 0;
+}
+
+static int vstellar_exec(struct vstellar_dev *dev, u16 opcode, u32 uctx,
+			 const void *body, size_t body_len,
+			 void *resp, size_t resp_len)
+{
+	return vstellar_com_exec(&dev->com, opcode, uctx, body, body_len,
+				 NULL, 0, resp, resp_len);
+}
+
+/*
+ * Destroy-type commands: a device that is gone took its objects with it,
+ * so the kernel side is released anyway. Only a live device's refusal
+ * (BUSY and the like) is passed on.
+ */
+static int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode,
+				   u32 uctx, u32 handle)
+{
+	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(handle) };
+	int err;
+
+	err = vstellar_exec(dev, opcode, uctx, &cmd, sizeof(cmd), NULL, 0);
+	if (vstellar_com_is_dead_err(err))
+		return 0;
+	return err;
+}
+
+/* Page sizes the device takes for rings and MRs, as a bitmap. */
+static unsigned long vstellar_pgsz_bitmap(struct vstellar_dev *dev)
+{
+	return le64_to_cpu(dev->attr.page_size_cap) &
+	       GENMASK_ULL(30, PAGE_SHIFT);
+}
+
+/* Guest-physical page list of @umem in pages of @pgsz, into @list. */
+static void vstellar_fill_pages(struct ib_umem *umem, unsigned long pgsz,
+				__le64 *list)
+{
+	struct ib_block_iter biter;
+	unsigned int i = 0;
+
+	rdma_umem_for_each_dma_block(umem, &biter, pgsz)
+		list[i++] = cpu_to_le64(rdma_block_iter_dma_address(&biter));
+}
+
+static __le64 *vstellar_alloc_pages(struct vstellar_dev *dev, size_t n)
+{
+	if (!n || n > le32_to_cpu(dev->cfg.max_cmd_pages))
+		return NULL;
+	return kmalloc_array(n, sizeof(__le64), GFP_KERNEL | __GFP_NOWARN);
+}
+
+/* ---------------------------------------------------------------- */
+/* Device and port                                                   */
+/* ---------------------------------------------------------------- */
+
+int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
+			  struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibdev);
+	const struct vstellar_resp_query_device *a = &dev->attr;
+	u32 caps = le32_to_cpu(a->device_cap_flags);
+
+	if (udata && udata->inlen &&
+	    !ib_is_udata_cleared(udata, 0, udata->inlen))
+		return -EINVAL;
+
+	memset(props, 0, sizeof(*props));
+	props->fw_ver = le64_to_cpu(a->fw_version);
+	memcpy(&props->sys_image_guid, a->sys_image_guid,
+	       sizeof(props->sys_image_guid));
+	props->vendor_id = le32_to_cpu(a->vendor_id);
+	props->vendor_part_id = le32_to_cpu(a->vendor_part_id);
+	props->hw_ver = le32_to_cpu(a->hw_version);
+	props->max_mr_size = le64_to_cpu(a->max_mr_size);
+	props->page_size_cap = vstellar_pgsz_bitmap(dev);
+	props->max_qp = le32_to_cpu(a->max_qp);
+	props->max_qp_wr = le32_to_cpu(a->max_qp_wr);
+	props->max_send_sge = le32_to_cpu(a->max_send_sge);
+	props->max_recv_sge = le32_to_cpu(a->max_recv_sge);
+	props->max_sge_rd = props->max_send_sge;
+	props->max_cq = le32_to_cpu(a->max_cq);
+	props->max_cqe = le32_to_cpu(a->max_cqe);
+	props->max_mr = le32_to_cpu(a->max_mr);
+	props->max_pd = le32_to_cpu(a->max_pd);
+	props->max_ah = le32_to_cpu(a->max_ah);
+	props->max_qp_rd_atom = le32_to_cpu(a->max_qp_rd_atom);
+	props->max_qp_init_rd_atom = le32_to_cpu(a->max_qp_init_rd_atom);
+	props->max_res_rd_atom = props->max_qp * props->max_qp_rd_atom;
+	props->max_pkeys = 1;
+	props->atomic_cap = dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC) ?
+			    IB_ATOMIC_HCA : IB_ATOMIC_NONE;
+	if (caps & VSTELLAR_DEVCAP_RC_RNR_NAK_GEN)
+		props->device_cap_flags |= IB_DEVICE_RC_RNR_NAK_GEN;
+	if (caps & VSTELLAR_DEVCAP_SYS_IMAGE_GUID)
+		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
+	props->device_cap_flags |= IB_DEVICE_PORT_ACTIVE_EVENT;
+	return 0;
+}
+
+int vstellar_query_port(struct ib_device *ibdev, u32 port,
+			struct ib_port_attr *props)
+{
+	struct vstellar_dev *dev = to_vdev(ibdev);
+	struct vstellar_cmd_query_port cmd = { .port = cpu_to_le32(port) };
+	struct vstellar_resp_query_port resp;
+	struct net_device *ndev;
+	int err;
+
+	props->gid_tbl_len = le32_to_cpu(dev->cfg.gid_table_len);
+	props->pkey_tbl_len = 1;
+	props->ip_gids = true;
+	props->max_msg_sz = le32_to_cpu(dev->cfg.max_msg_size);
+	props->port_cap_flags = IB_PORT_CM_SUP;
+
+	err = vstellar_exec(dev, VSTELLAR_CMD_QUERY_PORT, 0, &cmd, sizeof(cmd),
+			    &resp, sizeof(resp));
+	if (vstellar_com_is_dead_err(err)) {
+		/* a lost device still answers queries: its port is down */
+		props->state = IB_PORT_DOWN;
+		props->phys_state = IB_PORT_PHYS_STATE_DISABLED;
+		props->max_mtu = IB_MTU_1024;
+		props->active_mtu = IB_MTU_1024;
+		props->active_speed = IB_SPEED_SDR;
+		props->active_width = IB_WIDTH_1X;
+		return 0;
+	}
+	if (err)
+		return err;
+
+	props->state = resp.state;
+	props->phys_state = resp.phys_state;
+	props->max_mtu = resp.max_mtu;
+	props->active_mtu = resp.active_mtu;
+	props->active_speed = resp.active_speed;
+	props->active_width = resp.active_width;
+	props->gid_tbl_len = le32_to_cpu(resp.gid_table_len);
+	props->port_cap_flags |= le32_to_cpu(resp.port_cap_flags);
+	props->max_msg_sz = le32_to_cpu(resp.max_msg_size);
+
+	/* RoCE: the path MTU also fits the net device's MTU */
+	rcu_read_lock();
+	ndev = READ_ONCE(dev->netdev);
+	if (ndev)
+		props->active_mtu = min_t(int, props->active_mtu,
+					  iboe_get_mtu(READ_ONCE(ndev->mtu)));
+	rcu_read_unlock();
+	return 0;
+}
+
+int vstellar_query_pkey(struct ib_device *ibdev, u32 port, u16 index,
+			u16 *pkey)
+{
+	if (index)
+		return -EINVAL;
+	*pkey = IB_DEFAULT_PKEY_FULL;
+	return 0;
+}
+
+int vstellar_get_port_immutable(struct ib_device *ibdev, u32 port,
+				struct ib_port_immutable *immutable)
+{
+	struct vstellar_dev *dev = to_vdev(ibdev);
+
+	immutable->pkey_tbl_len = 1;
+	immutable->gid_tbl_len = max_t(u32, 1,
+				       le32_to_cpu(dev->cfg.gid_table_len));
+	immutable->core_cap_flags = RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+	immutable->max_mad_size = IB_MGMT_MAD_SIZE;
+	return 0;
+}
+
+enum rdma_link_layer vstellar_get_link_layer(struct ib_device *ibdev,
+					     u32 port)
+{
+	return IB_LINK_LAYER_ETHERNET;
+}
+
+void vstellar_get_dev_fw_str(struct ib_device *ibdev, char *str)
+{
+	u64 fw = le64_to_cpu(to_vdev(ibdev)->attr.fw_version);
+
+	snprintf(str, IB_FW_VERSION_NAME_MAX, "%u.%u.%u",
+		 (u32)(fw >> 32) & 0xffff, (u32)(fw >> 16) & 0xffff,
+		 (u32)fw & 0xffff);
+}
+
+static int vstellar_gid_cmd(const struct ib_gid_attr *attr, u16 opcode)
+{
+	struct vstellar_dev *dev = to_vdev(attr->device);
+	struct vstellar_cmd_gid cmd = {
+		.port = cpu_to_le32(attr->port_num),
+		.index = cpu_to_le32(attr->index),
+		.gid_type = cpu_to_le32(VSTELLAR_GID_TYPE_ROCE_V2),
+	};
+
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+		return -EINVAL;
+	if (opcode == VSTELLAR_CMD_ADD_GID)
+		memcpy(cmd.gid, attr->gid.raw, sizeof(cmd.gid));
+	return vstellar_exec(dev, opcode, 0, &cmd, sizeof(cmd), NULL, 0);
+}
+
+int vstellar_add_gid(const struct ib_gid_attr *attr, void **context)
+{
+	return vstellar_gid_cmd(attr, VSTELLAR_CMD_ADD_GID);
+}
+
+int vstellar_del_gid(const struct ib_gid_attr *attr, void **context)
+{
+	int err = vstellar_gid_cmd(attr, VSTELLAR_CMD_DEL_GID);
+
+	return vstellar_com_is_dead_err(err) ? 0 : err;
+}
+
+/* ---------------------------------------------------------------- */
+/* User contexts and mmap                                            */
+/* ---------------------------------------------------------------- */
+
+static struct rdma_user_mmap_entry *
+vstellar_mmap_entry_insert(struct ib_ucontext *uctx, u64 address,
+			   enum vstellar_mmap_kind kind, u64 *key)
+{
+	struct vstellar_user_mmap_entry *entry;
+	int err;
+
+	entry = kzalloc(sizeof(*entry), GFP_KERNEL);
+	if (!entry)
+		return NULL;
+	entry->address = address;
+	entry->kind = kind;
+	err = rdma_user_mmap_entry_insert(uctx, &entry->rdma_entry, PAGE_SIZE);
+	if (err) {
+		kfree(entry);
+		return NULL;
+	}
+	*key = rdma_user_mmap_get_offset(&entry->rdma_entry);
+	return &entry->rdma_entry;
+}
+
+int vstellar_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
+{
+	struct vstellar_ucontext *uctx = to_vuctx(ibuctx);
+	struct vstellar_dev *dev = to_vdev(ibuctx->device);
+	struct vstellar_alloc_ucontext_resp uresp = {};
+	struct vstellar_resp_alloc_ucontext resp;
+	u64 db_pages = dev->db_len / VSTELLAR_DB_PAGE_SIZE;
+	int err;
+
+	if (!db_pages || PAGE_SIZE != VSTELLAR_DB_PAGE_SIZE)
+		return -EOPNOTSUPP;
+	err = vstellar_exec(dev, VSTELLAR_CMD_ALLOC_UCONTEXT, 0, NULL, 0,
+			    &resp, sizeof(resp));
+	if (err)
+		return err;
+	uctx->handle = le32_to_cpu(resp.ucontext);
+	uctx->db_page = le32_to_cpu(resp.db_page);
+	if (!uctx->handle || uctx->db_page >= db_pages) {
+		dev_err_ratelimited(&dev->vdev->dev,
+				    "ALLOC_UCONTEXT: bad handle %u or doorbell page %u\n",
+				    uctx->handle, uctx->db_page);
+		err = -EIO;
+		goto err_dealloc;
+	}
+
+	err = -ENOMEM;
+	uctx->db_entry = vstellar_mmap_entry_insert(ibuctx,
+			dev->db_base + (u64)uctx->db_page * VSTELLAR_DB_PAGE_SIZE,
+			VSTELLAR_MMAP_DB, &uresp.db_mmap_key);
+	if (!uctx->db_entry)
+		goto err_dealloc;
+	if (dev->kick_addr) {
+		uctx->kick_entry = vstellar_mmap_entry_insert(ibuctx,
+				dev->kick_addr, VSTELLAR_MMAP_KICK,
+				&uresp.kick_mmap_key);
+		if (!uctx->kick_entry)
+			goto err_remove;
+		uresp.comp_mask |= VSTELLAR_UCTX_KICK_PAGE;
+	}
+
+	uresp.ucontext = uctx->handle;
+	uresp.db_page_size = VSTELLAR_DB_PAGE_SIZE;
+	uresp.db_first_slot = VSTELLAR_DB_FIRST_SLOT;
+	uresp.db_slots = min_t(u32, le32_to_cpu(dev->cfg.db_slots),
+			       VSTELLAR_DB_SLOTS_PER_PAGE);
+	uresp.device_features = dev->features;
+	uresp.max_qp_wr = le32_to_cpu(dev->attr.max_qp_wr);
+	uresp.max_cqe = le32_to_cpu(dev->attr.max_cqe);
+	uresp.max_send_sge = le32_to_cpu(dev->attr.max_send_sge);
+	uresp.max_recv_sge = le32_to_cpu(dev->attr.max_recv_sge);
+	uresp.max_inline_data = le32_to_cpu(dev->attr.max_inline_data);
+	uresp.num_cq_queues = dev->num_cqnq;
+	uresp.cqe_size = sizeof(struct vstellar_cqe);
+	uresp.min_sq_log_stride = VSTELLAR_MIN_SQ_LOG_STRIDE;
+	uresp.min_rq_log_stride = VSTELLAR_MIN_RQ_LOG_STRIDE;
+	err = ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
+	if (err)
+		goto err_remove;
+	return 0;
+
+err_remove:
+	rdma_user_mmap_entry_remove(uctx->kick_entry);
+	rdma_user_mmap_entry_remove(uctx->db_entry);
+err_dealloc:
+	vstellar_destroy_handle(dev, VSTELLAR_CMD_DEALLOC_UCONTEXT, 0,
+				uctx->handle);
+	return err;
+}
+
+void vstellar_dealloc_ucontext(struct ib_ucontext *ibuctx)
+{
+	struct vstellar_ucontext *uctx = to_vuctx(ibuctx);
+	struct vstellar_dev *dev = to_vdev(ibuctx->device);
+	int err;
+
+	rdma_user_mmap_entry_remove(uctx->kick_entry);
+	rdma_user_mmap_entry_remove(uctx->db_entry);
+	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DEALLOC_UCONTEXT, 0,
+				      uctx->handle);
+	if (err)
+		dev_warn_ratelimited(&dev->vdev->dev,
+				     "DEALLOC_UCONTEXT %u failed: %d\n",
+				     uctx->handle, err);
+}
+
+/* The core zaps our mmaps itself (rdma_user_mmap_io); nothing else. */
+void vstellar_disassociate_ucontext(struct ib_ucontext *ibuctx)
+{
+}
+
+int vstellar_mmap(struct ib_ucontext *ibuctx, struct vm_area_struct *vma)
+{
+	struct rdma_user_mmap_entry *rdma_entry;
+	struct vstellar_user_mmap_entry *entry;
+	pgprot_t prot;
+	int err;
+
+	rdma_entry = rdma_user_mmap_entry_get(ibuctx, vma);
+	if (!rdma_entry)
+		return -EINVAL;
+	entry = container_of(rdma_entry, struct vstellar_user_mmap_entry,
+			     rdma_entry);
+	/*
+	 * The doorbell region is RAM in the host (a shared memfd): cacheable.
+	 * The kick page is a virtio notify register: uncached MMIO.
+	 */
+	if (entry->kind == VSTELLAR_MMAP_DB)
+		prot = vma->vm_page_prot;
+	else
+		prot = pgprot_noncached(vma->vm_page_prot);
+	err = rdma_user_mmap_io(ibuctx, vma, PHYS_PFN(entry->address),
+				rdma_entry->npages * PAGE_SIZE, prot,
+				rdma_entry);
+	rdma_user_mmap_entry_put(rdma_entry);
+	return err;
+}
+
+void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry)
+{
+	kfree(container_of(rdma_entry, struct vstellar_user_mmap_entry,
+			   rdma_entry));
+}
+
+/* ---------------------------------------------------------------- */
+/* PDs                                                               */
+/* ---------------------------------------------------------------- */
+
+int vstellar_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibpd->device);
+	struct vstellar_resp_alloc_pd resp;
+	int err;
+
+	err = vstellar_exec(dev, VSTELLAR_CMD_ALLOC_PD,
+			    vstellar_uctx_handle(udata), NULL, 0,
+			    &resp, sizeof(resp));
+	if (err)
+		return err;
+	to_vpd(ibpd)->pdn = le32_to_cpu(resp.pdn);
+	return 0;
+}
+
+int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	return vstellar_destroy_handle(to_vdev(ibpd->device),
+				       VSTELLAR_CMD_DEALLOC_PD,
+				       vstellar_uctx_handle(udata),
+				       to_vpd(ibpd)->pdn);
+}
+
+/* ---------------------------------------------------------------- */
+/* CQs                                                               */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_ring {
+	struct ib_umem *umem;
+	unsigned long pgsz;
+	size_t npages;
+};
+
+static int vstellar_ring_get(struct vstellar_dev *dev, struct vstellar_ring *r,
+			     u64 addr, size_t size)
+{
+	if (!addr || !PAGE_ALIGNED(addr))
+		return -EINVAL;
+	r->umem = ib_umem_get(&dev->ibdev, addr, size, IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(r->umem))
+		return PTR_ERR(r->umem);
+	r->pgsz = ib_umem_find_best_pgsz(r->umem, vstellar_pgsz_bitmap(dev),
+					 addr);
+	if (!r->pgsz) {
+		ib_umem_release(r->umem);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int vstellar_cq_ring(struct vstellar_dev *dev, struct ib_udata *udata,
+			    int min_cqe, struct vstellar_ring *r, u32 *log_cqe,
+			    __le64 **pages)
+{
+	struct vstellar_create_cq ucmd;
+	int err;
+
+	if (udata->inlen < offsetofend(typeof(ucmd), log_cqe))
+		return -EINVAL;
+	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
+	if (err)
+		return err;
+	if (ucmd.comp_mask || ucmd.log_cqe > VSTELLAR_MAX_LOG_ENTRIES ||
+	    (1U << ucmd.log_cqe) < min_cqe ||
+	    (1U << ucmd.log_cqe) > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	err = vstellar_ring_get(dev, r, ucmd.buf_addr,
+				sizeof(struct vstellar_cqe) << ucmd.log_cqe);
+	if (err)
+		return err;
+	r->npages = ib_umem_num_dma_blocks(r->umem, r->pgsz);
+	*pages = vstellar_alloc_pages(dev, r->npages);
+	if (!*pages) {
+		ib_umem_release(r->umem);
+		return -EINVAL;
+	}
+	vstellar_fill_pages(r->umem, r->pgsz, *pages);
+	*log_cqe = ucmd.log_cqe;
+	return 0;
+}
+
+int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		       struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_create_cq_resp uresp = {};
+	struct vstellar_cmd_create_cq cmd = {};
+	struct vstellar_resp_create_cq resp;
+	struct vstellar_ring r;
+	__le64 *pages;
+	int err;
+
+	/* kernel CQs are not supported: no kernel data path (docs/driver.md) */
+	if (!udata || attr->flags)
+		return -EOPNOTSUPP;
+	if (attr->cqe < 1)
+		return -EINVAL;
+	err = vstellar_cq_ring(dev, udata, attr->cqe, &r, &cq->log_cqe, &pages);
+	if (err)
+		return err;
+
+	cq->ucontext = vstellar_uctx_handle(udata);
+	cmd.log_cqe = cpu_to_le32(cq->log_cqe);
+	cmd.cq_queue = cpu_to_le32(attr->comp_vector % dev->num_cqnq);
+	cmd.page_shift = cpu_to_le32(__ffs(r.pgsz));
+	cmd.num_pages = cpu_to_le32(r.npages);
+	cmd.ring_offset = cpu_to_le64(ib_umem_dma_offset(r.umem, r.pgsz));
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_CQ, cq->ucontext,
+				&cmd, sizeof(cmd), pages, r.npages,
+				&resp, sizeof(resp));
+	if (err)
+		goto err_umem;
+	cq->cqn = le32_to_cpu(resp.cqn);
+	cq->db_slot = le32_to_cpu(resp.db_slot);
+	cq->umem = r.umem;
+	ibcq->cqe = 1 << cq->log_cqe;
+
+	err = xa_insert_irq(&dev->cqs, cq->cqn, cq, GFP_KERNEL);
+	if (err) {
+		dev_err_ratelimited(&dev->vdev->dev,
+				    "CREATE_CQ: CQN %u already in use\n", cq->cqn);
+		goto err_destroy;
+	}
+	uresp.cqn = cq->cqn;
+	uresp.db_slot = cq->db_slot;
+	uresp.log_cqe = cq->log_cqe;
+	err = ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
+	if (err)
+		goto err_xa;
+	return 0;
+
+err_xa:
+	xa_erase_irq(&dev->cqs, cq->cqn);
+err_destroy:
+	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ, cq->ucontext,
+				cq->cqn);
+	err = err == -EBUSY ? -EIO : err;
+err_umem:
+	ib_umem_release(r.umem);
+	return err;
+}
+
+int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_cmd_resize_cq cmd = {};
+	struct vstellar_ring r;
+	__le64 *pages;
+	u32 log_cqe;
+	int err;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	err = vstellar_cq_ring(dev, udata, cqe, &r, &log_cqe, &pages);
+	if (err)
+		return err;
+	cmd.cqn = cpu_to_le32(cq->cqn);
+	cmd.log_cqe = cpu_to_le32(log_cqe);
+	cmd.page_shift = cpu_to_le32(__ffs(r.pgsz));
+	cmd.num_pages = cpu_to_le32(r.npages);
+	cmd.ring_offset = cpu_to_le64(ib_umem_dma_offset(r.umem, r.pgsz));
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_CQ, cq->ucontext,
+				&cmd, sizeof(cmd), pages, r.npages, NULL, 0);
+	if (err) {
+		ib_umem_release(r.umem);
+		return err;
+	}
+	ib_umem_release(cq->umem);
+	cq->umem = r.umem;
+	cq->log_cqe = log_cqe;
+	ibcq->cqe = 1 << log_cqe;
+	return 0;
+}
+
+int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	int err;
+
+	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ,
+				      cq->ucontext, cq->cqn);
+	if (err)
+		return err;
+	/* after this, no notification still queued runs the CQ's handler */
+	xa_erase_irq(&dev->cqs, cq->cqn);
+	ib_umem_release(cq->umem);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* QPs                                                               */
+/* ---------------------------------------------------------------- */
+
+static int vstellar_check_qp_ucmd(struct vstellar_dev *dev,
+				  const struct vstellar_create_qp *u,
+				  const struct ib_qp_init_attr *init_attr)
+{
+	u32 max_wr = le32_to_cpu(dev->attr.max_qp_wr);
+
+	if (u->comp_mask)
+		return -EINVAL;
+	if (u->sq_log_wqe > VSTELLAR_MAX_LOG_ENTRIES ||
+	    u->rq_log_wqe > VSTELLAR_MAX_LOG_ENTRIES ||
+	    (1U << u->sq_log_wqe) > max_wr || (1U << u->rq_log_wqe) > max_wr ||
+	    (1U << u->sq_log_wqe) < init_attr->cap.max_send_wr ||
+	    (1U << u->rq_log_wqe) < init_attr->cap.max_recv_wr)
+		return -EINVAL;
+	if (u->sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE ||
+	    u->sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+	    u->rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE ||
+	    u->rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)
+		return -EINVAL;
+	return 0;
+}
+
+int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
+		       struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct vstellar_create_qp_resp uresp = {};
+	struct vstellar_cmd_create_qp cmd = {};
+	struct vstellar_resp_create_qp resp;
+	struct vstellar_create_qp ucmd;
+	struct vstellar_ring sq, rq;
+	size_t sq_n, rq_n;
+	unsigned long pgsz;
+	__le64 *pages;
+	int err;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	switch (init_attr->qp_type) {
+	case IB_QPT_RC:
+		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
+			return -EOPNOTSUPP;
+		break;
+	case IB_QPT_UD:
+		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
+			return -EOPNOTSUPP;
+		break;
+	default:
+		return -EOPNOTSUPP;
+	}
+	if (init_attr->srq || init_attr->create_flags)
+		return -EOPNOTSUPP;
+	if (udata->inlen < offsetofend(typeof(ucmd), rq_log_stride))
+		return -EINVAL;
+	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
+	if (err)
+		return err;
+	err = vstellar_check_qp_ucmd(dev, &ucmd, init_attr);
+	if (err)
+		return err;
+
+	err = vstellar_ring_get(dev, &sq, ucmd.sq_buf_addr,
+				(size_t)1 << (ucmd.sq_log_wqe + ucmd.sq_log_stride));
+	if (err)
+		return err;
+	err = vstellar_ring_get(dev, &rq, ucmd.rq_buf_addr,
+				(size_t)1 << (ucmd.rq_log_wqe + ucmd.rq_log_stride));
+	if (err)
+		goto err_sq;
+	/* one page size for both rings: the smaller one fits both */
+	pgsz = min(sq.pgsz, rq.pgsz);
+	sq_n = ib_umem_num_dma_blocks(sq.umem, pgsz);
+	rq_n = ib_umem_num_dma_blocks(rq.umem, pgsz);
+	pages = vstellar_alloc_pages(dev, sq_n + rq_n);
+	if (!pages) {
+		err = -EINVAL;
+		goto err_rq;
+	}
+	vstellar_fill_pages(sq.umem, pgsz, pages);
+	vstellar_fill_pages(rq.umem, pgsz, pages + sq_n);
+
+	qp->ucontext = vstellar_uctx_handle(udata);
+	qp->sq_sig_all = init_attr->sq_sig_type == IB_SIGNAL_ALL_WR;
+	cmd.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
+	cmd.send_cqn = cpu_to_le32(to_vcq(init_attr->send_cq)->cqn);
+	cmd.recv_cqn = cpu_to_le32(to_vcq(init_attr->recv_cq)->cqn);
+	cmd.qp_type = init_attr->qp_type == IB_QPT_RC ? VSTELLAR_QPT_RC :
+						      VSTELLAR_QPT_UD;
+	cmd.sq_sig_all = qp->sq_sig_all;
+	cmd.sq_log_wqe = ucmd.sq_log_wqe;
+	cmd.sq_log_stride = ucmd.sq_log_stride;
+	cmd.rq_log_wqe = ucmd.rq_log_wqe;
+	cmd.rq_log_stride = ucmd.rq_log_stride;
+	cmd.page_shift = __ffs(pgsz);
+	cmd.max_send_sge = cpu_to_le32(init_attr->cap.max_send_sge);
+	cmd.max_recv_sge = cpu_to_le32(init_attr->cap.max_recv_sge);
+	cmd.max_inline_data = cpu_to_le32(init_attr->cap.max_inline_data);
+	cmd.sq_pages = cpu_to_le32(sq_n);
+	cmd.rq_pages = cpu_to_le32(rq_n);
+	cmd.sq_offset = cpu_to_le64(ib_umem_dma_offset(sq.umem, pgsz));
+	cmd.rq_offset = cpu_to_le64(ib_umem_dma_offset(rq.umem, pgsz));
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, qp->ucontext,
+				&cmd, sizeof(cmd), pages, sq_n + rq_n,
+				&resp, sizeof(resp));
+	if (err)
+		goto err_rq;
+
+	qp->qpn = le32_to_cpu(resp.qpn);
+	qp->db_slot = le32_to_cpu(resp.db_slot);
+	qp->sq_umem = sq.umem;
+	qp->rq_umem = rq.umem;
+	ibqp->qp_num = qp->qpn;
+	init_attr->cap.max_send_wr = 1U << ucmd.sq_log_wqe;
+	init_attr->cap.max_recv_wr = 1U << ucmd.rq_log_wqe;
+	init_attr->cap.max_send_sge = le32_to_cpu(resp.max_send_sge);
+	init_attr->cap.max_recv_sge = le32_to_cpu(resp.max_recv_sge);
+	init_attr->cap.max_inline_data = le32_to_cpu(resp.max_inline_data);
+	qp->cap = init_attr->cap;
+
+	err = xa_insert_irq(&dev->qps, qp->qpn, qp, GFP_KERNEL);
+	if (err) {
+		dev_err_ratelimited(&dev->vdev->dev,
+				    "CREATE_QP: QPN %u already in use\n", qp->qpn);
+		err = -EIO;
+		goto err_destroy;
+	}
+	uresp.qpn = qp->qpn;
+	uresp.db_slot = qp->db_slot;
+	uresp.max_send_sge = init_attr->cap.max_send_sge;
+	uresp.max_recv_sge = init_attr->cap.max_recv_sge;
+	uresp.max_inline_data = init_attr->cap.max_inline_data;
+	err = ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
+	if (err)
+		goto err_xa;
+	return 0;
+
+err_xa:
+	xa_erase_irq(&dev->qps, qp->qpn);
+err_destroy:
+	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP, qp->ucontext,
+				qp->qpn);
+err_rq:
+	ib_umem_release(rq.umem);
+err_sq:
+	ib_umem_release(sq.umem);
+	return err;
+}
+
+static void vstellar_av_from_ah_attr(struct vstellar_av *av,
+				     const struct rdma_ah_attr *ah)
+{
+	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
+
+	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
+	av->flow_label = cpu_to_be32(grh->flow_label & 0xfffff);
+	av->sgid_index = grh->sgid_index;
+	av->hop_limit = grh->hop_limit;
+	av->traffic_class = grh->traffic_class;
+	av->sl = rdma_ah_get_sl(ah);
+	memcpy(av->dmac, ah->roce.dmac, sizeof(av->dmac));
+}
+
+static void vstellar_av_to_ah_attr(struct ib_device *ibdev,
+				   struct rdma_ah_attr *ah,
+				   const struct vstellar_av *av)
+{
+	union ib_gid dgid;
+
+	memset(ah, 0, sizeof(*ah));
+	ah->type = RDMA_AH_ATTR_TYPE_ROCE;
+	memcpy(dgid.raw, av->dgid, sizeof(dgid.raw));
+	rdma_ah_set_grh(ah, &dgid, be32_to_cpu(av->flow_label),
+			av->sgid_index, av->hop_limit, av->traffic_class);
+	rdma_ah_set_sl(ah, av->sl);
+	rdma_ah_set_port_num(ah, VSTELLAR_PORT);
+	memcpy(ah->roce.dmac, av->dmac, sizeof(ah->roce.dmac));
+}
+
+int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		       int attr_mask, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct vstellar_cmd_modify_qp cmd = {};
+	struct vstellar_qp_attr *a = &cmd.attr;
+
+	if (attr_mask & ~VSTELLAR_QP_ATTR_MASK_VALID)
+		return -EOPNOTSUPP;
+	if (udata && udata->inlen &&
+	    !ib_is_udata_cleared(udata, 0, udata->inlen))
+		return -EINVAL;
+
+	cmd.qpn = cpu_to_le32(qp->qpn);
+	a->attr_mask = cpu_to_le32(attr_mask);
+	a->qp_state = attr->qp_state;
+	a->cur_qp_state = attr->cur_qp_state;
+	a->path_mtu = attr->path_mtu;
+	a->port = attr->port_num;
+	a->qkey = cpu_to_le32(attr->qkey);
+	a->rq_psn = cpu_to_le32(attr->rq_psn & 0xffffff);
+	a->sq_psn = cpu_to_le32(attr->sq_psn & 0xffffff);
+	a->dest_qpn = cpu_to_le32(attr->dest_qp_num & 0xffffff);
+	a->access_flags = cpu_to_le32(attr->qp_access_flags &
+				      VSTELLAR_ACCESS_VALID);
+	a->pkey_index = cpu_to_le16(attr->pkey_index);
+	a->max_rd_atomic = attr->max_rd_atomic;
+	a->max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	a->min_rnr_timer = attr->min_rnr_timer;
+	a->timeout = attr->timeout;
+	a->retry_cnt = attr->retry_cnt;
+	a->rnr_retry = attr->rnr_retry;
+	if (attr_mask & IB_QP_AV) {
+		if (!(rdma_ah_get_ah_flags(&attr->ah_attr) & IB_AH_GRH))
+			return -EINVAL;
+		vstellar_av_from_ah_attr(&a->av, &attr->ah_attr);
+	}
+	return vstellar_exec(dev, VSTELLAR_CMD_MODIFY_QP, qp->ucontext,
+			     &cmd, sizeof(cmd), NULL, 0);
+}
+
+int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
+		      int attr_mask, struct ib_qp_init_attr *init_attr)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(qp->qpn) };
+	struct vstellar_resp_query_qp resp;
+	const struct vstellar_qp_attr *a = &resp.attr;
+	int err;
+
+	err = vstellar_exec(dev, VSTELLAR_CMD_QUERY_QP, qp->ucontext,
+			    &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (err)
+		return err;
+
+	memset(attr, 0, sizeof(*attr));
+	memset(init_attr, 0, sizeof(*init_attr));
+	attr->qp_state = a->qp_state;
+	attr->cur_qp_state = a->qp_state;
+	attr->path_mtu = a->path_mtu;
+	attr->path_mig_state = IB_MIG_MIGRATED;
+	attr->qkey = le32_to_cpu(a->qkey);
+	attr->rq_psn = le32_to_cpu(a->rq_psn);
+	attr->sq_psn = le32_to_cpu(a->sq_psn);
+	attr->dest_qp_num = le32_to_cpu(a->dest_qpn);
+	attr->qp_access_flags = le32_to_cpu(a->access_flags);
+	attr->pkey_index = le16_to_cpu(a->pkey_index);
+	attr->port_num = VSTELLAR_PORT;
+	attr->max_rd_atomic = a->max_rd_atomic;
+	attr->max_dest_rd_atomic = a->max_dest_rd_atomic;
+	attr->min_rnr_timer = a->min_rnr_timer;
+	attr->timeout = a->timeout;
+	attr->retry_cnt = a->retry_cnt;
+	attr->rnr_retry = a->rnr_retry;
+	attr->sq_draining = !!le32_to_cpu(resp.sq_draining);
+	if (ibqp->qp_type == IB_QPT_RC)
+		vstellar_av_to_ah_attr(ibqp->device, &attr->ah_attr, &a->av);
+	attr->cap = qp->cap;
+
+	init_attr->qp_type = ibqp->qp_type;
+	init_attr->send_cq = ibqp->send_cq;
+	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->cap = qp->cap;
+	init_attr->sq_sig_type = qp->sq_sig_all ? IB_SIGNAL_ALL_WR :
+						  IB_SIGNAL_REQ_WR;
+	return 0;
+}
+
+int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	int err;
+
+	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP,
+				      qp->ucontext, qp->qpn);
+	if (err)
+		return err;
+	xa_erase_irq(&dev->qps, qp->qpn);
+	ib_umem_release(qp->rq_umem);
+	ib_umem_release(qp->sq_umem);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* MRs                                                               */
+/* ---------------------------------------------------------------- */
+
+struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				   u64 virt_addr, int access_flags,
+				   struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibpd->device);
+	struct vstellar_cmd_reg_mr cmd = {};
+	struct vstellar_resp_reg_mr resp;
+	struct vstellar_mr *mr;
+	unsigned long pgsz;
+	__le64 *pages;
+	size_t npages;
+	int err;
+
+	access_flags &= ~IB_ACCESS_OPTIONAL;
+	if (access_flags & ~VSTELLAR_ACCESS_VALID)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
+		return ERR_PTR(-EINVAL);
+
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->ucontext = vstellar_uctx_handle(udata);
+	mr->umem = ib_umem_get(ibpd->device, start, length, access_flags);
+	if (IS_ERR(mr->umem)) {
+		err = PTR_ERR(mr->umem);
+		goto err_free;
+	}
+	pgsz = ib_umem_find_best_pgsz(mr->umem, vstellar_pgsz_bitmap(dev),
+				      virt_addr);
+	if (!pgsz) {
+		err = -EINVAL;
+		goto err_umem;
+	}
+	npages = ib_umem_num_dma_blocks(mr->umem, pgsz);
+	pages = vstellar_alloc_pages(dev, npages);
+	if (!pages) {
+		dev_dbg(&dev->vdev->dev, "MR of %zu pages of %lu bytes: too many\n",
+			npages, pgsz);
+		err = -EINVAL;
+		goto err_umem;
+	}
+	vstellar_fill_pages(mr->umem, pgsz, pages);
+
+	cmd.pdn = cpu_to_le32(to_vpd(ibpd)->pdn);
+	cmd.access_flags = cpu_to_le32(access_flags);
+	cmd.iova = cpu_to_le64(virt_addr);
+	cmd.length = cpu_to_le64(length);
+	cmd.page_shift = cpu_to_le32(__ffs(pgsz));
+	cmd.num_pages = cpu_to_le32(npages);
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_REG_MR, mr->ucontext,
+				&cmd, sizeof(cmd), pages, npages,
+				&resp, sizeof(resp));
+	if (err)
+		goto err_umem;
+	mr->mrn = le32_to_cpu(resp.mrn);
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct vstellar_mr *mr = to_vmr(ibmr);
+	int err;
+
+	err = vstellar_destroy_handle(to_vdev(ibmr->device),
+				      VSTELLAR_CMD_DEREG_MR, mr->ucontext,
+				      mr->mrn);
+	if (err)
+		return err;
+	ib_umem_release(mr->umem);
+	kfree(mr);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* AHs (UD)                                                          */
+/* ---------------------------------------------------------------- */
+
+int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
+		       struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibah->device);
+	struct rdma_ah_attr *ah_attr = init_attr->ah_attr;
+	struct vstellar_create_ah_resp uresp = {};
+	struct vstellar_cmd_create_ah cmd = {};
+	struct vstellar_resp_create_ah resp;
+	struct vstellar_ah *ah = to_vah(ibah);
+	int err;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
+		return -EOPNOTSUPP;
+	/* commands sleep: atomic callers cannot be served */
+	if (!(init_attr->flags & RDMA_CREATE_AH_SLEEPABLE))
+		return -EOPNOTSUPP;
+	if (!(rdma_ah_get_ah_flags(ah_attr) & IB_AH_GRH))
+		return -EINVAL;
+
+	ah->ucontext = vstellar_uctx_handle(udata);
+	cmd.pdn = cpu_to_le32(to_vpd(ibah->pd)->pdn);
+	vstellar_av_from_ah_attr(&cmd.av, ah_attr);
+	err = vstellar_exec(dev, VSTELLAR_CMD_CREATE_AH, ah->ucontext,
+			    &cmd, sizeof(cmd), &resp, sizeof(resp));
+	if (err)
+		return err;
+	ah->handle = le32_to_cpu(resp.ah);
+	if (udata) {
+		uresp.ah = ah->handle;
+		err = ib_copy_to_udata(udata, &uresp,
+				       min(sizeof(uresp), udata->outlen));
+		if (err) {
+			vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_AH,
+						ah->ucontext, ah->handle);
+			return err;
+		}
+	}
+	return 0;
+}
+
+int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags)
+{
+	struct vstellar_ah *ah = to_vah(ibah);
+
+	if (!(flags & RDMA_DESTROY_AH_SLEEPABLE))
+		return -EOPNOTSUPP;
+	return vstellar_destroy_handle(to_vdev(ibah->device),
+				       VSTELLAR_CMD_DESTROY_AH, ah->ucontext,
+				       ah->handle);
+}
