@@ -97,10 +97,14 @@ def summarize(results):
     and whether every posted WR completed."""
     g = retx = tmo = err = posted = done = 0
     ok = True
+    bad = []
     for r in results:
         c = r.get("client")
         if not c or r.get("client_rc") not in (0, 3):
             ok = False
+            bad.append({"pair": r["pair"], "client_rc": r.get("client_rc"),
+                        "client_stderr": r.get("client_stderr"),
+                        "server_rc": r.get("server_rc"), "server_stderr": r.get("server_stderr")})
             continue
         g += c.get("goodput_gbps", 0)
         err += c.get("errors", 0)
@@ -110,7 +114,8 @@ def summarize(results):
         tmo += c["engine"].get("timeouts", 0)
     return {"goodput_gbps": round(g, 4), "retx_pkts": retx, "timeouts": tmo,
             "failed_messages": err, "posted": posted, "completed": done,
-            "all_completed": ok and posted == done and err == 0, "all_clients_ok": ok}
+            "all_completed": ok and posted == done and err == 0, "all_clients_ok": ok,
+            "client_failures": bad}
 
 
 def route_dev(fab, ns, pairs_ports, src_ip, dst_ip):
