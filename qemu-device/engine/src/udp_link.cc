@@ -110,7 +110,30 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
 }
 
 UdpLink::~UdpLink() {
-  if (ring_ok_) io_uring_queue_exit(&ring_);
+  if (ring_ok_) {
+    // Cancel the multishot receive and wait for it to end: a request still in
+    // flight holds its socket, and the ring's teardown is asynchronous, so
+    // without this the ports would stay bound for a moment after we exit.
+    if (rx_armed_) {
+      io_uring_sqe* s = sqe();
+      io_uring_prep_cancel64(s, kRxTag, 0);
+      io_uring_sqe_set_data64(s, 3ull << 32);
+      io_uring_submit(&ring_);
+      uint64_t deadline_loops = 100;
+      while (rx_armed_ && deadline_loops--) {
+        __kernel_timespec ts{0, 1'000'000};
+        io_uring_cqe* c;
+        if (io_uring_wait_cqe_timeout(&ring_, &c, &ts) != 0) continue;
+        uint64_t d = io_uring_cqe_get_data64(c);
+        if (d == kRxTag && !(c->flags & IORING_CQE_F_MORE)) rx_armed_ = false;
+        if ((d >> 32) == 1) {
+          tx_inflight_--;
+        }
+        io_uring_cqe_seen(&ring_, c);
+      }
+    }
+    io_uring_queue_exit(&ring_);
+  }
   for (int fd : fds_) close(fd);
   if (br_) munmap(br_, br_bytes_);
   free(rx_mem_);
