@@ -1,105 +1,136 @@
 // vstellard: the host daemon behind vhost-user-vstellar-pci. One process
 // is one emulated Stellar RNIC; every QEMU connection on its socket is one
 // virtual device, created when the connection is accepted and destroyed
-// when it closes.
-//
-// Today it serves the vhost-user session (handshake, memory table, vrings,
-// config space); the control-queue handler and the engine attach to the
-// session's recorded regions and vrings next.
+// when it closes. See docs/vstellard.md.
 #include <getopt.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
-#include "vstellard/vhost_user.h"
+#include <arpa/inet.h>
+
+#include "vstellard/daemon.h"
 
 namespace {
 
-std::atomic<unsigned> next_device{0};
+vstellard::Daemon* g_daemon = nullptr;
 
-void Log(const char* fmt, auto... args) {
-  std::fprintf(stderr, "vstellard: ");
-  std::fprintf(stderr, fmt, args...);
-  std::fputc('\n', stderr);
+void OnSignal(int sig) {
+  if (!g_daemon) return;
+  if (sig == SIGUSR1) g_daemon->RequestStats();
+  else g_daemon->Stop();
 }
 
-void Serve(int sock) {
-  using clock = std::chrono::steady_clock;
-  const unsigned id = next_device++;
-  const auto t0 = clock::now();
-  vstellard::Session session(vstellard::DeviceConfig::Default());
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
-  Log("device %u: created in %lld us", id, static_cast<long long>(us));
-
-  std::string err;
-  vstellard::Message m;
-  while (vstellard::ReadMessage(sock, &m, &err)) {
-    const uint32_t req = m.hdr.request;
-    vstellard::Outcome out = session.Handle(std::move(m));
-    if (out.reply && !vstellard::WriteAll(sock, *out.reply, &err)) break;
-    if (!out.ok()) {
-      err = out.error;
-      Log("device %u: request %u refused: %s", id, req, err.c_str());
-      break;
-    }
-    if (req == static_cast<uint32_t>(vstellard::Request::kSetMemTable)) {
-      for (const auto& r : session.regions())
-        Log("device %u: region gpa 0x%llx size 0x%llx%s", id, static_cast<unsigned long long>(r.gpa),
-            static_cast<unsigned long long>(r.size), r.doorbell ? " (doorbells)" : "");
-    }
-  }
-  Log("device %u: destroyed (%s)", id, err.empty() ? "frontend closed" : err.c_str());
-  close(sock);
+int Usage(const char* argv0, int rc) {
+  std::fprintf(rc ? stderr : stdout,
+               "usage: %s --socket PATH [options]\n"
+               "  --socket PATH          vhost-user socket to listen on (required)\n"
+               "  --pin=lazy|eager       PVDMA: pin 2 MiB blocks on first access (default) or\n"
+               "                         all guest memory at attach (VFIO-like baseline)\n"
+               "  --translation=emtt|atc MR translation: final translations in the MR (default)\n"
+               "                         or a bounded translation cache (baseline)\n"
+               "  --atc-entries N        ATC size in 4 KiB entries (default 32768)\n"
+               "  --atc-miss-ns N        emulated round trip of an ATC miss (default 0)\n"
+               "  --ip A.B.C.D           local IPv4 address of the engine (default 127.0.0.1)\n"
+               "  --port N               engine UDP base port (default 0: no network)\n"
+               "  --peer-port N          peers' UDP base port (default: --port)\n"
+               "  --paths N              UDP paths per connection, 1..256 (default 128)\n"
+               "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
+               "                         (default: SIGUSR1 prints them to stderr)\n",
+               argv0);
+  return rc;
 }
 
-int Usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s --socket PATH\n", argv0);
-  return 2;
+bool Num(const char* s, unsigned long long max, unsigned long long* out) {
+  char* end;
+  errno = 0;
+  *out = std::strtoull(s, &end, 0);
+  return errno == 0 && *end == 0 && *out <= max;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path;
+  vstellard::DaemonOptions o;
+  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
+                                {"pin", required_argument, nullptr, kPin},
+                                {"translation", required_argument, nullptr, kTrans},
+                                {"atc-entries", required_argument, nullptr, kAtcEntries},
+                                {"atc-miss-ns", required_argument, nullptr, kAtcMiss},
+                                {"ip", required_argument, nullptr, kIp},
+                                {"port", required_argument, nullptr, kPort},
+                                {"peer-port", required_argument, nullptr, kPeerPort},
+                                {"paths", required_argument, nullptr, kPaths},
+                                {"stats-json", required_argument, nullptr, kStats},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
+  unsigned long long v;
   for (int c; (c = getopt_long(argc, argv, "s:h", opts, nullptr)) != -1;) {
-    if (c == 's') path = optarg;
-    else return Usage(argv[0]);
+    switch (c) {
+      case 's': o.socket = optarg; break;
+      case kPin:
+        if (!std::strcmp(optarg, "lazy")) o.pin = vstellard::PinMode::kLazy;
+        else if (!std::strcmp(optarg, "eager")) o.pin = vstellard::PinMode::kEager;
+        else return Usage(argv[0], 2);
+        break;
+      case kTrans:
+        if (!std::strcmp(optarg, "emtt")) o.translation = vstellard::TranslationMode::kEmtt;
+        else if (!std::strcmp(optarg, "atc")) o.translation = vstellard::TranslationMode::kAtc;
+        else return Usage(argv[0], 2);
+        break;
+      case kAtcEntries:
+        if (!Num(optarg, 1ull << 26, &v) || v == 0) return Usage(argv[0], 2);
+        o.atc_entries = v;
+        break;
+      case kAtcMiss:
+        if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);
+        o.atc_miss_ns = v;
+        break;
+      case kIp: {
+        in_addr a;
+        if (inet_pton(AF_INET, optarg, &a) != 1) return Usage(argv[0], 2);
+        o.ip = ntohl(a.s_addr);
+        break;
+      }
+      case kPort:
+        if (!Num(optarg, 65535, &v)) return Usage(argv[0], 2);
+        o.udp_port = uint16_t(v);
+        break;
+      case kPeerPort:
+        if (!Num(optarg, 65535, &v)) return Usage(argv[0], 2);
+        o.peer_port = uint16_t(v);
+        break;
+      case kPaths:
+        if (!Num(optarg, 256, &v) || v == 0) return Usage(argv[0], 2);
+        o.paths = uint16_t(v);
+        break;
+      case kStats: o.stats_json = optarg; break;
+      case 'h': return Usage(argv[0], 0);
+      default: return Usage(argv[0], 2);
+    }
   }
-  if (path.empty() || optind != argc) return Usage(argv[0]);
+  if (o.socket.empty() || optind != argc) return Usage(argv[0], 2);
   signal(SIGPIPE, SIG_IGN);
 
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    Log("socket path too long: %s", path.c_str());
+  vstellard::Daemon d(o);
+  std::string err;
+  if (!d.Start(&err)) {
+    std::fprintf(stderr, "vstellard: %s\n", err.c_str());
     return 1;
   }
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  int lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  unlink(path.c_str());
-  if (lsock < 0 || bind(lsock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0 || listen(lsock, 16) < 0) {
-    Log("cannot listen on %s: %s", path.c_str(), std::strerror(errno));
-    return 1;
-  }
-  Log("listening on %s", path.c_str());
-  for (;;) {
-    int s = accept4(lsock, nullptr, nullptr, SOCK_CLOEXEC);
-    if (s < 0) {
-      if (errno == EINTR) continue;
-      Log("accept: %s", std::strerror(errno));
-      return 1;
-    }
-    std::thread(Serve, s).detach();
-  }
+  g_daemon = &d;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::fprintf(stderr, "vstellard: listening on %s (pin=%s, translation=%s)\n", o.socket.c_str(),
+               vstellard::ToString(o.pin), vstellard::ToString(o.translation));
+  d.Run();
+  g_daemon = nullptr;
+  return 0;
 }

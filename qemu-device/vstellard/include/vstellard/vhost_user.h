@@ -182,7 +182,10 @@ class Session {
   bool owned() const { return owner_; }
   const std::vector<MemRegion>& regions() const { return regions_; }
   const Vring& vring(uint32_t i) const { return vrings_.at(i); }
+  Vring& mutable_vring(uint32_t i) { return vrings_.at(i); }
+  size_t num_vrings() const { return vrings_.size(); }
   const DeviceConfig& device() const { return cfg_; }
+  DeviceConfig& mutable_device() { return cfg_; }
 
   // Finds the region holding [qemu_va, qemu_va + len).
   const MemRegion* FindByQemuVa(uint64_t qemu_va, uint64_t len) const;

@@ -1,0 +1,91 @@
+// The vstellard daemon: one process = one emulated physical Stellar RNIC.
+// One epoll loop serves the listening socket, every QEMU connection (one
+// virtual device each), every started queue's kick eventfd, and drives the
+// shared engine (one UDP link, one ATC) for all devices.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <vstellar/engine.h>
+#include <vstellar/udp_link.h>
+
+#include "vstellard/device.h"
+#include "vstellard/pvdma.h"
+#include "vstellard/translate.h"
+
+namespace vstellard {
+
+struct DaemonOptions {
+  std::string socket;
+  PinMode pin = PinMode::kLazy;
+  TranslationMode translation = TranslationMode::kEmtt;
+  size_t atc_entries = 32768;  // 4 KiB frames: 128 MiB of reach
+  uint64_t atc_miss_ns = 0;    // emulated ATS round trip on a miss
+  uint32_t ip = 0x7f000001;    // host order
+  uint16_t udp_port = 0;       // engine base port; 0 = no network
+  uint16_t peer_port = 0;      // peers' base port; 0 = same as udp_port
+  uint16_t paths = 128;
+  std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
+};
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonOptions o);
+  ~Daemon();
+  // Binds the socket and sets up the engine. False with *err on failure.
+  bool Start(std::string* err);
+  // Serves until Stop().
+  void Run();
+  // Thread-safe and async-signal-safe.
+  void Stop();
+  void RequestStats();
+
+  // Thread-safe snapshot of every live device.
+  std::vector<DeviceStats> Stats();
+  std::string StatsJson();
+  AtcStats atc_stats();
+  // Test hook (see DeviceShared::after_copy); set before clients connect.
+  void SetAfterCopyHook(std::function<void(unsigned)> f) { shared_.after_copy = std::move(f); }
+  const DaemonOptions& options() const { return o_; }
+
+ private:
+  class NullLink;
+  class Sink;
+  void Accept();
+  void OnSocket(unsigned id);
+  void SyncKicks(unsigned id);
+  void Close(unsigned id, const std::string& why);
+  void PumpEngine();
+  void WriteStats();
+  std::string StatsJsonLocked();
+
+  struct Conn {
+    int sock = -1;
+    std::unique_ptr<Device> dev;
+    std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
+  };
+
+  DaemonOptions o_;
+  int epfd_ = -1, lsock_ = -1, stopfd_ = -1, statsfd_ = -1;
+  std::unique_ptr<vstellar::Link> link_;
+  vstellar::UdpLink* udp_ = nullptr;
+  vstellar::SteadyClock clock_;
+  std::unique_ptr<vstellar::Engine> engine_;
+  std::unique_ptr<Atc> atc_;
+  DeviceShared shared_;
+  std::mutex mu_;  // held while the loop works; Stats() takes it
+  std::map<unsigned, Conn> conns_;
+  unsigned next_id_ = 0;
+};
+
+const char* ToString(PinMode m);
+const char* ToString(TranslationMode m);
+
+}  // namespace vstellard

@@ -1,0 +1,108 @@
+// A host test frontend for vstellard: it plays QEMU (vhost-user over a unix
+// socket, memfd "guest memory" handed over with SET_MEM_TABLE, vrings,
+// kick and call eventfds) and a guest driver (split virtqueues, control
+// commands). Tests and the benchmark use it; nothing here trusts vstellard
+// and nothing in vstellard trusts it.
+//
+// Guest-physical layout it uses (all inside the first 2 MiB block):
+//   queue q's ring at 0x10000 * (q + 1): descriptors, avail at +0x1000,
+//   used at +0x2000 (so up to 256 entries); control requests at 0x100000,
+//   responses at 0x1f0000, event buffers at 0x1f8000, CQ notification
+//   buffers at 0x1fc000. Memory from 2 MiB on is free for tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <vstellar/virtio_vstellar.h>
+
+#include "vstellard/vhost_user.h"
+
+namespace vstellard {
+
+struct FrontendOptions {
+  uint64_t mem_size = 64ull << 20;
+  bool doorbell = true;       // a 64 KiB "vstellar-doorbell" memfd region
+  uint32_t ring_num = 64;
+  uint32_t cq_queues = 1;
+  bool event_idx = false;     // negotiate VIRTIO_RING_F_EVENT_IDX
+};
+
+struct CmdResult {
+  bool done = false;          // the device returned the chain
+  uint32_t used_len = 0;
+  vstellar_resp_hdr hdr{};
+  std::vector<uint8_t> body;
+  uint16_t status() const { return hdr.status; }
+};
+
+class Frontend {
+ public:
+  static constexpr uint64_t kVaBase = 0x7f0000000000ull;  // "QEMU's" address of gpa 0
+  static constexpr uint64_t kReqGpa = 0x100000, kReqMax = 0xe0000;
+  static constexpr uint64_t kRespGpa = 0x1f0000;
+  static constexpr uint64_t kEventGpa = 0x1f8000, kCqnGpa = 0x1fc000;
+  static constexpr uint64_t kFreeGpa = 0x200000;
+
+  explicit Frontend(FrontendOptions o = {});
+  ~Frontend();
+  Frontend(const Frontend&) = delete;
+  Frontend& operator=(const Frontend&) = delete;
+
+  // Connects and negotiates; then SET_MEM_TABLE (acked) unless told not to.
+  bool Connect(const std::string& socket, std::string* err, bool mem_table = true);
+  bool SendMemTable(std::string* err);
+  // Sets up and starts control, event, kick and CQ notification queues;
+  // posts event and CQ notification buffers.
+  bool StartQueues(std::string* err);
+  bool StartQueue(uint32_t q, uint32_t num, std::string* err);
+
+  // One vhost-user message; with `ack`, waits for the REPLY_ACK.
+  bool Send(Request r, const void* payload, size_t n, std::string* err, const std::vector<int>& fds = {},
+            bool ack = false);
+  // A request with a reply (GET_*): the reply's payload.
+  bool Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err);
+  // Whether vstellard still has this connection open.
+  bool Alive();
+
+  uint8_t* mem() { return mem_; }
+  uint64_t mem_size() const { return o_.mem_size; }
+  uint64_t doorbell_gpa() const { return db_gpa_; }
+
+  // A control command: header + body (+ pages) at kReqGpa, response buffer
+  // of 16 + resp_len bytes at kRespGpa. Waits for the device.
+  CmdResult Command(uint16_t op, uint32_t ucontext, const void* body, size_t len, uint32_t resp_len,
+                    int timeout_ms = 5000);
+  // Lower level: posts a chain of (gpa, len, writable) on queue q and kicks.
+  struct DescSpec {
+    uint64_t gpa;
+    uint32_t len;
+    bool write;
+  };
+  uint16_t Post(uint32_t q, const std::vector<DescSpec>& chain, bool kick = true);
+  void Kick(uint32_t q);
+  // Waits for the next used element of q.
+  bool WaitUsed(uint32_t q, uint16_t* head, uint32_t* len, int timeout_ms = 5000);
+  // Raw ring access for hostile tests.
+  void SetAvailIdx(uint32_t q, uint16_t idx);
+  // Events the device wrote so far (eventq buffers returned).
+  std::vector<vstellar_event> Events(int timeout_ms = 0);
+
+ private:
+  struct Queue {
+    uint32_t num = 0;
+    uint16_t avail = 0, used_seen = 0;
+    int kick = -1, call = -1;
+  };
+  uint64_t RingGpa(uint32_t q) const { return 0x10000ull * (q + 1); }
+  FrontendOptions o_;
+  int sock_ = -1, ram_fd_ = -1, db_fd_ = -1;
+  uint8_t* mem_ = nullptr;
+  uint64_t db_gpa_ = 0;
+  uint64_t features_ = 0;
+  std::vector<Queue> qs_;
+  uint32_t cmd_id_ = 1;
+};
+
+}  // namespace vstellard

@@ -1,0 +1,116 @@
+// PVDMA: lazy mapping and pinning of guest memory, 2 MiB at a time.
+//
+// Stellar pins guest memory on the device's first DMA to it, in 2 MiB
+// blocks, and keeps a map cache, instead of pinning all of it before the VM
+// starts as VFIO does. Here "the device" is vstellard: at attach
+// (vhost-user SET_MEM_TABLE) nothing is mapped. The first access to a 2 MiB
+// guest-physical block maps that block from the region's fd (mmap at the
+// right offset) and mlocks it; later accesses hit the block table (the map
+// cache: one pointer per block, indexed directly). PinMode::kEager is the
+// VFIO-like baseline: every region is mapped and mlocked at attach.
+//
+// Blocks are 2 MiB-aligned in guest-physical space and clamped to their
+// region, so a block never spans two regions and every host pointer is
+// contiguous up to the end of its block.
+//
+// Mappings live until the Pvdma is destroyed: a SET_MEM_TABLE that drops
+// or moves a region retires its mappings instead of unmapping them, so a
+// translation an MR holds (eMTT) never dangles while its device exists.
+//
+// Single-threaded (the daemon's event loop); counters are atomics so other
+// threads (tests, a stats dump) can read them.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vstellard/vhost_user.h"
+
+namespace vstellard {
+
+enum class PinMode { kLazy, kEager };
+
+constexpr uint64_t kBlockShift = 21;
+constexpr uint64_t kBlockSize = uint64_t{1} << kBlockShift;  // 2 MiB
+
+struct PvdmaStats {
+  uint64_t regions = 0;         // regions in the current table
+  uint64_t guest_bytes = 0;     // bytes of guest memory in the current table
+  uint64_t blocks_pinned = 0;   // blocks mapped and locked (all tables)
+  uint64_t bytes_pinned = 0;    // bytes of them
+  uint64_t misses = 0;          // lookups that had to map a block
+  uint64_t hits = 0;            // lookups served by the map cache
+  uint64_t faults = 0;          // lookups outside guest memory (refused)
+  uint64_t map_errors = 0;      // mmap failures
+  uint64_t lock_errors = 0;     // mlock failures (mapped, but not pinned)
+  uint64_t attach_ns = 0;       // time the last Attach took
+};
+
+class Pvdma {
+ public:
+  explicit Pvdma(PinMode mode = PinMode::kLazy);
+  ~Pvdma();
+  Pvdma(const Pvdma&) = delete;
+  Pvdma& operator=(const Pvdma&) = delete;
+
+  PinMode mode() const { return mode_; }
+  // A process-unique id (never reused): translation caches key on it.
+  uint64_t id() const { return id_; }
+
+  // Takes the memory table (the fds are duplicated). Lazy: records it.
+  // Eager: maps and locks every region now. A region identical to one of
+  // the previous table (same file, offset, guest range) keeps its blocks.
+  bool Attach(const std::vector<MemRegion>& regions, std::string* err);
+
+  // Host pointer for guest-physical address gpa, mapping and pinning its
+  // block on first use. *contig receives the bytes contiguous from there to
+  // the end of the block. nullptr if gpa is not guest memory (or the map
+  // failed).
+  uint8_t* Map(uint64_t gpa, uint64_t* contig);
+
+  // Whether [gpa, gpa+len) lies inside one region (no mapping, no pinning).
+  // `ram_only` excludes the doorbell region.
+  bool Contains(uint64_t gpa, uint64_t len, bool ram_only = true) const;
+  // Whether gpa is in the doorbell region.
+  bool IsDoorbell(uint64_t gpa) const;
+
+  // Copies across blocks. False if any byte is outside guest memory.
+  bool Read(uint64_t gpa, void* dst, uint64_t len);
+  bool Write(uint64_t gpa, const void* src, uint64_t len);
+
+  // QEMU virtual address (what vring addresses are) to guest-physical.
+  bool QemuVaToGpa(uint64_t va, uint64_t len, uint64_t* gpa) const;
+
+  PvdmaStats stats() const;
+
+ private:
+  struct Region {
+    uint64_t gpa = 0, size = 0, qemu_va = 0, offset = 0;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    bool doorbell = false;
+    Fd fd;
+    uint64_t first_block = 0;             // gpa >> 21 of its first block
+    std::vector<uint8_t*> blocks;         // host pointer of each block's first byte
+    std::vector<std::pair<void*, size_t>> maps;  // what to munmap at the end
+  };
+  Region* Find(uint64_t gpa);
+  const Region* Find(uint64_t gpa) const;
+  uint8_t* MapBlock(Region& r, uint64_t bi);
+  bool MapAll(Region& r, std::string* err);
+  static void Release(Region& r);
+
+  PinMode mode_;
+  uint64_t id_;
+  std::vector<std::unique_ptr<Region>> regions_;
+  std::vector<std::unique_ptr<Region>> retired_;
+  Region* last_ = nullptr;  // one-entry lookup cache
+  std::atomic<uint64_t> regions_n_{0}, guest_bytes_{0}, blocks_{0}, bytes_{0}, misses_{0}, hits_{0},
+      faults_{0}, map_errors_{0}, lock_errors_{0}, attach_ns_{0};
+};
+
+}  // namespace vstellard

@@ -1,0 +1,107 @@
+// Memory translation for MRs: eMTT and the ATC baseline, plugged into the
+// engine through vstellar::MemoryTranslator.
+//
+// An MR registered by a guest covers [iova, iova+length) of the guest
+// process and comes with a page list of guest-physical addresses (pages of
+// 1 << page_shift bytes; iova's offset inside a page is the offset of the
+// first byte in the first page).
+//
+// eMTT (Stellar's extended MTT): at registration every page is resolved
+// through PVDMA to its final host pointer (which maps and pins its 2 MiB
+// block on first use) and the MR stores those pointers with their owner.
+// An access is an array index: no cache, no miss.
+//
+// ATC (baseline, how an IOMMU-translated RNIC works): the MR keeps only the
+// guest-physical pages. Every access consults a bounded translation cache
+// of 4 KiB guest frames (CLOCK replacement), shared by every MR of the
+// daemon as a NIC's ATC is; a miss takes the slow path (the PVDMA lookup,
+// plus an optional emulated round-trip delay) and inserts the entry.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <vstellar/memory.h>
+
+#include "vstellard/pvdma.h"
+
+namespace vstellard {
+
+enum class TranslationMode { kEmtt, kAtc };
+
+struct AtcStats {
+  uint64_t lookups = 0, hits = 0, misses = 0, evictions = 0, slow_path_faults = 0;
+};
+
+// The translation cache: (owner id, guest frame) -> host pointer of the frame.
+class Atc {
+ public:
+  explicit Atc(size_t entries = 32768, uint64_t miss_ns = 0);
+  size_t capacity() const { return slots_.size(); }
+  uint64_t miss_ns() const { return miss_ns_; }
+  // Host pointer for the 4 KiB frame holding gpa (of the memory `pv`), or
+  // nullptr if it is not guest memory.
+  uint8_t* Lookup(Pvdma& pv, uint64_t gpa);
+  // Drop every entry of one owner (its memory is going away).
+  void Invalidate(uint64_t owner);
+  const AtcStats& stats() const { return stats_; }
+  void ResetStats() { stats_ = {}; }
+
+ private:
+  struct Slot {
+    uint64_t key = 0;
+    uint8_t* host = nullptr;
+    bool used = false;
+    bool ref = false;
+  };
+  std::vector<Slot> slots_;
+  std::unordered_map<uint64_t, uint32_t> index_;
+  size_t hand_ = 0;
+  uint64_t miss_ns_;
+  AtcStats stats_;
+};
+
+// Validated MR geometry shared by both translators.
+struct MrLayout {
+  uint64_t iova = 0, length = 0;
+  uint32_t page_shift = 12;
+  std::vector<uint64_t> pages;  // guest-physical
+  // Page index and offset for an iova inside the MR.
+  uint64_t base() const { return iova & ~((uint64_t{1} << page_shift) - 1); }
+};
+
+class EmttTranslator final : public vstellar::MemoryTranslator {
+ public:
+  // Resolves (and so pins) every page. Returns nullptr with *status set to
+  // a VSTELLAR_STATUS_* when a page is not guest RAM or not host-contiguous.
+  static std::shared_ptr<EmttTranslator> Create(Pvdma& pv, MrLayout layout, uint16_t* status);
+  vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
+                                      vstellar::HostSpan* out, size_t max_out) override;
+  uint64_t owner() const { return owner_; }
+
+ private:
+  uint64_t base_ = 0, start_ = 0, end_ = 0;
+  uint32_t shift_ = 12;
+  uint64_t owner_ = 0;
+  std::vector<uint8_t*> host_;  // final translation of each page
+};
+
+class AtcTranslator final : public vstellar::MemoryTranslator {
+ public:
+  // Checks the pages lie in guest RAM; maps nothing.
+  static std::shared_ptr<AtcTranslator> Create(Pvdma& pv, Atc& atc, MrLayout layout, uint16_t* status);
+  vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
+                                      vstellar::HostSpan* out, size_t max_out) override;
+
+ private:
+  Pvdma* pv_ = nullptr;
+  Atc* atc_ = nullptr;
+  uint64_t base_ = 0, start_ = 0, end_ = 0;
+  uint32_t shift_ = 12;
+  std::vector<uint64_t> pages_;
+};
+
+}  // namespace vstellard

@@ -1,0 +1,326 @@
+// vstellard's event loop; see include/vstellard/daemon.h.
+#include "vstellard/daemon.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <vstellar/udp_link.h>
+
+namespace vstellard {
+
+namespace {
+constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2;
+// Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
+uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
+uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
+
+void Log(const char* fmt, auto... args) {
+  std::fprintf(stderr, "vstellard: ");
+  std::fprintf(stderr, fmt, args...);
+  std::fputc('\n', stderr);
+}
+}  // namespace
+
+const char* ToString(PinMode m) { return m == PinMode::kEager ? "eager" : "lazy"; }
+const char* ToString(TranslationMode m) { return m == TranslationMode::kAtc ? "atc" : "emtt"; }
+
+// No network: packets are dropped (control-path-only daemons and tests).
+class Daemon::NullLink final : public vstellar::Link {
+ public:
+  void send(uint16_t, const vstellar::Endpoint&, const uint8_t*, size_t, const vstellar::HostSpan*, size_t) override {}
+  void flush() override {}
+};
+
+class Daemon::Sink final : public vstellar::RxSink {
+ public:
+  explicit Sink(vstellar::Engine& e) : e_(e) {}
+  void on_datagram(const uint8_t* d, size_t n, const vstellar::Endpoint& from, uint16_t, bool ce) override {
+    e_.receive(d, n, from, ce);
+  }
+
+ private:
+  vstellar::Engine& e_;
+};
+
+Daemon::Daemon(DaemonOptions o) : o_(std::move(o)) {}
+
+Daemon::~Daemon() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [id, c] : conns_) {
+      c.dev.reset();
+      if (c.sock >= 0) close(c.sock);
+    }
+    conns_.clear();
+  }
+  for (int fd : {epfd_, lsock_, stopfd_, statsfd_})
+    if (fd >= 0) close(fd);
+}
+
+bool Daemon::Start(std::string* err) {
+  if (o_.udp_port) {
+    vstellar::UdpLinkConfig lc;
+    lc.local_ip = o_.ip;
+    lc.base_port = o_.udp_port;
+    lc.num_paths = o_.paths;
+    auto udp = std::make_unique<vstellar::UdpLink>(lc);
+    if (!udp->ok()) {
+      *err = "udp link: " + udp->error();
+      return false;
+    }
+    udp_ = udp.get();
+    link_ = std::move(udp);
+  } else {
+    link_ = std::make_unique<NullLink>();
+  }
+  vstellar::EngineConfig ec;
+  ec.num_paths = o_.paths;
+  if (!ec.validate()) {
+    *err = "bad engine configuration";
+    return false;
+  }
+  engine_ = std::make_unique<vstellar::Engine>(ec, *link_, clock_);
+  atc_ = std::make_unique<Atc>(o_.atc_entries, o_.atc_miss_ns);
+  shared_.engine = engine_.get();
+  shared_.atc = atc_.get();
+  shared_.pin = o_.pin;
+  shared_.translation = o_.translation;
+  shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
+
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (o_.socket.size() >= sizeof(addr.sun_path)) {
+    *err = "socket path too long: " + o_.socket;
+    return false;
+  }
+  std::memcpy(addr.sun_path, o_.socket.c_str(), o_.socket.size());
+  lsock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  unlink(o_.socket.c_str());
+  if (lsock_ < 0 || bind(lsock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0 || listen(lsock_, 64) < 0) {
+    *err = "cannot listen on " + o_.socket + ": " + std::strerror(errno);
+    return false;
+  }
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  stopfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  statsfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epfd_ < 0 || stopfd_ < 0 || statsfd_ < 0) {
+    *err = std::string("epoll/eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  for (auto [fd, tok] : {std::pair<int, uint64_t>{lsock_, kTokListen}, {stopfd_, kTokStop}, {statsfd_, kTokStats}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tok;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  return true;
+}
+
+void Daemon::Stop() {
+  uint64_t one = 1;
+  (void)!write(stopfd_, &one, sizeof(one));
+}
+
+void Daemon::RequestStats() {
+  uint64_t one = 1;
+  (void)!write(statsfd_, &one, sizeof(one));
+}
+
+void Daemon::Run() {
+  epoll_event evs[64];
+  for (;;) {
+    // The engine needs attention only while some device has QPs (the data
+    // path); then the loop wakes at least every millisecond for it.
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto& [id, c] : conns_)
+        if (c.dev->HasQps()) busy = true;
+    }
+    int timeout = (busy && udp_) ? 1 : -1;
+    int n = epoll_wait(epfd_, evs, 64, timeout);
+    if (n < 0 && errno != EINTR) {
+      Log("epoll_wait: %s", std::strerror(errno));
+      return;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    for (int i = 0; i < n; i++) {
+      const uint64_t tok = evs[i].data.u64;
+      if (tok == kTokStop) {
+        if (!o_.stats_json.empty()) WriteStats();
+        return;
+      }
+      if (tok == kTokStats) {
+        uint64_t v;
+        (void)!read(statsfd_, &v, sizeof(v));
+        WriteStats();
+        continue;
+      }
+      if (tok == kTokListen) {
+        Accept();
+        continue;
+      }
+      const unsigned id = unsigned(tok >> 16);
+      const uint32_t q = uint32_t(tok & 0xffff);
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      if (q == 0xffff) OnSocket(id);
+      else it->second.dev->OnKick(q);
+    }
+    if (busy && udp_) PumpEngine();
+  }
+}
+
+void Daemon::PumpEngine() {
+  Sink sink(*engine_);
+  udp_->poll(0, sink);
+  engine_->progress();
+  for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
+    for (auto& [id, c] : conns_) {
+      const bool mine = e.type == vstellar::AsyncEventType::CQ_ERR ? false : c.dev->OwnsQp(e.qpn_or_cqn);
+      if (mine) c.dev->OnEngineEvent(e);
+    }
+  }
+}
+
+void Daemon::Accept() {
+  for (;;) {
+    int s = accept4(lsock_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (s < 0) return;
+    const unsigned id = next_id_++;
+    Conn c;
+    c.sock = s;
+    c.dev = std::make_unique<Device>(id, shared_);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = SockTok(id);
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, s, &ev);
+    conns_.emplace(id, std::move(c));
+    Log("device %u: created (pin=%s, translation=%s)", id, ToString(o_.pin), ToString(o_.translation));
+  }
+}
+
+void Daemon::OnSocket(unsigned id) {
+  Conn& c = conns_.at(id);
+  Message m;
+  std::string err;
+  if (!ReadMessage(c.sock, &m, &err)) {
+    Close(id, err.empty() ? "frontend closed" : err);
+    return;
+  }
+  const uint32_t req = m.hdr.request;
+  Outcome out = c.dev->OnMessage(std::move(m));
+  if (out.reply && !WriteAll(c.sock, *out.reply, &err)) {
+    Close(id, err);
+    return;
+  }
+  if (!out.ok()) {
+    Close(id, "request " + std::to_string(req) + " refused: " + out.error);
+    return;
+  }
+  SyncKicks(id);
+  // A queue that was started may already hold work.
+  if (req == uint32_t(Request::kSetVringKick) || req == uint32_t(Request::kSetVringEnable))
+    for (auto& [fd, q] : c.kicks) c.dev->OnKick(q);
+}
+
+void Daemon::SyncKicks(unsigned id) {
+  Conn& c = conns_.at(id);
+  auto want = c.dev->KickFds();
+  if (want == c.kicks) return;
+  for (auto& [fd, q] : c.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  for (auto& [fd, q] : want) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = KickTok(id, q);
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  c.kicks = std::move(want);
+}
+
+void Daemon::Close(unsigned id, const std::string& why) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  for (auto& [fd, q] : it->second.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.sock, nullptr);
+  close(it->second.sock);
+  const PvdmaStats s = it->second.dev->pvdma().stats();
+  Log("device %u: destroyed (%s); %llu blocks pinned, %llu misses", id, why.c_str(),
+      (unsigned long long)s.blocks_pinned, (unsigned long long)s.misses);
+  conns_.erase(it);
+}
+
+std::vector<DeviceStats> Daemon::Stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<DeviceStats> v;
+  for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
+  return v;
+}
+
+AtcStats Daemon::atc_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  return atc_ ? atc_->stats() : AtcStats{};
+}
+
+std::string Daemon::StatsJson() {
+  std::lock_guard<std::mutex> g(mu_);
+  return StatsJsonLocked();
+}
+
+std::string Daemon::StatsJsonLocked() {
+  std::vector<DeviceStats> v;
+  AtcStats a;
+  {
+    for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
+    if (atc_) a = atc_->stats();
+  }
+  std::string out = "{\"pin\":\"";
+  out += ToString(o_.pin);
+  out += "\",\"translation\":\"";
+  out += ToString(o_.translation);
+  char b[512];
+  std::snprintf(b, sizeof(b),
+                "\",\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu},"
+                "\"devices\":[",
+                atc_ ? atc_->capacity() : size_t(0), (unsigned long long)a.lookups, (unsigned long long)a.hits,
+                (unsigned long long)a.misses, (unsigned long long)a.evictions);
+  out += b;
+  for (size_t i = 0; i < v.size(); i++) {
+    const DeviceStats& d = v[i];
+    const PvdmaStats& p = d.pvdma;
+    std::snprintf(b, sizeof(b),
+                  "%s{\"id\":%u,\"guest_bytes\":%llu,\"blocks_pinned\":%llu,\"bytes_pinned\":%llu,"
+                  "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
+                  "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u}",
+                  i ? "," : "", d.id, (unsigned long long)p.guest_bytes, (unsigned long long)p.blocks_pinned,
+                  (unsigned long long)p.bytes_pinned, (unsigned long long)p.misses, (unsigned long long)p.hits,
+                  (unsigned long long)p.faults, (unsigned long long)p.lock_errors,
+                  (unsigned long long)p.attach_ns, (unsigned long long)d.commands,
+                  (unsigned long long)d.commands_failed, d.fatal ? "true" : "false", d.qps, d.mrs);
+    out += b;
+  }
+  return out + "]}\n";
+}
+
+void Daemon::WriteStats() {
+  const std::string j = StatsJsonLocked();
+  if (o_.stats_json.empty()) {
+    std::fputs(j.c_str(), stderr);
+    return;
+  }
+  const std::string tmp = o_.stats_json + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;
+  std::fputs(j.c_str(), f);
+  std::fclose(f);
+  std::rename(tmp.c_str(), o_.stats_json.c_str());
+}
+
+}  // namespace vstellard

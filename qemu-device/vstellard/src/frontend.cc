@@ -1,0 +1,296 @@
+// Test frontend for vstellard; see include/vstellard/frontend.h.
+#include "vstellard/frontend.h"
+
+#include <endian.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+namespace vstellard {
+
+namespace {
+constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
+constexpr uint16_t kDescNext = 1, kDescWrite = 2;
+}  // namespace
+
+Frontend::Frontend(FrontendOptions o) : o_(o), qs_(VSTELLAR_VQ_CQN0 + o.cq_queues) {}
+
+Frontend::~Frontend() {
+  if (sock_ >= 0) close(sock_);
+  for (Queue& q : qs_) {
+    if (q.kick >= 0) close(q.kick);
+    if (q.call >= 0) close(q.call);
+  }
+  if (mem_) munmap(mem_, o_.mem_size);
+  if (ram_fd_ >= 0) close(ram_fd_);
+  if (db_fd_ >= 0) close(db_fd_);
+}
+
+bool Frontend::Send(Request r, const void* payload, size_t n, std::string* err, const std::vector<int>& fds,
+                    bool ack) {
+  Header h{uint32_t(r), kFlagVersion | (ack ? kFlagNeedReply : 0), uint32_t(n)};
+  std::vector<uint8_t> buf(sizeof(h) + n);
+  std::memcpy(buf.data(), &h, sizeof(h));
+  if (n) std::memcpy(buf.data() + sizeof(h), payload, n);
+  iovec iov{buf.data(), buf.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  if (sendmsg(sock_, &msg, MSG_NOSIGNAL) != ssize_t(buf.size())) {
+    *err = std::string("sendmsg: ") + std::strerror(errno);
+    return false;
+  }
+  if (!ack) return true;
+  Message m;
+  if (!ReadMessage(sock_, &m, err)) {
+    if (err->empty()) *err = "connection closed by vstellard";
+    return false;
+  }
+  uint64_t v = 1;
+  if (m.payload.size() == 8) std::memcpy(&v, m.payload.data(), 8);
+  if (v != 0) {
+    *err = "request " + std::to_string(uint32_t(r)) + " refused";
+    return false;
+  }
+  return true;
+}
+
+bool Frontend::Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err) {
+  if (!Send(r, payload, n, err)) return false;
+  Message m;
+  if (!ReadMessage(sock_, &m, err)) {
+    if (err->empty()) *err = "connection closed by vstellard";
+    return false;
+  }
+  *reply = std::move(m.payload);
+  return true;
+}
+
+bool Frontend::Alive() {
+  pollfd p{sock_, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return true;
+  char c;
+  return recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table) {
+  ram_fd_ = memfd_create("guest-ram", MFD_CLOEXEC);
+  if (ram_fd_ < 0 || ftruncate(ram_fd_, off_t(o_.mem_size)) != 0) {
+    *err = std::string("memfd: ") + std::strerror(errno);
+    return false;
+  }
+  void* p = mmap(nullptr, o_.mem_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, ram_fd_, 0);
+  if (p == MAP_FAILED) {
+    *err = std::string("mmap: ") + std::strerror(errno);
+    return false;
+  }
+  mem_ = static_cast<uint8_t*>(p);
+  if (o_.doorbell) {
+    db_fd_ = memfd_create("vstellar-doorbell", MFD_CLOEXEC);
+    if (db_fd_ < 0 || ftruncate(db_fd_, 1 << 16) != 0) {
+      *err = "doorbell memfd";
+      return false;
+    }
+    db_gpa_ = o_.mem_size <= 0xfe000000ull ? 0xfe000000ull : (o_.mem_size + (1ull << 30) - 1) & ~((1ull << 30) - 1);
+  }
+  sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  if (connect(sock_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    *err = std::string("connect: ") + std::strerror(errno);
+    return false;
+  }
+  std::vector<uint8_t> r;
+  if (!Get(Request::kGetFeatures, nullptr, 0, &r, err) || r.size() != 8) return false;
+  uint64_t offered;
+  std::memcpy(&offered, r.data(), 8);
+  features_ = offered & (Bit(kFeatureVersion1) | Bit(kFeatureProtocolFeatures) | Bit(kFeatureIndirectDesc) |
+                         0xffffff | (o_.event_idx ? Bit(kFeatureEventIdx) : 0));
+  if (!Get(Request::kGetProtocolFeatures, nullptr, 0, &r, err)) return false;
+  const uint64_t proto = Bit(kProtocolMq) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig);
+  if (!Send(Request::kSetProtocolFeatures, &proto, 8, err)) return false;
+  if (!Send(Request::kSetFeatures, &features_, 8, err)) return false;
+  if (!Send(Request::kSetOwner, nullptr, 0, err, {}, true)) return false;
+  return mem_table ? SendMemTable(err) : true;
+}
+
+bool Frontend::SendMemTable(std::string* err) {
+  std::vector<uint8_t> p(8);
+  std::vector<int> fds;
+  auto add = [&](uint64_t gpa, uint64_t size, uint64_t va, int fd) {
+    MemRegionDesc d{gpa, size, va, 0};
+    const size_t at = p.size();
+    p.resize(at + sizeof(d));
+    std::memcpy(p.data() + at, &d, sizeof(d));
+    fds.push_back(fd);
+  };
+  add(0, o_.mem_size, kVaBase, ram_fd_);
+  if (o_.doorbell) add(db_gpa_, 1 << 16, kVaBase + db_gpa_, db_fd_);
+  const uint32_t n = uint32_t(fds.size());
+  std::memcpy(p.data(), &n, 4);
+  return Send(Request::kSetMemTable, p.data(), p.size(), err, fds, true);
+}
+
+bool Frontend::StartQueue(uint32_t q, uint32_t num, std::string* err) {
+  Queue& s = qs_.at(q);
+  s = Queue{};
+  s.num = num;
+  const uint64_t base = RingGpa(q);
+  std::memset(mem_ + base, 0, 0x3000);
+  VringState st{q, num};
+  if (!Send(Request::kSetVringNum, &st, sizeof(st), err, {}, true)) return false;
+  st.num = 0;
+  if (!Send(Request::kSetVringBase, &st, sizeof(st), err, {}, true)) return false;
+  VringAddr a{q, 0, kVaBase + base, kVaBase + base + 0x2000, kVaBase + base + 0x1000, 0};
+  if (!Send(Request::kSetVringAddr, &a, sizeof(a), err, {}, true)) return false;
+  s.call = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  s.kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  uint64_t u = q;
+  if (!Send(Request::kSetVringCall, &u, 8, err, {s.call}, true)) return false;
+  if (!Send(Request::kSetVringKick, &u, 8, err, {s.kick}, true)) return false;
+  st.num = 1;
+  return Send(Request::kSetVringEnable, &st, sizeof(st), err, {}, true);
+}
+
+bool Frontend::StartQueues(std::string* err) {
+  for (uint32_t q = 0; q < qs_.size(); q++)
+    if (!StartQueue(q, o_.ring_num, err)) return false;
+  // Stock the event queue and the CQ notification queues with buffers.
+  for (uint32_t i = 0; i < 8; i++) Post(VSTELLAR_VQ_EVENT, {{kEventGpa + 16 * i, 16, true}}, false);
+  Kick(VSTELLAR_VQ_EVENT);
+  for (uint32_t q = VSTELLAR_VQ_CQN0; q < qs_.size(); q++) {
+    for (uint32_t i = 0; i < 8; i++)
+      Post(q, {{kCqnGpa + 0x100 * (q - VSTELLAR_VQ_CQN0) + 8 * i, 8, true}}, false);
+    Kick(q);
+  }
+  return true;
+}
+
+uint16_t Frontend::Post(uint32_t q, const std::vector<DescSpec>& chain, bool kick) {
+  Queue& s = qs_.at(q);
+  const uint64_t base = RingGpa(q);
+  // Chains of up to 4 descriptors at (avail * 4) % num: tests keep few in flight.
+  const uint16_t head = uint16_t((uint32_t(s.avail) * 4) % s.num);
+  for (size_t i = 0; i < chain.size(); i++) {
+    const uint16_t idx = uint16_t((head + i) % s.num);
+    uint8_t* d = mem_ + base + 16ull * idx;
+    const uint64_t addr = htole64(chain[i].gpa);
+    const uint32_t len = htole32(chain[i].len);
+    const uint16_t flags = htole16((chain[i].write ? kDescWrite : 0) | (i + 1 < chain.size() ? kDescNext : 0));
+    const uint16_t next = htole16(uint16_t((idx + 1) % s.num));
+    std::memcpy(d, &addr, 8);
+    std::memcpy(d + 8, &len, 4);
+    std::memcpy(d + 12, &flags, 2);
+    std::memcpy(d + 14, &next, 2);
+  }
+  const uint16_t h = htole16(head);
+  std::memcpy(mem_ + base + 0x1000 + 4 + 2ull * (s.avail % s.num), &h, 2);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.avail++;
+  SetAvailIdx(q, s.avail);
+  if (kick) Kick(q);
+  return head;
+}
+
+void Frontend::SetAvailIdx(uint32_t q, uint16_t idx) {
+  const uint16_t v = htole16(idx);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memcpy(mem_ + RingGpa(q) + 0x1000 + 2, &v, 2);
+}
+
+void Frontend::Kick(uint32_t q) {
+  uint64_t one = 1;
+  (void)!write(qs_.at(q).kick, &one, 8);
+}
+
+bool Frontend::WaitUsed(uint32_t q, uint16_t* head, uint32_t* len, int timeout_ms) {
+  Queue& s = qs_.at(q);
+  const uint64_t base = RingGpa(q);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    uint16_t used;
+    std::memcpy(&used, mem_ + base + 0x2000 + 2, 2);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (le16toh(used) != s.used_seen) {
+      uint32_t e[2];
+      std::memcpy(e, mem_ + base + 0x2000 + 4 + 8ull * (s.used_seen % s.num), 8);
+      s.used_seen++;
+      *head = uint16_t(le32toh(e[0]));
+      *len = le32toh(e[1]);
+      return true;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{s.call, POLLIN, 0};
+    if (poll(&p, 1, int(std::min<long>(left.count(), 50))) > 0) {
+      uint64_t v;
+      (void)!read(s.call, &v, 8);
+    }
+  }
+}
+
+CmdResult Frontend::Command(uint16_t op, uint32_t ucontext, const void* body, size_t len, uint32_t resp_len,
+                            int timeout_ms) {
+  CmdResult r;
+  if (len > kReqMax - sizeof(vstellar_cmd_hdr)) return r;
+  vstellar_cmd_hdr h{};
+  h.opcode = htole16(op);
+  h.cmd_id = htole32(cmd_id_++);
+  h.ucontext = htole32(ucontext);
+  h.length = htole32(uint32_t(len));
+  std::memcpy(mem_ + kReqGpa, &h, sizeof(h));
+  if (len) std::memcpy(mem_ + kReqGpa + sizeof(h), body, len);
+  std::memset(mem_ + kRespGpa, 0xee, sizeof(vstellar_resp_hdr) + resp_len);
+  Post(VSTELLAR_VQ_CONTROL,
+       {{kReqGpa, uint32_t(sizeof(h) + len), false}, {kRespGpa, uint32_t(sizeof(vstellar_resp_hdr) + resp_len), true}});
+  uint16_t head;
+  if (!WaitUsed(VSTELLAR_VQ_CONTROL, &head, &r.used_len, timeout_ms)) return r;
+  r.done = true;
+  if (r.used_len >= sizeof(r.hdr)) {
+    std::memcpy(&r.hdr, mem_ + kRespGpa, sizeof(r.hdr));
+    r.hdr.opcode = le16toh(r.hdr.opcode);
+    r.hdr.status = le16toh(r.hdr.status);
+    r.hdr.cmd_id = le32toh(r.hdr.cmd_id);
+    r.hdr.length = le32toh(r.hdr.length);
+    const uint32_t n = std::min<uint32_t>(r.hdr.length, r.used_len - uint32_t(sizeof(r.hdr)));
+    r.body.assign(mem_ + kRespGpa + sizeof(r.hdr), mem_ + kRespGpa + sizeof(r.hdr) + n);
+  } else {
+    r.hdr.status = 0xffff;
+  }
+  return r;
+}
+
+std::vector<vstellar_event> Frontend::Events(int timeout_ms) {
+  std::vector<vstellar_event> v;
+  uint16_t head;
+  uint32_t len;
+  while (WaitUsed(VSTELLAR_VQ_EVENT, &head, &len, timeout_ms)) {
+    // Buffers were posted one descriptor each at head = i*4 % num for i-th post.
+    const uint32_t i = head / 4;
+    vstellar_event e;
+    std::memcpy(&e, mem_ + kEventGpa + 16ull * i, sizeof(e));
+    v.push_back(e);
+    timeout_ms = 0;
+  }
+  return v;
+}
+
+}  // namespace vstellard
