@@ -16,7 +16,7 @@ BUILD := build
 OUT := out
 NINJA_JOBS ?= $(shell nproc)
 
-.PHONY: all deps host guest qemu rdma-core demo test test-unit test-guest bench clean distclean-cache help
+.PHONY: all deps host guest kmod demo test test-unit test-guest bench clean distclean-cache help
 
 all: deps host guest
 
@@ -33,13 +33,29 @@ host: deps $(BUILD)/build.ninja
 	@cmake $(BUILD) > /dev/null
 	@ninja -C $(BUILD) -j$(NINJA_JOBS) --quiet
 
+# Our guest kernel module, built against the pinned guest kernel's headers
+# (never the host's running kernel), staged as a tree the image builder
+# copies over the guest's root.
+KDIR := /usr/src/linux-headers-$(GUEST_KERNEL_ABI)
+GUEST_EXTRA := $(BUILD)/guest-extra
+KMOD_DIR := kernel/vstellar
+
+kmod: deps
+	@test -d $(KDIR) || { echo "no guest kernel headers in $(KDIR): run make deps" >&2; exit 1; }
+	@rm -rf $(GUEST_EXTRA) && mkdir -p $(GUEST_EXTRA)
+ifneq ($(wildcard $(KMOD_DIR)/Kbuild $(KMOD_DIR)/Makefile),)
+	@$(MAKE) --no-print-directory -C $(KDIR) M=$(CURDIR)/$(KMOD_DIR) modules > $(BUILD)/kmod.log 2>&1 || \
+		{ cat $(BUILD)/kmod.log >&2; exit 1; }
+	@install -D -m644 $(KMOD_DIR)/vstellar.ko \
+		$(GUEST_EXTRA)/lib/modules/$(GUEST_KERNEL_ABI)/extra/vstellar.ko
+endif
+
 # The guest side: QEMU, rdma-core (with our provider), the guest image. Each
 # script prints its cached result; guest.env records them for the launcher.
-guest: deps
-	@mkdir -p $(BUILD)
+guest: deps kmod
 	@qemu=$$(tools/build-qemu.sh) && \
 	 stage=$$(tools/build-rdma-core.sh) && \
-	 image=$$(tools/build-guest-image.sh "$$stage") && \
+	 image=$$(tools/build-guest-image.sh "$$stage" $(GUEST_EXTRA)) && \
 	 printf 'QEMU=%s\nRDMA_CORE_STAGE=%s\nGUEST_IMAGE=%s\n' "$$qemu" "$$stage" "$$image" \
 		> $(BUILD)/guest.env
 	@cat $(BUILD)/guest.env

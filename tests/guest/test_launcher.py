@@ -9,14 +9,16 @@ from guestlib import TOP, vstellar_guest as vg
 LAUNCHER = os.path.join(TOP, "tools", "vstellar-guest")
 
 
-def our_namespaces():
-    return [ns for ns in os.listdir("/run/netns")
-            if re.match(rf"^{vg.NS_PREFIX}\d+(hub|h\d+)$", ns)] if os.path.isdir("/run/netns") else []
+def launcher_namespaces(pid):
+    """Namespaces made by the launcher run with process id pid."""
+    names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+    return [ns for ns in names if re.match(rf"^{vg.NS_PREFIX}{pid}(hub|h\d+)$", ns)]
 
 
-def qemu_processes(image):
+def qemu_processes(marker):
+    """QEMUs whose command line carries marker (other runs may be going on)."""
     out = subprocess.run(["pgrep", "-af", "qemu-system-x86_64"], stdout=subprocess.PIPE, text=True).stdout
-    return [line for line in out.splitlines() if image in line]
+    return [line for line in out.splitlines() if marker in line]
 
 
 class LauncherTest(unittest.TestCase):
@@ -41,16 +43,18 @@ class LauncherTest(unittest.TestCase):
         self.assertRegex(out[1], r"libibverbs\.so\.1\.\d+\.56\.1$")
         self.assertIn("pyverbs 0", out)
         self.assertIn("/usr/bin/ib_write_bw", out)
-        self.assertEqual(our_namespaces(), [])
+        self.assertEqual(launcher_namespaces(os.getpid()), [])
 
     def test_timeout_kills_guest_and_removes_network(self):
-        before = our_namespaces()
-        r = subprocess.run([LAUNCHER, "run", "-n", "2", "--timeout", "20", "--", "sleep 600"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.assertEqual(r.returncode, 124, r.stderr)
-        self.assertIn("timed out after 20 s", r.stderr)
-        self.assertEqual(our_namespaces(), before)
-        self.assertEqual(qemu_processes(self.art.initrd), [])
+        marker = f"vstellar-timeout-test-{os.getpid()}"
+        p = subprocess.Popen([LAUNCHER, "run", "-n", "2", "--timeout", "20",
+                              "--qemu-arg=-name", f"--qemu-arg={marker}", "--", "sleep 600"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _out, err = p.communicate()
+        self.assertEqual(p.returncode, 124, err)
+        self.assertIn("timed out after 20 s", err)
+        self.assertEqual(launcher_namespaces(p.pid), [])
+        self.assertEqual(qemu_processes(marker), [])
 
     def test_missing_image_is_a_clear_error(self):
         r = subprocess.run([LAUNCHER, "run", "--image", "/nonexistent", "--", "true"],
