@@ -13,8 +13,11 @@
 #include <linux/kref.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
+#include <linux/virtio_config.h>
 
 #include "vstellar_com.h"
+
+#define VSTELLAR_COM_POLL_MS	100
 
 struct vstellar_cmd_ctx {
 	struct kref ref;
@@ -31,16 +34,20 @@ struct vstellar_cmd_ctx {
 	u8 buf[];
 };
 
+/* Device status -> positive errno, from the interface's X-macro. */
+#define VSTELLAR_STATUS_ERRNO_(name, val, err) \
+	[val] = (err),
+static const int vstellar_status_errno[] = {
+	VSTELLAR_STATUS_LIST(VSTELLAR_STATUS_ERRNO_)
+};
+
+#undef VSTELLAR_STATUS_ERRNO_
+
 static int vstellar_status_to_errno(u16 status)
 {
-	switch (status) {
-#define VSTELLAR_STATUS_ERRNO_(name, val, err) \
-	case VSTELLAR_STATUS_##name: return -(err);
-	VSTELLAR_STATUS_LIST(VSTELLAR_STATUS_ERRNO_)
-#undef VSTELLAR_STATUS_ERRNO_
-	default:
-		return -EIO;
-	}
+	if (status < ARRAY_SIZE(vstellar_status_errno))
+		return -vstellar_status_errno[status];
+	return -EIO;
 }
 
 static const char *vstellar_opcode_name(u16 opcode)
@@ -230,6 +237,47 @@ out:
 	return err;
 }
 
+/*
+ * Whether the transport says the device is gone: the frontend sets
+ * BACKEND_LOST and NEEDS_RESET when vstellard disconnects. Config-change
+ * interrupts are held back by the virtio core while probe runs, so the
+ * waiter also looks for itself.
+ */
+bool vstellar_com_device_lost(struct vstellar_com *com)
+{
+	struct virtio_device *vdev = com->vdev;
+	u32 status;
+
+	if (vdev->config->get_status(vdev) & VIRTIO_CONFIG_S_NEEDS_RESET)
+		return true;
+	status = virtio_cread32(vdev, offsetof(struct virtio_vstellar_config,
+					       device_status));
+	return status & (VSTELLAR_DEV_S_FATAL | VSTELLAR_DEV_S_BACKEND_LOST);
+}
+
+/*
+ * Wait for an answer for up to @timeout, looking at the device's status
+ * every VSTELLAR_COM_POLL_MS. Returns false on timeout.
+ */
+static bool vstellar_com_wait(struct vstellar_com *com,
+			      struct vstellar_cmd_ctx *ctx,
+			      unsigned long timeout)
+{
+	unsigned long slice = msecs_to_jiffies(VSTELLAR_COM_POLL_MS);
+	unsigned long deadline = jiffies + timeout;
+
+	for (;;) {
+		if (wait_for_completion_timeout(&ctx->done, slice))
+			return true;
+		if (vstellar_com_device_lost(com)) {
+			vstellar_com_abort(com, -ENODEV);
+			return true;
+		}
+		if (time_after_eq(jiffies, deadline))
+			return false;
+	}
+}
+
 int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		      const void *body, size_t body_len,
 		      __le64 *pages, u32 num_pages,
@@ -272,7 +320,7 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		goto out;
 	}
 
-	if (!wait_for_completion_timeout(&ctx->done, timeout)) {
+	if (!vstellar_com_wait(com, ctx, timeout)) {
 		spin_lock_irqsave(&com->lock, flags);
 		if (!list_empty(&ctx->node)) {
 			list_del_init(&ctx->node);
@@ -284,9 +332,13 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		spin_unlock_irqrestore(&com->lock, flags);
 		if (ctx->result == -ETIMEDOUT)
 			dev_err(&com->vdev->dev,
-				"command %s (id %u) timed out after %u ms; device disabled\n",
+				"command %s (id %u) timed out after %u ms (virtio status %#x, device_status %#x); device disabled\n",
 				vstellar_opcode_name(opcode),
-				le32_to_cpu(ctx->hdr->cmd_id), com->timeout_ms);
+				le32_to_cpu(ctx->hdr->cmd_id), com->timeout_ms,
+				com->vdev->config->get_status(com->vdev),
+				virtio_cread32(com->vdev,
+					       offsetof(struct virtio_vstellar_config,
+							device_status)));
 	}
 	err = ctx->result;
 	if (!err && resp_len)

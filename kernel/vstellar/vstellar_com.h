@@ -32,6 +32,7 @@ int vstellar_com_init(struct vstellar_com *com, struct virtio_device *vdev,
 void vstellar_com_abort(struct vstellar_com *com, int err);
 void vstellar_com_release(struct vstellar_com *com);
 void vstellar_com_complete(struct vstellar_com *com);
+bool vstellar_com_device_lost(struct vstellar_com *com);
 
 /*
  * Run one command and wait for its answer. @body (@body_len bytes) and the

@@ -238,12 +238,11 @@ static void vstellar_config_work(struct work_struct *work)
 	u32 status;
 	u8 vstatus;
 
+	if (!vstellar_com_device_lost(&dev->com))
+		return;
 	status = virtio_cread32(vdev, offsetof(struct virtio_vstellar_config,
 					       device_status));
 	vstatus = vdev->config->get_status(vdev);
-	if (!(status & (VSTELLAR_DEV_S_FATAL | VSTELLAR_DEV_S_BACKEND_LOST)) &&
-	    !(vstatus & VIRTIO_CONFIG_S_NEEDS_RESET))
-		return;
 
 	/* Nothing pending will be answered: fail it now, and all later. */
 	vstellar_com_abort(&dev->com, -ENODEV);

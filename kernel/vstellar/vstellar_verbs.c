@@ -272,6 +272,7 @@ int vstellar_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
 	struct vstellar_alloc_ucontext_resp uresp = {};
 	struct vstellar_resp_alloc_ucontext resp;
 	u64 db_pages = dev->db_len / VSTELLAR_DB_PAGE_SIZE;
+	u64 db_addr;
 	int err;
 
 	if (!db_pages || PAGE_SIZE != VSTELLAR_DB_PAGE_SIZE)
@@ -291,15 +292,17 @@ int vstellar_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
 	}
 
 	err = -ENOMEM;
-	uctx->db_entry = vstellar_mmap_entry_insert(ibuctx,
-			dev->db_base + (u64)uctx->db_page * VSTELLAR_DB_PAGE_SIZE,
-			VSTELLAR_MMAP_DB, &uresp.db_mmap_key);
+	db_addr = dev->db_base + (u64)uctx->db_page * VSTELLAR_DB_PAGE_SIZE;
+	uctx->db_entry = vstellar_mmap_entry_insert(ibuctx, db_addr,
+						    VSTELLAR_MMAP_DB,
+						    &uresp.db_mmap_key);
 	if (!uctx->db_entry)
 		goto err_dealloc;
 	if (dev->kick_addr) {
 		uctx->kick_entry = vstellar_mmap_entry_insert(ibuctx,
-				dev->kick_addr, VSTELLAR_MMAP_KICK,
-				&uresp.kick_mmap_key);
+							      dev->kick_addr,
+							      VSTELLAR_MMAP_KICK,
+							      &uresp.kick_mmap_key);
 		if (!uctx->kick_entry)
 			goto err_remove;
 		uresp.comp_mask |= VSTELLAR_UCTX_KICK_PAGE;
