@@ -283,6 +283,37 @@ TEST(QpErrors, RnrThenReceiveArrives) {
   EXPECT_EQ(sc[0].status, WcStatus::SUCCESS);
 }
 
+TEST(QpErrors, LongRnrWaitIsNotATransportRetry) {
+  // The RNR wait (1.28 ms) is far longer than the RTO and retry_cnt is 1:
+  // the packets of the message must wait for the receiver, not time out.
+  PairOptions o;
+  o.retry_cnt = 1;
+  o.rnr_retry = 7;
+  o.min_rnr_timer = 14;
+  Pair t(o);
+  // Only the NAKs for the message's first packet get through: the others
+  // must wait because their message waits, not because each was NAKed.
+  uint32_t first = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpB || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK ||
+        p.base.op != wire::Op::ACK || p.ack.syndrome != wire::Syndrome::RNR_NAK)
+      return true;
+    if (!first) first = p.ack.nak_psn;
+    return p.ack.nak_psn == first;
+  };
+  fill_random(t.a.buf.data(), 40000, 5);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::SEND, 1, 0, 40000, 0), 0);
+  t.net.run_for(20'000'000);
+  EXPECT_GT(t.b.eng->stats().rnr_naks_sent, 1u);
+  EXPECT_EQ(t.a.eng->stats().timeouts, 0u);
+  ASSERT_EQ(t.post_recv(t.b, 9, 0, 40000), 0);
+  auto sc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 40000), 0);
+}
+
 TEST(QpErrors, TransportRetryExceeded) {
   PairOptions o;
   o.retry_cnt = 3;

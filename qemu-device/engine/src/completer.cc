@@ -113,9 +113,21 @@ void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
           }
           uint64_t wait = std::max<uint64_t>(uint64_t(std::min(a.rnr_us, 1'000'000u)) * 1000, 1000);
           w.rnr_hold_until = now + wait;
+          // Every unacknowledged packet of the message waits out the RNR
+          // time instead of its RTO: the receiver is not ready for any of
+          // them, and a long RNR wait must not count as transport retries.
+          for (uint32_t k = 0; k < w.pkts_sent; k++) {
+            uint32_t psn = w.first_psn + k;
+            if (!in_window(qp, psn)) continue;
+            PktRec& x = qp.rec(psn);
+            if (x.acked) continue;
+            x.tx_seq++;
+            qp.timers.push({w.rnr_hold_until, psn, x.tx_seq, true});
+          }
+        } else {
+          r.tx_seq++;
+          qp.timers.push({w.rnr_hold_until, a.nak_psn, r.tx_seq, true});
         }
-        r.tx_seq++;  // the pending RTO of this packet is replaced by the RNR wait
-        qp.timers.push({w.rnr_hold_until, a.nak_psn, r.tx_seq, true});
         break;
       }
       case wire::Syndrome::NAK_REM_ACCESS:

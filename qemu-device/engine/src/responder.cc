@@ -134,16 +134,15 @@ void Engine::resp_advance(Qp& qp) {
       qp.set_rbit(qp.epsn, false);
       qp.epsn++;
     }
-    // A held READ/atomic whose turn has come.
-    auto it = std::find_if(qp.pending_rd.begin(), qp.pending_rd.end(),
-                           [&](const wire::Packet& q) { return q.base.psn == qp.epsn; });
+    // A held READ/atomic whose turn has come (stale ones are dropped first).
+    if (qp.pending_rd.empty()) break;
     qp.pending_rd.erase(std::remove_if(qp.pending_rd.begin(), qp.pending_rd.end(),
                                        [&](const wire::Packet& q) {
                                          return seq_lt(q.base.psn, qp.epsn);
                                        }),
                         qp.pending_rd.end());
-    it = std::find_if(qp.pending_rd.begin(), qp.pending_rd.end(),
-                      [&](const wire::Packet& q) { return q.base.psn == qp.epsn; });
+    auto it = std::find_if(qp.pending_rd.begin(), qp.pending_rd.end(),
+                           [&](const wire::Packet& q) { return q.base.psn == qp.epsn; });
     if (it == qp.pending_rd.end()) break;
     wire::Packet q = *it;
     qp.pending_rd.erase(it);
