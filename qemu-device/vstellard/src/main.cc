@@ -32,7 +32,7 @@ int Usage(const char* argv0, int rc) {
                "                         all guest memory at attach (VFIO-like baseline)\n"
                "  --translation=emtt|atc MR translation: final translations in the MR (default)\n"
                "                         or a bounded translation cache (baseline)\n"
-               "  --atc-entries N        ATC size in 4 KiB entries (default 32768)\n"
+               "  --atc-entries N        ATC size in 4 KiB entries (default 16384 = 64 MiB)\n"
                "  --atc-miss-ns N        emulated round trip of an ATC miss (default 0)\n"
                "  --ip A.B.C.D           local IPv4 address of the engine (default 127.0.0.1)\n"
                "  --port N               engine UDP base port (default 0: no network)\n"

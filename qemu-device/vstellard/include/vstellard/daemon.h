@@ -26,7 +26,7 @@ struct DaemonOptions {
   std::string socket;
   PinMode pin = PinMode::kLazy;
   TranslationMode translation = TranslationMode::kEmtt;
-  size_t atc_entries = 32768;  // 4 KiB frames: 128 MiB of reach
+  size_t atc_entries = 16384;  // 4 KiB frames: 64 MiB of reach
   uint64_t atc_miss_ns = 0;    // emulated ATS round trip on a miss
   uint32_t ip = 0x7f000001;    // host order
   uint16_t udp_port = 0;       // engine base port; 0 = no network

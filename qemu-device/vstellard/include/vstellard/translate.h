@@ -39,7 +39,7 @@ struct AtcStats {
 // The translation cache: (owner id, guest frame) -> host pointer of the frame.
 class Atc {
  public:
-  explicit Atc(size_t entries = 32768, uint64_t miss_ns = 0);
+  explicit Atc(size_t entries = 16384, uint64_t miss_ns = 0);
   size_t capacity() const { return slots_.size(); }
   uint64_t miss_ns() const { return miss_ns_; }
   // Host pointer for the 4 KiB frame holding gpa (of the memory `pv`), or
