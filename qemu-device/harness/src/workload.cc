@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -205,6 +206,15 @@ std::string common_json(const Options& o, const char* role) {
              to_string(o.eng.path_algo), o.eng.mtu, o.eng.rto_ns / 1000, o.loss_rate, o.loss_links);
 }
 
+// CPU seconds this process used (user + system): the engine is one thread,
+// so cpu_s / wall_s is the share of one core it needed.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 std::string link_json(const UdpLinkStats& s) {
   return fmt("{\"tx\":%lu,\"rx\":%lu,\"tx_err\":%lu,\"rx_trunc\":%lu,\"rx_nobufs\":%lu,"
              "\"submits\":%lu,\"waits\":%lu}",
@@ -311,6 +321,8 @@ int server_impl(const Options& o, std::string& json) {
   ctrl.send_line("END");
 
   Engine& e = s.node->eng();
+  const double cpu0 = cpu_seconds();
+  const uint64_t wall0 = now_ns();
   RawSink sink;
   Series series(now_ns(), w.interval_ms);
   if (raw) sink.series = &series;
@@ -363,8 +375,10 @@ int server_impl(const Options& o, std::string& json) {
                 sink.pkts, sink.bytes, gbps, span ? double(sink.counted_pkts) * 1e9 / double(span) : 0);
     json += ",\"intervals\":[" + series.json + "]";
   }
-  json += fmt(",\"recv_completions\":%lu,\"errors\":%lu,\"emu_dropped\":%lu", recvs, errors,
-              s.node->emu_dropped);
+  json += fmt(",\"recv_completions\":%lu,\"errors\":%lu,\"emu_dropped\":%lu,\"cpu_s\":%.3f,"
+              "\"wall_s\":%.3f",
+              recvs, errors, s.node->emu_dropped, cpu_seconds() - cpu0,
+              double(now_ns() - wall0) / 1e9);
   json += ",\"engine\":" + stats_json(e.stats(), o.path_detail);
   json += ",\"link\":" + link_json(s.node->link().stats()) + "}";
   return 0;
@@ -410,6 +424,7 @@ int client_impl(const Options& o, std::string& json) {
     if (!connect_qp(e, s.qps[i], psn_for(s.qps[i]->qpn()), peers[i], Endpoint{o.peer_ip, peer_port}))
       return 1;
 
+  const double cpu0 = cpu_seconds();
   const uint64_t t0 = now_ns();
   const uint64_t end = t0 + uint64_t(o.duration * 1e9);
   const uint64_t warm = t0 + uint64_t(std::min(o.warmup, o.duration / 2) * 1e9);
@@ -443,6 +458,7 @@ int client_impl(const Options& o, std::string& json) {
     double secs = double(now_ns() - t0) / 1e9;
     ctrl.send_line("DONE");
     json = "{" + common_json(o, "client");
+    json += fmt(",\"cpu_s\":%.3f,\"wall_s\":%.3f", cpu_seconds() - cpu0, secs);
     json += fmt(",\"tx_datagrams\":%lu,\"tx_gbps\":%.3f,\"messages\":%lu", dgrams,
                 double(dgrams) * double(std::min<uint64_t>(o.size, seg)) * 8 / secs / 1e9, msgs);
     json += ",\"link\":" + link_json(l.stats()) + "}";
@@ -538,6 +554,7 @@ int client_impl(const Options& o, std::string& json) {
               "\"msg_rate_mps\":%.4f,\"errors\":%lu,\"first_error\":\"%s\",\"emu_dropped\":%lu",
               secs, msgs, bytes, double(bytes) * 8 / secs / 1e9, double(msgs) / secs / 1e6, errors,
               first_error.c_str(), s.node->emu_dropped);
+  json += fmt(",\"cpu_s\":%.3f,\"wall_s\":%.3f", cpu_seconds() - cpu0, double(now_ns() - t0) / 1e9);
   // Every posted WR completed (successfully or not) before the drain deadline?
   json += fmt(",\"posted\":%lu,\"completed\":%lu", posted, done);
   if (o.mode == "lat") {
