@@ -57,6 +57,8 @@ struct vstellar_dev {
 	struct xarray qps;
 
 	struct notifier_block nb;		/* netdevice events */
+	struct work_struct rescan_work;		/* GID table from a new netdev */
+	bool removing;
 	struct net_device *netdev;		/* the one we are bound to */
 	struct mutex netdev_lock;		/* protects netdev */
 };

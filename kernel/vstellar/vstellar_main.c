@@ -295,10 +295,19 @@ static void vstellar_bind_netdev(struct vstellar_dev *dev,
 	if (ndev)
 		dev_info(&dev->vdev->dev, "GIDs from net device %s\n",
 			 ndev->name);
-	if (dev->registered)
-		rdma_roce_rescan_device(&dev->ibdev);
+	/* the rescan takes RTNL, which a netdev notifier holds */
+	if (dev->registered && ndev)
+		schedule_work(&dev->rescan_work);
 out:
 	mutex_unlock(&dev->netdev_lock);
+}
+
+static void vstellar_rescan_work(struct work_struct *work)
+{
+	struct vstellar_dev *dev =
+		container_of(work, struct vstellar_dev, rescan_work);
+
+	rdma_roce_rescan_device(&dev->ibdev);
 }
 
 static int vstellar_netdev_event(struct notifier_block *nb,
@@ -307,7 +316,8 @@ static int vstellar_netdev_event(struct notifier_block *nb,
 	struct net_device *ndev = netdev_notifier_info_to_dev(ptr);
 	struct vstellar_dev *dev = container_of(nb, struct vstellar_dev, nb);
 
-	if (!net_eq(dev_net(ndev), &init_net))
+	/* unregistering the notifier replays NETDEV_UNREGISTER: ignore it */
+	if (READ_ONCE(dev->removing) || !net_eq(dev_net(ndev), &init_net))
 		return NOTIFY_DONE;
 	switch (event) {
 	case NETDEV_REGISTER:
@@ -537,6 +547,7 @@ static int vstellar_probe(struct virtio_device *vdev)
 	mutex_init(&dev->netdev_lock);
 	INIT_WORK(&dev->event_work, vstellar_event_work);
 	INIT_WORK(&dev->config_work, vstellar_config_work);
+	INIT_WORK(&dev->rescan_work, vstellar_rescan_work);
 
 	virtio_cread_bytes(vdev, 0, &dev->cfg, sizeof(dev->cfg));
 	abi = le32_to_cpu(dev->cfg.abi_version);
@@ -615,6 +626,7 @@ static int vstellar_probe(struct virtio_device *vdev)
 
 err_unregister:
 	dev->registered = false;
+	cancel_work_sync(&dev->rescan_work);
 	ib_unregister_device(&dev->ibdev);
 err_netdev:
 	vstellar_bind_netdev(dev, NULL);
@@ -637,7 +649,9 @@ static void vstellar_remove(struct virtio_device *vdev)
 {
 	struct vstellar_dev *dev = vdev->priv;
 
+	WRITE_ONCE(dev->removing, true);
 	unregister_netdevice_notifier(&dev->nb);
+	cancel_work_sync(&dev->rescan_work);
 	/* destroys what users still hold, through the device if it lives */
 	ib_unregister_device(&dev->ibdev);
 	dev->registered = false;
