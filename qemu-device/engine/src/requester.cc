@@ -27,7 +27,10 @@ wire::Op data_op(WrOpcode op) {
 }  // namespace
 
 uint64_t Engine::rto(const Qp& qp, unsigned retries) const {
-  uint64_t base = std::max(cfg_.rto_ns, qp.srtt + 4 * qp.rttvar);
+  // At least the configured RTO (Stellar: 250 us). Above it, srtt plus
+  // headroom: a smooth RTT has a tiny rttvar, and srtt + 4*rttvar alone
+  // fires on every small queue build-up; srtt/2 of slack absorbs that.
+  uint64_t base = std::max(cfg_.rto_ns, qp.srtt + std::max(4 * qp.rttvar, qp.srtt / 2));
   uint64_t r = base << std::min(retries, 16u);  // exponential backoff per packet
   return std::min(r, cfg_.rto_max_ns);
 }

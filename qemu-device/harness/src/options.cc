@@ -87,7 +87,13 @@ JSON
     latency {median_us, p99_us, avg_us, samples} (lat mode),
     engine {tx_pkts, rx_pkts, retx_pkts, timeouts, acks_sent, naks_sent, ...,
     paths [[tx_pkts, tx_bytes, retx_pkts, timeouts, rx_pkts], ...]},
-    link {tx, rx, tx_err, rx_nobufs, submits, waits}, emu_dropped.
+    link {tx, rx, tx_err, rx_nobufs, submits, waits}, emu_dropped,
+    cpu_s and wall_s (CPU seconds the process used over the run: the engine
+    is one thread, so cpu_s/wall_s is its share of one core).
+
+EXIT STATUS
+    0 success; 1 setup failure (ports, control connection, handshake);
+    2 bad command line; 3 some work request completed with an error.
 
 EXAMPLES
     vstellar-harness --op write --size 64K --duration 2
