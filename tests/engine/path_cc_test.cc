@@ -100,6 +100,23 @@ TEST(Cc, BottleneckWithEcnStillDeliversAndMarksShrinkWindow) {
   EXPECT_LT(t.a.qp->cc.cwnd(), uint64_t(4) << 20);
 }
 
+TEST(Cc, QueueAtABottleneckCausesNoSpuriousResends) {
+  // The window builds a queue of a few hundred microseconds at a 25 Gb/s
+  // bottleneck; the RTO must track it instead of firing on packets that are
+  // only queued.
+  PairOptions o;
+  o.buf_size = 4 << 20;
+  Pair t(o);
+  t.net.impairment.bandwidth_bps = 25'000'000'000ull;
+  t.net.impairment.jitter_ns = 2'000;
+  for (int i = 0; i < 16; i++) ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, 0, 4 << 20, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 16);
+  ASSERT_EQ(wc.size(), 16u);
+  EXPECT_EQ(t.a.eng->stats().retx_pkts, 0u);
+  EXPECT_EQ(t.b.eng->stats().dup_pkts, 0u);
+  EXPECT_GT(t.a.qp->srtt, 100'000u);  // a real queue did build up
+}
+
 TEST(Engine, IdleEngineHasNoDeadline) {
   PairOptions o;
   o.cfg.rto_ns = 300'000;
