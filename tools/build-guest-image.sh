@@ -49,11 +49,13 @@ key=$(key_of "$kdeb" "$pdeb" "$host_versions" "${root_modules[*]}" "$stage" \
 	"$VSTELLAR_TOP/tools/guest" "$0" "${extras[@]}")
 out=$VSTELLAR_CACHE/guest-$key
 if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$out"
 	exit 0
 fi
 lock_entry "$out"
 if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$out"
 	exit 0
 fi
@@ -161,5 +163,6 @@ ldconfig -r "$root"
 (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) > "$out/initrd.cpio"
 rm -rf "$kx"
 touch "$out/.complete"
+prune_cache guest
 log "guest image built in $((SECONDS - start)) s: $(du -h "$out/initrd.cpio" | cut -f1) initramfs"
 echo "$out"

@@ -24,11 +24,13 @@ out=$VSTELLAR_CACHE/qemu-$key
 bin=$out/build/qemu-system-x86_64
 
 if [[ -x $bin && -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$bin"
 	exit 0
 fi
 lock_entry "$out"
 if [[ -x $bin && -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$bin"
 	exit 0
 fi
@@ -69,5 +71,6 @@ make -C "$out/build/pc-bios/optionrom" > "$out/build/optionrom.log" 2>&1 &&
 	[[ -f $out/build/pc-bios/optionrom/linuxboot_dma.bin ]] ||
 	die "QEMU option ROMs failed to build; see $out/build/optionrom.log"
 touch "$out/.complete"
+prune_cache qemu
 log "QEMU built in $((SECONDS - start)) s: $bin"
 echo "$bin"

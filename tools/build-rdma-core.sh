@@ -25,11 +25,13 @@ key=$(key_of "$RDMA_CORE_SRC_VERSION" "${cmake_flags[*]}" "$provider" "$0")
 out=$VSTELLAR_CACHE/rdma-core-$key
 
 if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$out/stage"
 	exit 0
 fi
 lock_entry "$out"
 if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
 	echo "$out/stage"
 	exit 0
 fi
@@ -59,5 +61,6 @@ ninja -C "$out/build" > "$out/build.log" 2>&1 ||
 DESTDIR=$out/stage ninja -C "$out/build" install > "$out/install.log" 2>&1 ||
 	die "rdma-core install failed; see $out/install.log"
 touch "$out/.complete"
+prune_cache rdma-core
 log "rdma-core $upstream built in $((SECONDS - start)) s"
 echo "$out/stage"

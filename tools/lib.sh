@@ -53,3 +53,20 @@ lock_entry() {
 	exec 9> "$1.lock"
 	flock 9
 }
+
+# prune_cache KIND: keep the VSTELLAR_CACHE_KEEP (default 3) most recently
+# used KIND-<key> entries and remove the others, so that changing inputs do
+# not fill the disk (a QEMU entry is about 500 MB). Use is recorded by
+# touching the entry's .complete; an entry being built (locked) is kept.
+prune_cache() {
+	local kind=$1 keep=${VSTELLAR_CACHE_KEEP:-3} dir n=0
+	while read -r dir; do
+		n=$((n + 1))
+		((n <= keep)) && continue
+		(
+			flock -n 9 || exit 0
+			log "pruning old cache entry $dir"
+			rm -rf "$dir" "$dir.lock"
+		) 9> "$dir.lock"
+	done < <(ls -1dt "$VSTELLAR_CACHE/$kind"-*/.complete 2>/dev/null | sed 's|/\.complete$||')
+}
