@@ -84,6 +84,7 @@ OUTPUT
 
 JSON
     goodput_gbps, msg_rate_mps, bytes, messages, intervals[{t_ms, gbps}],
+    posted and completed (WRs; equal when nothing was left behind),
     latency {median_us, p99_us, avg_us, samples} (lat mode),
     engine {tx_pkts, rx_pkts, retx_pkts, timeouts, acks_sent, naks_sent, ...,
     paths [[tx_pkts, tx_bytes, retx_pkts, timeouts, rx_pkts], ...]},
