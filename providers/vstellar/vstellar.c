@@ -642,9 +642,30 @@ static int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 static int vstellar_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 			      int attr_mask)
 {
+	struct vstellar_qp *qp = to_vqp(ibqp);
 	struct ibv_modify_qp cmd;
+	int ret;
 
-	return ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (ret)
+		return ret;
+	/*
+	 * RESET forgets every WQE: the device zeroes the QP's doorbell slot
+	 * and both sides restart at index 0 (docs/provider.md).
+	 */
+	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		pthread_spin_lock(&qp->sq.lock);
+		qp->sq.pi = 0;
+		atomic_store_explicit((_Atomic(uint32_t) *)&qp->sq.ci, 0,
+				      memory_order_relaxed);
+		pthread_spin_unlock(&qp->sq.lock);
+		pthread_spin_lock(&qp->rq.lock);
+		qp->rq.pi = 0;
+		atomic_store_explicit((_Atomic(uint32_t) *)&qp->rq.ci, 0,
+				      memory_order_relaxed);
+		pthread_spin_unlock(&qp->rq.lock);
+	}
+	return 0;
 }
 
 static int vstellar_destroy_qp(struct ibv_qp *ibqp)
