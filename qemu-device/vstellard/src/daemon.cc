@@ -92,6 +92,7 @@ bool Daemon::Start(std::string* err) {
   shared_.atc = atc_.get();
   shared_.pin = o_.pin;
   shared_.translation = o_.translation;
+  shared_.poll_ns = o_.poll_us * 1000;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
 
   sockaddr_un addr{};
@@ -135,16 +136,23 @@ void Daemon::RequestStats() {
 
 void Daemon::Run() {
   epoll_event evs[64];
+  bool engine_more = false;
   for (;;) {
     // The engine needs attention only while some device has QPs (the data
-    // path); then the loop wakes at least every millisecond for it.
-    bool busy = false;
+    // path); then the loop wakes at least every millisecond for it. A
+    // device that polls its doorbells (kicked, or work less than poll_ns
+    // ago) and an engine with work left keep the loop from sleeping; an
+    // idle device has set need_kick and waits for its kick eventfd.
+    bool busy = false, polling = false;
     {
       std::lock_guard<std::mutex> g(mu_);
-      for (auto& [id, c] : conns_)
+      for (auto& [id, c] : conns_) {
         if (c.dev->HasQps()) busy = true;
+        if (c.dev->Polling()) polling = true;
+      }
     }
     int timeout = (busy && udp_) ? 1 : -1;
+    if (polling || (busy && udp_ && engine_more)) timeout = 0;
     int n = epoll_wait(epfd_, evs, 64, timeout);
     if (n < 0 && errno != EINTR) {
       Log("epoll_wait: %s", std::strerror(errno));
@@ -174,20 +182,23 @@ void Daemon::Run() {
       if (q == 0xffff) OnSocket(id);
       else it->second.dev->OnKick(q);
     }
-    if (busy && udp_) PumpEngine();
+    for (auto& [id, c] : conns_) c.dev->PollDataPath();
+    engine_more = false;
+    if (busy && udp_) engine_more = PumpEngine();
   }
 }
 
-void Daemon::PumpEngine() {
+bool Daemon::PumpEngine() {
   Sink sink(*engine_);
   udp_->poll(0, sink);
-  engine_->progress();
+  const bool more = engine_->progress();
   for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
     for (auto& [id, c] : conns_) {
       const bool mine = e.type == vstellar::AsyncEventType::CQ_ERR ? false : c.dev->OwnsQp(e.qpn_or_cqn);
       if (mine) c.dev->OnEngineEvent(e);
     }
   }
+  return more;
 }
 
 void Daemon::Accept() {

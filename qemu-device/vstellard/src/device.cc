@@ -120,6 +120,7 @@ Outcome Device::OnMessage(Message&& m) {
     case Request::kSetMemTable: {
       std::string err;
       if (!pvdma_.Attach(session_.regions(), &err)) out.error = err;
+      for (auto& [h, u] : uctx_) u.page = nullptr;  // the doorbell region may have moved
       break;
     }
     case Request::kSetVringKick:
@@ -161,7 +162,14 @@ void Device::OnKick(uint32_t q) {
   if (q == VSTELLAR_VQ_CONTROL) ProcessControl();
   else if (q == VSTELLAR_VQ_EVENT) FlushEvents();
   else if (q >= VSTELLAR_VQ_CQN0) FlushCqNotifies();
-  // VSTELLAR_VQ_KICK: doorbell wake-up; the data path is not served yet.
+  else if (q == VSTELLAR_VQ_KICK) {
+    // Doorbell wake-up: poll until idle again (datapath.cc).
+    db_kicks_++;
+    SetNeedKick(0);
+    polling_ = true;
+    last_work_ns_ = NowNs();
+    PollDataPath();
+  }
 }
 
 bool Device::RingOf(uint32_t q, Ring* r) {
@@ -516,6 +524,7 @@ void Device::ResetState() {
   events_.clear();
   for (auto& d : cq_notifies_) d.clear();
   fatal_ = false;
+  polling_ = false;
   auto& c = session_.mutable_device().config;
   c.device_status = htole32(le32toh(c.device_status) & ~VSTELLAR_DEV_S_FATAL);
 }
@@ -554,6 +563,13 @@ DeviceStats Device::stats() const {
   s.cqs = uint32_t(cqs_.size());
   s.qps = uint32_t(qps_.size());
   s.mrs = uint32_t(mrs_.size());
+  s.wqes = wqes_;
+  s.bad_wqes = bad_wqes_;
+  s.cqes = cqes_;
+  s.cq_overflows = cq_overflows_;
+  s.db_kicks = db_kicks_;
+  s.idle_entries = idle_entries_;
+  s.polling = polling_;
   return s;
 }
 
@@ -677,6 +693,13 @@ uint16_t Device::CmdAllocUctx(uint32_t uctx, std::vector<uint8_t>* resp) {
   u.db_page = page;
   u.slots.assign(VSTELLAR_DB_SLOTS_PER_PAGE, false);
   uctx_[handle] = std::move(u);
+  // A fresh page: every slot zero, and need_kick set (the device is idle
+  // for this context until its first kick).
+  if (uint8_t* p = DbPage(handle)) {
+    std::memset(p, 0, VSTELLAR_DB_PAGE_SIZE);
+    std::atomic_thread_fence(std::memory_order_release);
+    __atomic_store_n(reinterpret_cast<uint32_t*>(p), htole32(1u), __ATOMIC_SEQ_CST);
+  }
   vstellar_resp_alloc_ucontext r{htole32(handle), htole32(page)};
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
@@ -745,15 +768,11 @@ uint16_t Device::CmdCreateCq(uint32_t uctx, const uint8_t* b, uint32_t len, std:
   o.page_shift = shift;
   o.ring_offset = ring_off;
   const uint32_t h = next_handle_++;
-  o.cq->on_completion = [this, h](vstellar::Cq&) {
-    auto it = cqs_.find(h);
-    if (it == cqs_.end() || !it->second.armed) return;
-    it->second.armed = false;
-    vstellar_cq_notify nt{htole32(h), htole32(it->second.owner)};
-    cq_notifies_[it->second.cq_queue].push_back(nt);
-    FlushCqNotifies();
-  };
+  // Completions go straight into the guest's CQE ring (datapath.cc), which
+  // also raises the CQ notification of an armed CQ.
+  o.cq->on_completion = [this, h](vstellar::Cq&) { DrainCq(h); };
   cqs_[h] = std::move(o);
+  ResetDbSlot(uctx, cqs_[h].slot);
   vstellar_resp_create_cq r{htole32(h), htole32(cqs_[h].slot)};
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
@@ -839,6 +858,22 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
   o.pdn = pd->first;
   o.send_cqn = scq->first;
   o.recv_cqn = rcq->first;
+  o.sq.pages = o.sq_pages;
+  o.sq.shift = o.rq.shift = shift;
+  o.sq.offset = soff;
+  o.sq.log_n = cmd.sq_log_wqe;
+  o.sq.log_stride = cmd.sq_log_stride;
+  o.rq.pages = o.rq_pages;
+  o.rq.offset = roff;
+  o.rq.log_n = cmd.rq_log_wqe;
+  o.rq.log_stride = cmd.rq_log_stride;
+  o.sq_wrid.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o.sq_op.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o.rq_wrid.assign(size_t{1} << cmd.rq_log_wqe, 0);
+  o.max_send_sge = ssge;
+  o.max_recv_sge = rsge;
+  o.max_inline = inl;
+  ResetDbSlot(uctx, o.slot);
   const uint32_t qpn = o.qp->qpn();
   vstellar_resp_create_qp r{};
   r.qpn = htole32(qpn);
@@ -912,6 +947,7 @@ uint16_t Device::CmdModifyQp(uint32_t uctx, const uint8_t* b) {
   // Our attr_mask bits are the IB (and engine) numbering. The engine checks
   // which attributes each transition requires and allows.
   if (sh_.engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
+  OnQpModified(it->second, next);
   return VSTELLAR_STATUS_OK;
 }
 

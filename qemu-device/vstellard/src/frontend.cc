@@ -29,6 +29,7 @@ Frontend::~Frontend() {
     if (q.call >= 0) close(q.call);
   }
   if (mem_) munmap(mem_, o_.mem_size);
+  if (db_) munmap(db_, 1 << 16);
   if (ram_fd_ >= 0) close(ram_fd_);
   if (db_fd_ >= 0) close(db_fd_);
 }
@@ -108,6 +109,13 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
       *err = "doorbell memfd";
       return false;
     }
+    // What the guest process sees after mmap of its doorbell page.
+    void* d = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED, db_fd_, 0);
+    if (d == MAP_FAILED) {
+      *err = std::string("doorbell mmap: ") + std::strerror(errno);
+      return false;
+    }
+    db_ = static_cast<uint8_t*>(d);
     db_gpa_ = o_.mem_size <= 0xfe000000ull ? 0xfe000000ull : (o_.mem_size + (1ull << 30) - 1) & ~((1ull << 30) - 1);
   }
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -288,6 +296,10 @@ std::vector<vstellar_event> Frontend::Events(int timeout_ms) {
     vstellar_event e;
     std::memcpy(&e, mem_ + kEventGpa + 16ull * i, sizeof(e));
     v.push_back(e);
+    // Give the queue a buffer back (at the slot its next head maps to).
+    const Queue& s = qs_.at(VSTELLAR_VQ_EVENT);
+    const uint32_t next = ((uint32_t(s.avail) * 4) % s.num) / 4;
+    Post(VSTELLAR_VQ_EVENT, {{kEventGpa + 16ull * next, 16, true}});
     timeout_ms = 0;
   }
   return v;

@@ -38,6 +38,8 @@ int Usage(const char* argv0, int rc) {
                "  --port N               engine UDP base port (default 0: no network)\n"
                "  --peer-port N          peers' UDP base port (default: --port)\n"
                "  --paths N              UDP paths per connection, 1..256 (default 128)\n"
+               "  --poll-us N            data path: poll doorbells this long after the last\n"
+               "                         work, then set need_kick and sleep (default 50)\n"
                "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
                "                         (default: SIGUSR1 prints them to stderr)\n",
                argv0);
@@ -55,7 +57,7 @@ bool Num(const char* s, unsigned long long max, unsigned long long* out) {
 
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
-  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats };
+  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
                                 {"peer-port", required_argument, nullptr, kPeerPort},
                                 {"paths", required_argument, nullptr, kPaths},
                                 {"stats-json", required_argument, nullptr, kStats},
+                                {"poll-us", required_argument, nullptr, kPollUs},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
   unsigned long long v;
@@ -109,6 +112,10 @@ int main(int argc, char** argv) {
         o.paths = uint16_t(v);
         break;
       case kStats: o.stats_json = optarg; break;
+      case kPollUs:
+        if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);
+        o.poll_us = v;
+        break;
       case 'h': return Usage(argv[0], 0);
       default: return Usage(argv[0], 2);
     }

@@ -32,6 +32,7 @@ struct DaemonOptions {
   uint16_t udp_port = 0;       // engine base port; 0 = no network
   uint16_t peer_port = 0;      // peers' base port; 0 = same as udp_port
   uint16_t paths = 128;
+  uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
   std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
 };
 
@@ -53,6 +54,10 @@ class Daemon {
   AtcStats atc_stats();
   // Test hook (see DeviceShared::after_copy); set before clients connect.
   void SetAfterCopyHook(std::function<void(unsigned)> f) { shared_.after_copy = std::move(f); }
+  // Test hook (see DeviceShared::after_wqe_copy); set before clients connect.
+  void SetAfterWqeCopyHook(std::function<void(unsigned, uint32_t, bool, uint32_t)> f) {
+    shared_.after_wqe_copy = std::move(f);
+  }
   const DaemonOptions& options() const { return o_; }
 
  private:
@@ -62,7 +67,7 @@ class Daemon {
   void OnSocket(unsigned id);
   void SyncKicks(unsigned id);
   void Close(unsigned id, const std::string& why);
-  void PumpEngine();
+  bool PumpEngine();  // true: the engine has work left
   void WriteStats();
   std::string StatsJsonLocked();
 

@@ -40,6 +40,12 @@ struct DeviceShared {
   // Test hook: called after a command was copied out of guest memory and
   // before it is validated (tests change guest memory here: double fetch).
   std::function<void(unsigned device)> after_copy;
+  // Test hook: called after a WQE was copied out of a guest SQ/RQ ring and
+  // before it is validated (tests rewrite the WQE here: double fetch).
+  std::function<void(unsigned device, uint32_t qpn, bool send, uint32_t index)> after_wqe_copy;
+  // Data path: how long a device keeps polling its doorbells after the last
+  // work before it sets need_kick and sleeps.
+  uint64_t poll_ns = 50'000;
 };
 
 struct DeviceStats {
@@ -50,6 +56,14 @@ struct DeviceStats {
   uint64_t events = 0, events_dropped = 0, cq_notifies = 0;
   bool fatal = false;
   uint32_t ucontexts = 0, pds = 0, cqs = 0, qps = 0, mrs = 0;
+  // Data path
+  uint64_t wqes = 0;        // SQ and RQ WQEs fetched from guest rings
+  uint64_t bad_wqes = 0;    // WQEs that failed validation (QP moved to ERR)
+  uint64_t cqes = 0;        // CQEs written into guest CQ rings
+  uint64_t cq_overflows = 0;
+  uint64_t db_kicks = 0;    // kick-queue wake-ups
+  uint64_t idle_entries = 0;  // times the data path set need_kick and slept
+  bool polling = false;
 };
 
 class Device {
@@ -71,6 +85,12 @@ class Device {
   bool OwnsQp(uint32_t qpn) const { return qps_.count(qpn) != 0; }
   bool OwnsEngineCq(const vstellar::Cq* cq) const;
   bool HasQps() const { return !qps_.empty(); }
+  // Data path: whether this device polls its doorbell pages now (it was
+  // kicked or found work less than poll_ns ago). The daemon calls
+  // PollDataPath() on every loop turn while this is true and sleeps in
+  // epoll otherwise.
+  bool Polling() const { return polling_; }
+  void PollDataPath();
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info);
 
@@ -136,10 +156,35 @@ class Device {
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);
   void DestroyQp(uint32_t qpn);
+
+  // Data path (datapath.cc).
+  struct RingGeom {
+    std::vector<uint64_t> pages;
+    uint32_t shift = 12;
+    uint64_t offset = 0;
+    uint32_t log_n = 0, log_stride = 0;
+  };
+  struct QpObj;
+  bool RingRead(const RingGeom& g, uint32_t idx, void* dst);
+  uint8_t* DbPage(uint32_t uctx);
+  void ResetDbSlot(uint32_t uctx, uint32_t slot);
+  void SetNeedKick(uint32_t v);
+  bool ScanDoorbells();
+  bool ServiceSq(QpObj& q, uint8_t* slot);
+  bool ServiceRq(QpObj& q, uint8_t* slot);
+  uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
+  uint8_t CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges);
+  void QpToErr(QpObj& q, uint16_t event, uint32_t info);
+  void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status);
+  void DrainCq(uint32_t cqh);
+  void WriteCqe(uint32_t cqh, vstellar_cqe& cqe);
+  void OnQpModified(QpObj& q, uint8_t next);
+  uint64_t NowNs() const;
   void DestroyAllOf(uint32_t uctx);
 
   struct UContext {
     uint32_t db_page = 0;
+    uint8_t* page = nullptr;  // host pointer to its doorbell page (cached)
     std::vector<bool> slots;  // VSTELLAR_DB_SLOTS_PER_PAGE
   };
   struct PdObj {
@@ -154,12 +199,26 @@ class Device {
     uint64_t ring_offset;
     std::vector<uint64_t> pages;
     bool armed = false;
+    // Data path: CQEs written (free-running), arm value last consumed,
+    // overflow latched (CQ_ERR sent, no more CQEs).
+    uint32_t pi = 0, last_arm = 0;
+    bool overflow = false;
   };
   struct QpObj {
     uint32_t owner;
     vstellar::Qp* qp;
     uint32_t pdn, send_cqn, recv_cqn, slot;
     std::vector<uint64_t> sq_pages, rq_pages;
+    // Data path: ring geometry, WQEs fetched (free-running), the guest
+    // wr_id of each slot (the engine's wr_id is the WQE index), the send
+    // opcode of each SQ slot, limits granted at create.
+    RingGeom sq, rq;
+    uint32_t sq_ci = 0, rq_ci = 0;
+    std::vector<uint64_t> sq_wrid, rq_wrid;
+    std::vector<uint8_t> sq_op;
+    uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
+    bool broken = false;   // doorbell record corrupt: not read until RESET
+    bool blocked = false;  // the engine's queue was full: rescan after a completion
   };
   struct MrObj {
     uint32_t owner;
@@ -188,6 +247,9 @@ class Device {
   std::deque<vstellar_cq_notify> cq_notifies_[VSTELLAR_MAX_CQ_QUEUES];
   uint64_t commands_ = 0, commands_failed_ = 0, events_n_ = 0, events_dropped_ = 0, cq_notify_n_ = 0;
   uint16_t last_status_ = 0;
+  bool polling_ = false;
+  uint64_t last_work_ns_ = 0;
+  uint64_t wqes_ = 0, bad_wqes_ = 0, cqes_ = 0, cq_overflows_ = 0, db_kicks_ = 0, idle_entries_ = 0;
 };
 
 }  // namespace vstellard

@@ -69,6 +69,10 @@ class Frontend {
   uint8_t* mem() { return mem_; }
   uint64_t mem_size() const { return o_.mem_size; }
   uint64_t doorbell_gpa() const { return db_gpa_; }
+  // The doorbell region (64 KiB = 16 pages) as the guest maps it; page i of
+  // it is user context i's doorbell page.
+  uint8_t* doorbell() { return db_; }
+  uint8_t* doorbell_page(uint32_t i) { return db_ ? db_ + uint64_t(i) * VSTELLAR_DB_PAGE_SIZE : nullptr; }
 
   // A control command: header + body (+ pages) at kReqGpa, response buffer
   // of 16 + resp_len bytes at kRespGpa. Waits for the device.
@@ -99,6 +103,7 @@ class Frontend {
   FrontendOptions o_;
   int sock_ = -1, ram_fd_ = -1, db_fd_ = -1;
   uint8_t* mem_ = nullptr;
+  uint8_t* db_ = nullptr;
   uint64_t db_gpa_ = 0;
   uint64_t features_ = 0;
   std::vector<Queue> qs_;

@@ -1,0 +1,484 @@
+// vstellard's data path: doorbell records, SQ/RQ rings, CQE rings.
+// See docs/vstellard.md ("Data path") and docs/virtio-vstellar.md.
+//
+// Rules (design.md, "Data path rules"): a WQE is copied out of guest memory
+// before anything in it is looked at; every index, count, key, length and
+// address is checked against the QP's limits, the ring and the MR; a bad WQE
+// completes with an error and moves its QP to ERR, nothing else. Doorbell
+// records are read with single atomic loads; the device polls them only
+// while it is active and sets need_kick before it sleeps.
+#include <endian.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "vstellard/device.h"
+
+namespace vstellard {
+
+namespace {
+
+using vstellar::WcStatus;
+using vstellar::WrOpcode;
+
+constexpr uint32_t kMaxStride = 1u << 12;
+
+uint32_t LoadLe32(const uint8_t* p) {
+  return le32toh(__atomic_load_n(reinterpret_cast<const uint32_t*>(p), __ATOMIC_ACQUIRE));
+}
+void StoreLe32(uint8_t* p, uint32_t v) {
+  __atomic_store_n(reinterpret_cast<uint32_t*>(p), htole32(v), __ATOMIC_RELEASE);
+}
+
+uint8_t WcOpOfSend(uint8_t op) {
+  switch (op) {
+    case VSTELLAR_WR_RDMA_WRITE:
+    case VSTELLAR_WR_RDMA_WRITE_IMM: return VSTELLAR_WC_RDMA_WRITE;
+    case VSTELLAR_WR_RDMA_READ: return VSTELLAR_WC_RDMA_READ;
+    case VSTELLAR_WR_ATOMIC_CMP_SWP: return VSTELLAR_WC_COMP_SWAP;
+    case VSTELLAR_WR_ATOMIC_FETCH_ADD: return VSTELLAR_WC_FETCH_ADD;
+    default: return VSTELLAR_WC_SEND;
+  }
+}
+
+constexpr uint8_t St(WcStatus s) { return uint8_t(s); }
+
+}  // namespace
+
+uint64_t Device::NowNs() const {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+// Copies WQE slot `idx` (one stride) out of a ring that may cross pages.
+bool Device::RingRead(const RingGeom& g, uint32_t idx, void* dst) {
+  const uint64_t ps = uint64_t{1} << g.shift;
+  const uint64_t stride = uint64_t{1} << g.log_stride;
+  uint64_t off = g.offset + (uint64_t(idx & ((1u << g.log_n) - 1)) << g.log_stride);
+  auto* d = static_cast<uint8_t*>(dst);
+  uint64_t left = stride;
+  while (left) {
+    const uint64_t pi = off >> g.shift, in = off & (ps - 1);
+    if (pi >= g.pages.size()) return false;
+    const uint64_t n = std::min(left, ps - in);
+    if (!pvdma_.Read(g.pages[pi] + in, d, n)) return false;
+    d += n;
+    off += n;
+    left -= n;
+  }
+  return true;
+}
+
+uint8_t* Device::DbPage(uint32_t uctx) {
+  auto it = uctx_.find(uctx);
+  if (it == uctx_.end()) return nullptr;
+  UContext& u = it->second;
+  if (u.page) return u.page;
+  for (const MemRegion& r : session_.regions()) {
+    if (!r.doorbell) continue;
+    const uint64_t off = uint64_t(u.db_page) * VSTELLAR_DB_PAGE_SIZE;
+    if (off + VSTELLAR_DB_PAGE_SIZE > r.size) return nullptr;
+    uint64_t contig = 0;
+    uint8_t* p = pvdma_.Map(r.gpa + off, &contig);
+    if (!p || contig < VSTELLAR_DB_PAGE_SIZE) return nullptr;
+    u.page = p;
+    return p;
+  }
+  return nullptr;
+}
+
+void Device::ResetDbSlot(uint32_t uctx, uint32_t slot) {
+  if (uctx == 0 || slot < VSTELLAR_DB_FIRST_SLOT || slot >= VSTELLAR_DB_SLOTS_PER_PAGE) return;
+  if (uint8_t* p = DbPage(uctx)) {
+    StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot, 0);
+    StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot + 4, 0);
+  }
+}
+
+void Device::SetNeedKick(uint32_t v) {
+  for (auto& [h, u] : uctx_)
+    if (uint8_t* p = DbPage(h)) StoreLe32(p + offsetof(vstellar_db_page_hdr, need_kick), v);
+}
+
+// One pass over every user QP's doorbell record. True if anything was done.
+bool Device::ScanDoorbells() {
+  if (fatal_) return false;
+  bool work = false;
+  for (auto& [qpn, q] : qps_) {
+    if (q.owner == 0 || q.broken) continue;
+    uint8_t* page = DbPage(q.owner);
+    if (!page) continue;
+    uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
+    work |= ServiceRq(q, slot);
+    work |= ServiceSq(q, slot);
+  }
+  return work;
+}
+
+void Device::PollDataPath() {
+  if (!polling_) return;
+  const uint64_t now = NowNs();
+  if (ScanDoorbells()) {
+    last_work_ns_ = now;
+    return;
+  }
+  if (now - last_work_ns_ < sh_.poll_ns) return;
+  // Going idle: ask for kicks, then look once more (a provider may have
+  // stored its index just before it read need_kick == 0).
+  SetNeedKick(1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (ScanDoorbells()) {
+    SetNeedKick(0);
+    last_work_ns_ = now;
+    return;
+  }
+  polling_ = false;
+  idle_entries_++;
+}
+
+void Device::QpToErr(QpObj& q, uint16_t event, uint32_t info) {
+  if (q.qp->state() != vstellar::QpState::ERR) {
+    vstellar::QpAttr a;
+    a.qp_state = vstellar::QpState::ERR;
+    sh_.engine->modify_qp(q.qp, a, vstellar::QP_STATE);  // flushes what the engine holds, in order
+  }
+  PostEvent(event, q.qp->qpn(), q.owner, info);
+}
+
+// A CQE the device writes itself (bad WQE, flush in ERR): the engine holds
+// nothing older for this queue (ERR flushed it), so order is kept.
+void Device::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status) {
+  vstellar_cqe c{};
+  c.wr_id = htole64(wr_id);
+  c.qpn = htole32(q.qp->qpn());
+  c.wqe_idx = htole16(uint16_t(idx));
+  c.opcode = send ? WcOpOfSend(op) : uint8_t(VSTELLAR_WC_RECV);
+  c.status = status;
+  WriteCqe(send ? q.send_cqn : q.recv_cqn, c);
+}
+
+uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges) {
+  vstellar_send_wqe w;
+  std::memcpy(&w, buf, sizeof(w));
+  const uint8_t op = w.opcode;
+  if (op > VSTELLAR_WR_ATOMIC_FETCH_ADD) return St(WcStatus::LOC_QP_OP_ERR);
+  if (w.flags & ~(VSTELLAR_WQE_SIGNALED | VSTELLAR_WQE_SOLICITED | VSTELLAR_WQE_INLINE | VSTELLAR_WQE_FENCE))
+    return St(WcStatus::LOC_QP_OP_ERR);
+  const bool atomic = op == VSTELLAR_WR_ATOMIC_CMP_SWP || op == VSTELLAR_WR_ATOMIC_FETCH_ADD;
+  const bool read = op == VSTELLAR_WR_RDMA_READ;
+  const bool inl = w.flags & VSTELLAR_WQE_INLINE;
+  if (atomic && !(session_.acked_features() & (uint64_t{1} << VIRTIO_VSTELLAR_F_ATOMIC)))
+    return St(WcStatus::LOC_QP_OP_ERR);
+  *wr = vstellar::SendWr{};
+  wr->wr_id = 0;
+  wr->opcode = WrOpcode(op);
+  wr->send_flags = ((w.flags & VSTELLAR_WQE_SIGNALED) ? uint32_t(vstellar::SEND_SIGNALED) : 0u) |
+                   ((w.flags & VSTELLAR_WQE_SOLICITED) ? uint32_t(vstellar::SEND_SOLICITED) : 0u) |
+                   ((w.flags & VSTELLAR_WQE_FENCE) ? uint32_t(vstellar::SEND_FENCE) : 0u);
+  wr->imm_data = be32toh(w.imm_data);
+  uint64_t total = 0;
+  if (inl) {
+    const uint32_t il = le32toh(w.inline_len);
+    if (read || atomic) return St(WcStatus::LOC_QP_OP_ERR);
+    if (il > q.max_inline || sizeof(w) + uint64_t(il) > len) return St(WcStatus::LOC_LEN_ERR);
+    if (il && q.max_send_sge == 0) return St(WcStatus::LOC_LEN_ERR);
+    // The engine copies inline bytes from this host pointer at post time:
+    // our private copy of the slot, never guest memory.
+    sges[0].addr = reinterpret_cast<uintptr_t>(buf + sizeof(w));
+    sges[0].length = il;
+    sges[0].lkey = 0;
+    wr->sg_list = sges;
+    wr->num_sge = il ? 1 : 0;
+    wr->send_flags |= vstellar::SEND_INLINE;
+    total = il;
+  } else {
+    const uint32_t n = w.num_sge;
+    if (n > q.max_send_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
+    const uint32_t need = (read || atomic) ? uint32_t(vstellar::ACCESS_LOCAL_WRITE) : 0u;
+    for (uint32_t i = 0; i < n; i++) {
+      vstellar_sge s;
+      std::memcpy(&s, buf + sizeof(w) + 16 * i, sizeof(s));
+      sges[i].addr = le64toh(s.addr);
+      sges[i].length = le32toh(s.length);
+      sges[i].lkey = le32toh(s.lkey);
+      total += sges[i].length;
+      if (sges[i].length == 0) continue;
+      vstellar::Mr* mr = sh_.engine->find_mr(sges[i].lkey);
+      if (!mr || mr->pd() != q.qp->pd || !mr->allows(sges[i].addr, sges[i].length, need))
+        return St(WcStatus::LOC_PROT_ERR);
+    }
+    wr->sg_list = n ? sges : nullptr;
+    wr->num_sge = n;
+  }
+  if (total > le32toh(session_.device().config.max_msg_size)) return St(WcStatus::LOC_LEN_ERR);
+  if (op == VSTELLAR_WR_SEND || op == VSTELLAR_WR_SEND_IMM) return St(WcStatus::SUCCESS);
+  if (atomic) {
+    if (wr->num_sge != 1 || sges[0].length != 8) return St(WcStatus::LOC_LEN_ERR);
+    wr->remote_addr = le64toh(w.u.atomic.remote_addr);
+    wr->rkey = le32toh(w.u.atomic.rkey);
+    wr->compare_add = le64toh(w.u.atomic.compare_add);
+    wr->swap = le64toh(w.u.atomic.swap);
+    if (wr->remote_addr % 8) return St(WcStatus::LOC_QP_OP_ERR);
+    return St(WcStatus::SUCCESS);
+  }
+  wr->remote_addr = le64toh(w.u.rdma.remote_addr);
+  wr->rkey = le32toh(w.u.rdma.rkey);
+  if (wr->remote_addr + total < wr->remote_addr) return St(WcStatus::LOC_LEN_ERR);
+  return St(WcStatus::SUCCESS);
+}
+
+uint8_t Device::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges) {
+  vstellar_recv_wqe w;
+  std::memcpy(&w, buf, sizeof(w));
+  const uint32_t n = le32toh(w.num_sge);
+  if (n > q.max_recv_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    vstellar_sge s;
+    std::memcpy(&s, buf + sizeof(w) + 16 * i, sizeof(s));
+    sges[i].addr = le64toh(s.addr);
+    sges[i].length = le32toh(s.length);
+    sges[i].lkey = le32toh(s.lkey);
+    total += sges[i].length;
+    if (sges[i].length == 0) continue;
+    vstellar::Mr* mr = sh_.engine->find_mr(sges[i].lkey);
+    if (!mr || mr->pd() != q.qp->pd || !mr->allows(sges[i].addr, sges[i].length, vstellar::ACCESS_LOCAL_WRITE))
+      return St(WcStatus::LOC_PROT_ERR);
+  }
+  if (total > (uint64_t{1} << 32)) return St(WcStatus::LOC_LEN_ERR);
+  *wr = vstellar::RecvWr{};
+  wr->sg_list = n ? sges : nullptr;
+  wr->num_sge = n;
+  return St(WcStatus::SUCCESS);
+}
+
+bool Device::ServiceSq(QpObj& q, uint8_t* slot) {
+  if (q.broken) return false;
+  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, sq_pi));
+  const uint32_t size = 1u << q.sq.log_n;
+  const uint32_t pending = pi - q.sq_ci;
+  if (pending == 0) return false;
+  if (pending > size) {
+    // The provider claims more WQEs than the ring holds.
+    q.broken = true;
+    QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_FIELD);
+    return true;
+  }
+  using S = vstellar::QpState;
+  const S st0 = q.qp->state();
+  if (st0 == S::RESET || st0 == S::INIT || st0 == S::RTR) return false;  // served from RTS on
+  alignas(16) uint8_t buf[kMaxStride];
+  const uint32_t stride = 1u << q.sq.log_stride;
+  bool work = false;
+  while (q.sq_ci != pi && !q.broken) {
+    vstellar::Qp* e = q.qp;
+    if (e->sq_tail - e->sq_head >= e->sq.size()) {  // engine full: retried after completions
+      q.blocked = true;
+      break;
+    }
+    const uint32_t idx = q.sq_ci;
+    work = true;
+    wqes_++;
+    if (!RingRead(q.sq, idx, buf)) {
+      q.broken = true;
+      QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
+      break;
+    }
+    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), true, idx);
+    vstellar_send_wqe w;
+    std::memcpy(&w, buf, sizeof(w));
+    const uint64_t wr_id = le64toh(w.wr_id);
+    q.sq_wrid[idx & (size - 1)] = wr_id;
+    q.sq_op[idx & (size - 1)] = w.opcode;
+    q.sq_ci++;
+    if (e->state() == S::ERR) {
+      CompleteDirect(q, true, idx, wr_id, w.opcode, St(WcStatus::WR_FLUSH_ERR));
+      continue;
+    }
+    vstellar::SendWr wr;
+    vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
+    uint8_t status = CheckSendWqe(q, buf, stride, &wr, sges);
+    if (status == St(WcStatus::SUCCESS)) {
+      wr.wr_id = idx;
+      if (sh_.engine->post_send(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+    }
+    if (status != St(WcStatus::SUCCESS)) {
+      bad_wqes_++;
+      QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
+      CompleteDirect(q, true, idx, wr_id, w.opcode, status);
+    }
+  }
+  return work;
+}
+
+bool Device::ServiceRq(QpObj& q, uint8_t* slot) {
+  if (q.broken) return false;
+  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, rq_pi));
+  const uint32_t size = 1u << q.rq.log_n;
+  const uint32_t pending = pi - q.rq_ci;
+  if (pending == 0) return false;
+  if (pending > size) {
+    q.broken = true;
+    QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_FIELD);
+    return true;
+  }
+  using S = vstellar::QpState;
+  if (q.qp->state() == S::RESET) return false;
+  alignas(16) uint8_t buf[kMaxStride];
+  const uint32_t stride = 1u << q.rq.log_stride;
+  bool work = false;
+  while (q.rq_ci != pi && !q.broken) {
+    vstellar::Qp* e = q.qp;
+    if (e->rq_tail - e->rq_head >= e->rq.size()) {
+      q.blocked = true;
+      break;
+    }
+    const uint32_t idx = q.rq_ci;
+    work = true;
+    wqes_++;
+    if (!RingRead(q.rq, idx, buf)) {
+      q.broken = true;
+      QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
+      break;
+    }
+    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), false, idx);
+    vstellar_recv_wqe w;
+    std::memcpy(&w, buf, sizeof(w));
+    const uint64_t wr_id = le64toh(w.wr_id);
+    q.rq_wrid[idx & (size - 1)] = wr_id;
+    q.rq_ci++;
+    if (e->state() == S::ERR) {
+      CompleteDirect(q, false, idx, wr_id, 0, St(WcStatus::WR_FLUSH_ERR));
+      continue;
+    }
+    vstellar::RecvWr wr;
+    vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
+    uint8_t status = CheckRecvWqe(q, buf, stride, &wr, sges);
+    if (status == St(WcStatus::SUCCESS)) {
+      wr.wr_id = idx;
+      if (sh_.engine->post_recv(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+    }
+    if (status != St(WcStatus::SUCCESS)) {
+      bad_wqes_++;
+      QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
+      CompleteDirect(q, false, idx, wr_id, 0, status);
+    }
+  }
+  return work;
+}
+
+// Engine completions -> guest CQEs. The engine's wr_id is the WQE index.
+void Device::DrainCq(uint32_t cqh) {
+  auto it = cqs_.find(cqh);
+  if (it == cqs_.end()) return;
+  vstellar::Cq* ecq = it->second.cq;
+  vstellar::Wc wcs[32];
+  bool blocked = false;
+  for (int n; (n = ecq->poll(wcs, 32)) > 0;) {
+    for (int i = 0; i < n; i++) {
+      const vstellar::Wc& wc = wcs[i];
+      auto qit = qps_.find(wc.qp_num);
+      if (qit == qps_.end()) continue;  // QP destroyed meanwhile
+      QpObj& q = qit->second;
+      const bool recv = uint8_t(wc.opcode) & 0x80;
+      const uint32_t idx = uint32_t(wc.wr_id);
+      vstellar_cqe c{};
+      c.qpn = htole32(wc.qp_num);
+      c.byte_len = htole32(wc.byte_len);
+      c.wqe_idx = htole16(uint16_t(idx));
+      c.opcode = uint8_t(wc.opcode);
+      c.status = uint8_t(wc.status);
+      c.vendor_err = uint8_t(wc.vendor_err);
+      if (recv) {
+        if (q.recv_cqn != cqh || q.rq_wrid.empty()) continue;
+        c.wr_id = htole64(q.rq_wrid[idx & (q.rq_wrid.size() - 1)]);
+        c.src_qp = htole32(wc.src_qp);
+        if (wc.wc_flags & vstellar::WC_WITH_IMM) {
+          c.wc_flags |= VSTELLAR_CQE_WITH_IMM;
+          c.imm_data = htobe32(wc.imm_data);
+        }
+      } else {
+        if (q.send_cqn != cqh || q.sq_wrid.empty()) continue;
+        c.wr_id = htole64(q.sq_wrid[idx & (q.sq_wrid.size() - 1)]);
+      }
+      if (q.blocked) {
+        q.blocked = false;
+        blocked = true;
+      }
+      WriteCqe(cqh, c);
+    }
+  }
+  // Completions freed engine SQ room: WQEs waiting for it are picked up.
+  if (blocked) polling_ = true;
+}
+
+void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
+  auto it = cqs_.find(cqh);
+  if (it == cqs_.end()) return;
+  CqObj& cq = it->second;
+  if (cq.overflow) return;
+  const uint32_t entries = 1u << cq.log_cqe;
+  uint8_t* slot = nullptr;
+  if (cq.owner != 0) {
+    uint8_t* page = DbPage(cq.owner);
+    if (page) slot = page + VSTELLAR_DB_SLOT_SIZE * cq.slot;
+    const uint32_t ci = slot ? LoadLe32(slot + offsetof(vstellar_db_cq, ci)) : cq.pi;
+    if (cq.pi - ci >= entries) {
+      cq.overflow = true;
+      cq_overflows_++;
+      PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, 0);
+      return;
+    }
+  }
+  const uint64_t ps = uint64_t{1} << cq.page_shift;
+  const uint64_t off = cq.ring_offset + uint64_t(cq.pi & (entries - 1)) * sizeof(vstellar_cqe);
+  const uint64_t gpa = cq.pages[off >> cq.page_shift] + (off & (ps - 1));
+  c.owner = ((cq.pi >> cq.log_cqe) & 1) ? 0 : VSTELLAR_CQE_OWNER;
+  if (!pvdma_.Write(gpa, &c, offsetof(vstellar_cqe, owner))) {
+    cq.overflow = true;
+    PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, VSTELLAR_STATUS_BAD_ADDRESS);
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  pvdma_.Write(gpa + offsetof(vstellar_cqe, owner), &c.owner, 1);
+  cq.pi++;
+  cqes_++;
+  // Notification: a user CQ is armed while its slot's arm differs from the
+  // value last consumed; a kernel CQ through REQ_NOTIFY_CQ.
+  bool fire = false;
+  if (slot) {
+    const uint32_t arm = LoadLe32(slot + offsetof(vstellar_db_cq, arm));
+    if (arm != cq.last_arm) {
+      cq.last_arm = arm;
+      fire = true;
+    }
+  } else if (cq.owner == 0 && cq.armed) {
+    cq.armed = false;
+    fire = true;
+  }
+  if (fire) {
+    vstellar_cq_notify nt{htole32(cqh), htole32(cq.owner)};
+    cq_notifies_[cq.cq_queue].push_back(nt);
+    FlushCqNotifies();
+  }
+}
+
+void Device::OnQpModified(QpObj& q, uint8_t next) {
+  if (next == VSTELLAR_QPS_RESET) {
+    // RESET forgets every WQE: both sides restart at index 0.
+    q.sq_ci = q.rq_ci = 0;
+    q.broken = false;
+    ResetDbSlot(q.owner, q.slot);
+  }
+  // WQEs posted before RTS (SQ) or INIT (RQ) are picked up now.
+  if (q.owner != 0 && next != VSTELLAR_QPS_RESET) {
+    SetNeedKick(0);
+    polling_ = true;
+    last_work_ns_ = NowNs();
+  }
+}
+
+}  // namespace vstellard

@@ -1,0 +1,723 @@
+// vstellard's data path end to end, without QEMU: an in-process daemon with
+// a loopback UDP engine, two test frontends (two devices) playing QEMU, the
+// guest driver and the guest's provider library: WQEs written into SQ/RQ
+// rings in "guest memory", producer indices stored in the doorbell page,
+// kicks through the kick queue when need_kick says so, CQEs polled by their
+// owner bit. Hostile cases: bad opcode, SGE count, lkey, MR bounds, inline
+// size, a producer index beyond the ring, a WQE rewritten after the doorbell.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "vstellard/daemon.h"
+#include "vstellard/frontend.h"
+
+using namespace vstellard;
+
+namespace {
+
+constexpr uint32_t kInitMask = VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_PORT | VSTELLAR_QP_ACCESS_FLAGS;
+constexpr uint32_t kRtrMask = VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN |
+                              VSTELLAR_QP_RQ_PSN | VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER;
+constexpr uint32_t kRtsMask = VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT |
+                              VSTELLAR_QP_RNR_RETRY | VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC;
+
+constexpr uint64_t kCqGpa = 0x200000;     // CQ ring: 64 CQEs, one page
+constexpr uint64_t kRingGpa = 0x210000;   // QP k: SQ 2 pages + RQ 1 page at +0x4000 * k
+constexpr uint64_t kMrGpa = 0x400000;     // MR: iova == gpa, 128 KiB
+constexpr uint64_t kMrLen = 0x20000;
+constexpr uint32_t kLogCqe = 6, kSqLog = 6, kSqStride = 128, kRqLog = 6, kRqStride = 64;
+
+std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages) {
+  std::vector<uint8_t> v(n + 8 * pages.size());
+  std::memcpy(v.data(), body, n);
+  std::memcpy(v.data() + n, pages.data(), 8 * pages.size());
+  return v;
+}
+
+template <typename T>
+T As(const CmdResult& r) {
+  T v{};
+  EXPECT_EQ(r.body.size(), sizeof(T));
+  std::memcpy(&v, r.body.data(), std::min(sizeof(T), r.body.size()));
+  return v;
+}
+
+struct GQp {
+  uint32_t qpn = 0, slot = 0;
+  uint64_t ring = 0;
+  uint32_t sq_pi = 0, rq_pi = 0;
+};
+
+// One guest: a user context with a PD, a CQ, an MR and QPs, driven like the
+// kernel driver (control commands) and the provider (rings, doorbells).
+struct Guest {
+  Frontend& f;
+  uint32_t uctx = 0, page = 0, pd = 0, cq = 0, cq_slot = 0, cq_ci = 0, lkey = 0, rkey = 0;
+  uint32_t nqp = 0;
+
+  CmdResult Cmd(uint16_t op, const void* b, size_t n, uint32_t resp) {
+    CmdResult r = f.Command(op, uctx, b, n, resp);
+    EXPECT_TRUE(r.done);
+    return r;
+  }
+  void Setup() {
+    CmdResult r = f.Command(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, 8);
+    ASSERT_EQ(r.status(), 0);
+    auto u = As<vstellar_resp_alloc_ucontext>(r);
+    uctx = u.ucontext;
+    page = u.db_page;
+    r = Cmd(VSTELLAR_CMD_ALLOC_PD, nullptr, 0, 8);
+    ASSERT_EQ(r.status(), 0);
+    pd = As<vstellar_resp_alloc_pd>(r).pdn;
+    vstellar_cmd_create_cq c{};
+    c.log_cqe = kLogCqe;
+    c.page_shift = 12;
+    c.num_pages = 1;
+    std::memset(f.mem() + kCqGpa, 0, 4096);
+    auto body = WithPages(&c, sizeof(c), {kCqGpa});
+    r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
+    ASSERT_EQ(r.status(), 0);
+    cq = As<vstellar_resp_create_cq>(r).cqn;
+    cq_slot = As<vstellar_resp_create_cq>(r).db_slot;
+    vstellar_cmd_reg_mr m{};
+    m.pdn = pd;
+    m.access_flags = VSTELLAR_ACCESS_VALID;
+    m.iova = kMrGpa;
+    m.length = kMrLen;
+    m.page_shift = 12;
+    std::vector<uint64_t> pages;
+    for (uint64_t a = kMrGpa; a < kMrGpa + kMrLen; a += 4096) pages.push_back(a);
+    m.num_pages = uint32_t(pages.size());
+    body = WithPages(&m, sizeof(m), pages);
+    r = Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
+    ASSERT_EQ(r.status(), 0);
+    lkey = As<vstellar_resp_reg_mr>(r).lkey;
+    rkey = As<vstellar_resp_reg_mr>(r).rkey;
+  }
+  GQp CreateQp(uint32_t max_send_sge = 4) {
+    GQp q;
+    q.ring = kRingGpa + 0x4000ull * nqp++;
+    std::memset(f.mem() + q.ring, 0, 3 * 4096);
+    vstellar_cmd_create_qp c{};
+    c.pdn = pd;
+    c.send_cqn = c.recv_cqn = cq;
+    c.qp_type = VSTELLAR_QPT_RC;
+    c.sq_log_wqe = kSqLog;
+    c.sq_log_stride = 7;
+    c.rq_log_wqe = kRqLog;
+    c.rq_log_stride = 6;
+    c.page_shift = 12;
+    c.max_send_sge = max_send_sge;
+    c.max_recv_sge = 2;
+    c.max_inline_data = 64;
+    c.sq_pages = 2;
+    c.rq_pages = 1;
+    auto body = WithPages(&c, sizeof(c), {q.ring, q.ring + 4096, q.ring + 8192});
+    CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
+    EXPECT_EQ(r.status(), 0);
+    q.qpn = As<vstellar_resp_create_qp>(r).qpn;
+    q.slot = As<vstellar_resp_create_qp>(r).db_slot;
+    return q;
+  }
+  uint16_t Modify(uint32_t qpn, uint32_t mask, uint8_t state, uint32_t dest = 0) {
+    vstellar_cmd_modify_qp m{};
+    m.qpn = qpn;
+    m.attr.attr_mask = mask;
+    m.attr.qp_state = state;
+    m.attr.port = 1;
+    m.attr.path_mtu = 3;  // 1024: several packets per message
+    m.attr.timeout = 14;
+    m.attr.retry_cnt = 7;
+    m.attr.rnr_retry = 7;
+    m.attr.max_rd_atomic = 4;
+    m.attr.max_dest_rd_atomic = 4;
+    m.attr.access_flags = VSTELLAR_ACCESS_VALID;
+    m.attr.dest_qpn = dest;
+    m.attr.av.dgid[10] = m.attr.av.dgid[11] = 0xff;
+    m.attr.av.dgid[12] = 127;
+    m.attr.av.dgid[15] = 1;
+    return Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status();
+  }
+  void Connect(const GQp& q, uint32_t dest) {
+    ASSERT_EQ(Modify(q.qpn, kInitMask, VSTELLAR_QPS_INIT), 0);
+    ASSERT_EQ(Modify(q.qpn, kRtrMask, VSTELLAR_QPS_RTR, dest), 0);
+    ASSERT_EQ(Modify(q.qpn, kRtsMask, VSTELLAR_QPS_RTS), 0);
+  }
+  uint8_t QpState(uint32_t qpn) {
+    vstellar_cmd_handle h{qpn, 0};
+    CmdResult r = Cmd(VSTELLAR_CMD_QUERY_QP, &h, sizeof(h), sizeof(vstellar_resp_query_qp));
+    return r.status() ? 0xff : As<vstellar_resp_query_qp>(r).attr.qp_state;
+  }
+
+  uint8_t* db() { return f.doorbell_page(page); }
+  std::atomic_ref<uint32_t> DbWord(uint32_t off) { return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(db() + off)); }
+  uint32_t NeedKick() { return DbWord(0).load(); }
+  // The provider's doorbell: index store, store-load fence, kick if asked.
+  void Ring(uint32_t off, uint32_t value, bool kick = true) {
+    std::atomic_thread_fence(std::memory_order_release);
+    DbWord(off).store(htole32(value), std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (kick && NeedKick()) f.Kick(VSTELLAR_VQ_KICK);
+  }
+  uint8_t* SqSlot(const GQp& q, uint32_t idx) { return f.mem() + q.ring + (idx & ((1u << kSqLog) - 1)) * kSqStride; }
+  uint8_t* RqSlot(const GQp& q, uint32_t idx) { return f.mem() + q.ring + 8192 + (idx & ((1u << kRqLog) - 1)) * kRqStride; }
+
+  // Writes a send WQE (header + SGEs or inline bytes) at the next SQ slot.
+  void WriteSend(GQp& q, vstellar_send_wqe w, const std::vector<vstellar_sge>& sges, const std::vector<uint8_t>& inl = {}) {
+    uint8_t* s = SqSlot(q, q.sq_pi);
+    std::memset(s, 0, kSqStride);
+    if (!inl.empty()) {
+      w.flags |= VSTELLAR_WQE_INLINE;
+      w.inline_len = uint32_t(inl.size());
+      std::memcpy(s + sizeof(w), inl.data(), inl.size());
+    } else {
+      if (!w.num_sge) w.num_sge = uint8_t(sges.size());
+      std::memcpy(s + sizeof(w), sges.data(), 16 * std::min<size_t>(sges.size(), 4));
+    }
+    std::memcpy(s, &w, sizeof(w));
+    q.sq_pi++;
+  }
+  void PostSend(GQp& q, vstellar_send_wqe w, const std::vector<vstellar_sge>& sges, const std::vector<uint8_t>& inl = {},
+                bool kick = true) {
+    WriteSend(q, w, sges, inl);
+    Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_qp, sq_pi), q.sq_pi, kick);
+  }
+  void PostRecv(GQp& q, uint64_t wr_id, const std::vector<vstellar_sge>& sges, uint32_t num_sge = ~0u) {
+    uint8_t* s = RqSlot(q, q.rq_pi);
+    vstellar_recv_wqe w{};
+    w.wr_id = wr_id;
+    w.num_sge = num_sge == ~0u ? uint32_t(sges.size()) : num_sge;
+    std::memcpy(s + sizeof(w), sges.data(), 16 * std::min<size_t>(sges.size(), 2));
+    std::memcpy(s, &w, sizeof(w));
+    q.rq_pi++;
+    Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_qp, rq_pi), q.rq_pi);
+  }
+  vstellar_sge Sge(uint64_t off, uint32_t len) { return vstellar_sge{kMrGpa + off, len, lkey}; }
+  uint8_t* Buf(uint64_t off) { return f.mem() + kMrGpa + off; }
+
+  // Polls the next CQE by its owner bit; stores the consumer index.
+  std::optional<vstellar_cqe> Poll(int timeout_ms = 5000) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    const uint32_t n = 1u << kLogCqe;
+    uint8_t* e = f.mem() + kCqGpa + 32ull * (cq_ci & (n - 1));
+    const uint8_t want = ((cq_ci >> kLogCqe) & 1) ? 0 : 1;
+    for (;;) {
+      const uint8_t owner = std::atomic_ref<uint8_t>(e[31]).load(std::memory_order_acquire);
+      if ((owner & VSTELLAR_CQE_OWNER) == want) {
+        vstellar_cqe c;
+        std::memcpy(&c, e, sizeof(c));
+        cq_ci++;
+        DbWord(VSTELLAR_DB_SLOT_SIZE * cq_slot + offsetof(vstellar_db_cq, ci)).store(htole32(cq_ci));
+        return c;
+      }
+      if (std::chrono::steady_clock::now() > end) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+};
+
+vstellar_send_wqe Wqe(uint8_t op, uint64_t wr_id, uint8_t flags = VSTELLAR_WQE_SIGNALED) {
+  vstellar_send_wqe w{};
+  w.wr_id = wr_id;
+  w.opcode = op;
+  w.flags = flags;
+  return w;
+}
+
+class DataPath : public ::testing::Test {
+ protected:
+  std::string dir_, sock_;
+  std::unique_ptr<Daemon> d_;
+  std::thread t_;
+  std::unique_ptr<Frontend> fa_, fb_;
+  std::unique_ptr<Guest> a_, b_;
+
+  void StartDaemon(uint64_t poll_us = 50, std::function<void(Daemon&)> before = {}) {
+    char tmpl[] = "/tmp/vstellard-dp-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    sock_ = dir_ + "/s";
+    // The UDP link's io_uring is single-issuer: Start() and Run() on the
+    // daemon's own thread.
+    std::promise<std::string> started;
+    auto fut = started.get_future();
+    t_ = std::thread([&, poll_us, before] {
+      std::string err;
+      for (int attempt = 0; attempt < 20; attempt++) {
+        DaemonOptions o;
+        o.socket = sock_;
+        o.udp_port = uint16_t(20000 + (getpid() * 37 + attempt * 1009) % 30000);
+        o.paths = 4;
+        o.poll_us = poll_us;
+        auto d = std::make_unique<Daemon>(o);
+        if (d->Start(&err)) {
+          if (before) before(*d);
+          d_ = std::move(d);
+          break;
+        }
+      }
+      Daemon* d = d_.get();
+      started.set_value(d ? "" : err);
+      if (d) d->Run();
+    });
+    const std::string err = fut.get();
+    if (!d_) t_.join();
+    ASSERT_TRUE(d_) << err;
+  }
+  void TwoGuests() {
+    for (auto* f : {&fa_, &fb_}) {
+      *f = std::make_unique<Frontend>();
+      std::string err;
+      ASSERT_TRUE((*f)->Connect(sock_, &err)) << err;
+      ASSERT_TRUE((*f)->StartQueues(&err)) << err;
+    }
+    a_ = std::make_unique<Guest>(Guest{*fa_});
+    b_ = std::make_unique<Guest>(Guest{*fb_});
+    a_->Setup();
+    b_->Setup();
+  }
+  void TearDown() override {
+    if (d_) {
+      d_->Stop();
+      t_.join();
+      d_.reset();
+    }
+    a_.reset();
+    b_.reset();
+    fa_.reset();
+    fb_.reset();
+    if (!sock_.empty()) unlink(sock_.c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  DeviceStats StatsOf(size_t i) {
+    auto v = d_->Stats();
+    return v.size() > i ? v[i] : DeviceStats{};
+  }
+  static bool Has(const std::vector<vstellar_event>& v, uint16_t type, uint32_t object) {
+    for (auto& e : v)
+      if (le16toh(e.type) == type && le32toh(e.object) == object) return true;
+    return false;
+  }
+};
+
+void Fill(uint8_t* p, size_t n, uint8_t seed) {
+  for (size_t i = 0; i < n; i++) p[i] = uint8_t(seed + i * 7);
+}
+
+TEST_F(DataPath, SendRecvWriteReadAtomicsBetweenTwoDevices) {
+  StartDaemon();
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  Guest& A = *a_;
+  Guest& B = *b_;
+
+  // SEND -> RECV, 3000 bytes in two SGEs, three packets at MTU 1024.
+  Fill(A.Buf(0), 3000, 1);
+  std::memset(B.Buf(0), 0, 8192);
+  B.PostRecv(qb, 0xb0, {B.Sge(0, 1000), B.Sge(1000, 4000)});
+  A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0xa0), {A.Sge(0, 1200), A.Sge(1200, 1800)});
+  auto ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 0xa0u);
+  EXPECT_EQ(ca->status, 0);
+  EXPECT_EQ(ca->opcode, VSTELLAR_WC_SEND);
+  EXPECT_EQ(ca->qpn, qa.qpn);
+  EXPECT_EQ(ca->wqe_idx, 0);
+  auto cb = B.Poll();
+  ASSERT_TRUE(cb);
+  EXPECT_EQ(cb->wr_id, 0xb0u);
+  EXPECT_EQ(cb->status, 0);
+  EXPECT_EQ(cb->opcode, VSTELLAR_WC_RECV);
+  EXPECT_EQ(cb->byte_len, 3000u);
+  EXPECT_EQ(cb->wqe_idx, 0);
+  EXPECT_EQ(std::memcmp(A.Buf(0), B.Buf(0), 3000), 0);
+
+  // Inline SEND with immediate; B's CQ is armed: one CQ notification.
+  B.DbWord(VSTELLAR_DB_SLOT_SIZE * B.cq_slot + offsetof(vstellar_db_cq, arm)).store(htole32(1));
+  B.PostRecv(qb, 0xb1, {B.Sge(8192, 256)});
+  std::vector<uint8_t> inl(40);
+  Fill(inl.data(), inl.size(), 9);
+  auto w = Wqe(VSTELLAR_WR_SEND_IMM, 0xa1, VSTELLAR_WQE_SIGNALED | VSTELLAR_WQE_SOLICITED);
+  w.imm_data = htobe32(0x12345678);
+  A.PostSend(qa, w, {}, inl);
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 0xa1u);
+  EXPECT_EQ(ca->status, 0);
+  cb = B.Poll();
+  ASSERT_TRUE(cb);
+  EXPECT_EQ(cb->wr_id, 0xb1u);
+  EXPECT_EQ(cb->byte_len, 40u);
+  EXPECT_EQ(cb->wc_flags & VSTELLAR_CQE_WITH_IMM, VSTELLAR_CQE_WITH_IMM);
+  EXPECT_EQ(be32toh(cb->imm_data), 0x12345678u);
+  EXPECT_EQ(std::memcmp(B.Buf(8192), inl.data(), 40), 0);
+  uint16_t head;
+  uint32_t len;
+  ASSERT_TRUE(fb_->WaitUsed(VSTELLAR_VQ_CQN0, &head, &len));
+  EXPECT_EQ(len, 8u);
+  vstellar_cq_notify nt;
+  std::memcpy(&nt, fb_->mem() + Frontend::kCqnGpa + 8 * (head / 4), 8);
+  EXPECT_EQ(le32toh(nt.cqn), B.cq);
+  EXPECT_EQ(le32toh(nt.ucontext), B.uctx);
+
+  // Unsignaled WRITE then signaled WRITE_IMM: one send CQE naming WQE 3.
+  Fill(A.Buf(16384), 5000, 3);
+  std::memset(B.Buf(32768), 0, 8192);
+  w = Wqe(VSTELLAR_WR_RDMA_WRITE, 0xa2, 0);
+  w.u.rdma.remote_addr = kMrGpa + 32768;
+  w.u.rdma.rkey = B.rkey;
+  A.WriteSend(qa, w, {A.Sge(16384, 4000)});
+  B.PostRecv(qb, 0xb2, {});
+  w = Wqe(VSTELLAR_WR_RDMA_WRITE_IMM, 0xa3);
+  w.u.rdma.remote_addr = kMrGpa + 32768 + 4000;
+  w.u.rdma.rkey = B.rkey;
+  w.imm_data = htobe32(77);
+  A.PostSend(qa, w, {A.Sge(20384, 1000)});
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 0xa3u);
+  EXPECT_EQ(ca->wqe_idx, 3);
+  EXPECT_EQ(ca->opcode, VSTELLAR_WC_RDMA_WRITE);
+  cb = B.Poll();
+  ASSERT_TRUE(cb);
+  EXPECT_EQ(cb->wr_id, 0xb2u);
+  EXPECT_EQ(cb->opcode, VSTELLAR_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(be32toh(cb->imm_data), 77u);
+  EXPECT_EQ(std::memcmp(A.Buf(16384), B.Buf(32768), 5000), 0);
+
+  // READ 6000 bytes of B into A.
+  Fill(B.Buf(49152), 6000, 5);
+  std::memset(A.Buf(65536), 0, 8192);
+  w = Wqe(VSTELLAR_WR_RDMA_READ, 0xa4);
+  w.u.rdma.remote_addr = kMrGpa + 49152;
+  w.u.rdma.rkey = B.rkey;
+  A.PostSend(qa, w, {A.Sge(65536, 6000)});
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->status, 0);
+  EXPECT_EQ(ca->opcode, VSTELLAR_WC_RDMA_READ);
+  EXPECT_EQ(ca->byte_len, 6000u);
+  EXPECT_EQ(std::memcmp(A.Buf(65536), B.Buf(49152), 6000), 0);
+
+  // Fetch-and-add, then compare-and-swap.
+  uint64_t v = htole64(5);
+  std::memcpy(B.Buf(90112), &v, 8);
+  w = Wqe(VSTELLAR_WR_ATOMIC_FETCH_ADD, 0xa5);
+  w.u.atomic.remote_addr = kMrGpa + 90112;
+  w.u.atomic.rkey = B.rkey;
+  w.u.atomic.compare_add = 7;
+  A.PostSend(qa, w, {A.Sge(81920, 8)});
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->status, 0);
+  EXPECT_EQ(ca->opcode, VSTELLAR_WC_FETCH_ADD);
+  std::memcpy(&v, A.Buf(81920), 8);
+  EXPECT_EQ(le64toh(v), 5u);
+  std::memcpy(&v, B.Buf(90112), 8);
+  EXPECT_EQ(le64toh(v), 12u);
+  w = Wqe(VSTELLAR_WR_ATOMIC_CMP_SWP, 0xa6);
+  w.u.atomic.remote_addr = kMrGpa + 90112;
+  w.u.atomic.rkey = B.rkey;
+  w.u.atomic.compare_add = 12;
+  w.u.atomic.swap = 99;
+  A.PostSend(qa, w, {A.Sge(81928, 8)});
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->status, 0);
+  EXPECT_EQ(ca->opcode, VSTELLAR_WC_COMP_SWAP);
+  std::memcpy(&v, A.Buf(81928), 8);
+  EXPECT_EQ(le64toh(v), 12u);
+  std::memcpy(&v, B.Buf(90112), 8);
+  EXPECT_EQ(le64toh(v), 99u);
+
+  // A bad rkey is the responder's verdict: remote access error, QP in ERR.
+  w = Wqe(VSTELLAR_WR_RDMA_WRITE, 0xa7);
+  w.u.rdma.remote_addr = kMrGpa;
+  w.u.rdma.rkey = B.rkey ^ 0x100;
+  A.PostSend(qa, w, {A.Sge(0, 64)});
+  ca = A.Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 0xa7u);
+  EXPECT_EQ(ca->status, uint8_t(vstellar::WcStatus::REM_ACCESS_ERR));
+
+  // More than a ring's worth of CQEs went by with the phase bit flipping.
+  auto s = StatsOf(0);
+  EXPECT_GE(s.wqes, 8u);
+  EXPECT_EQ(s.bad_wqes, 0u);
+}
+
+TEST_F(DataPath, RingWrapsAndPhaseBitFlips) {
+  StartDaemon();
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  // 150 SEND/RECV pairs: more than two passes over the 64-entry rings.
+  for (uint32_t i = 0; i < 150; i++) {
+    *b_->Buf(0) = 0;
+    *a_->Buf(4096) = uint8_t(i + 1);
+    b_->PostRecv(qb, 1000 + i, {b_->Sge(0, 64)});
+    a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, i), {a_->Sge(4096, 16)});
+    auto ca = a_->Poll();
+    ASSERT_TRUE(ca) << i;
+    EXPECT_EQ(ca->wr_id, i);
+    EXPECT_EQ(ca->wqe_idx, uint16_t(i));
+    auto cb = b_->Poll();
+    ASSERT_TRUE(cb) << i;
+    EXPECT_EQ(cb->wr_id, 1000 + i);
+    EXPECT_EQ(*b_->Buf(0), uint8_t(i + 1));
+  }
+}
+
+TEST_F(DataPath, BadWqesMoveTheQpToErrWithAnErrorCqe) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  struct Case {
+    const char* name;
+    std::function<void(GQp&)> post;
+    uint8_t status;
+    uint16_t event;
+  };
+  const uint32_t other_lkey = b_->lkey;
+  std::vector<Case> cases = {
+      {"bad opcode", [&](GQp& q) { A.PostSend(q, Wqe(9, 0xe0), {A.Sge(0, 8)}); },
+       uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR), VSTELLAR_EV_QP_FATAL},
+      {"unknown flag", [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0, 0x81), {A.Sge(0, 8)}); },
+       uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR), VSTELLAR_EV_QP_FATAL},
+      {"SGE count above the QP's",
+       [&](GQp& q) {
+         auto w = Wqe(VSTELLAR_WR_SEND, 0xe0);
+         w.num_sge = 5;
+         A.PostSend(q, w, {A.Sge(0, 8)});
+       },
+       uint8_t(vstellar::WcStatus::LOC_LEN_ERR), VSTELLAR_EV_QP_FATAL},
+      {"SGE count beyond the slot",
+       [&](GQp& q) {
+         auto w = Wqe(VSTELLAR_WR_SEND, 0xe0);
+         w.num_sge = 255;
+         A.PostSend(q, w, {A.Sge(0, 8)});
+       },
+       uint8_t(vstellar::WcStatus::LOC_LEN_ERR), VSTELLAR_EV_QP_FATAL},
+      {"unknown lkey", [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0), {{kMrGpa, 8, 0xdead00}}); },
+       uint8_t(vstellar::WcStatus::LOC_PROT_ERR), VSTELLAR_EV_QP_ACCESS_ERR},
+      {"another device's lkey", [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0), {{kMrGpa, 8, other_lkey}}); },
+       uint8_t(vstellar::WcStatus::LOC_PROT_ERR), VSTELLAR_EV_QP_ACCESS_ERR},
+      {"SGE past the MR's end", [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0), {A.Sge(kMrLen - 4, 64)}); },
+       uint8_t(vstellar::WcStatus::LOC_PROT_ERR), VSTELLAR_EV_QP_ACCESS_ERR},
+      {"SGE wrapping the address space",
+       [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0), {{~0ull - 4, 64, A.lkey}}); },
+       uint8_t(vstellar::WcStatus::LOC_PROT_ERR), VSTELLAR_EV_QP_ACCESS_ERR},
+      {"inline above max_inline_data",
+       [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xe0), {}, std::vector<uint8_t>(65, 1)); },
+       uint8_t(vstellar::WcStatus::LOC_LEN_ERR), VSTELLAR_EV_QP_FATAL},
+      {"inline READ",
+       [&](GQp& q) { A.PostSend(q, Wqe(VSTELLAR_WR_RDMA_READ, 0xe0), {}, std::vector<uint8_t>(8, 1)); },
+       uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR), VSTELLAR_EV_QP_FATAL},
+      {"atomic of 16 bytes",
+       [&](GQp& q) {
+         auto w = Wqe(VSTELLAR_WR_ATOMIC_FETCH_ADD, 0xe0);
+         w.u.atomic.remote_addr = 0x1000;
+         A.PostSend(q, w, {A.Sge(0, 16)});
+       },
+       uint8_t(vstellar::WcStatus::LOC_LEN_ERR), VSTELLAR_EV_QP_FATAL},
+      {"unaligned atomic",
+       [&](GQp& q) {
+         auto w = Wqe(VSTELLAR_WR_ATOMIC_CMP_SWP, 0xe0);
+         w.u.atomic.remote_addr = 0x1004;
+         A.PostSend(q, w, {A.Sge(0, 8)});
+       },
+       uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR), VSTELLAR_EV_QP_FATAL},
+      {"recv with a bad lkey", [&](GQp& q) { A.PostRecv(q, 0xe0, {{kMrGpa, 8, 0xbad}}); },
+       uint8_t(vstellar::WcStatus::LOC_PROT_ERR), VSTELLAR_EV_QP_ACCESS_ERR},
+      {"recv with too many SGEs", [&](GQp& q) { A.PostRecv(q, 0xe0, {A.Sge(0, 8)}, 3); },
+       uint8_t(vstellar::WcStatus::LOC_LEN_ERR), VSTELLAR_EV_QP_FATAL},
+  };
+  const uint8_t before[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    GQp q = A.CreateQp();
+    A.Connect(q, 0x77);  // nobody: nothing is ever sent
+    std::memcpy(A.Buf(0), before, 8);
+    c.post(q);
+    auto e = A.Poll();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->wr_id, 0xe0u);
+    EXPECT_EQ(e->status, c.status);
+    EXPECT_EQ(e->qpn, q.qpn);
+    EXPECT_EQ(A.QpState(q.qpn), VSTELLAR_QPS_ERR);
+    EXPECT_TRUE(Has(fa_->Events(1000), c.event, q.qpn));
+    // Later WQEs of the QP are flushed, in order.
+    A.PostRecv(q, 0xf1, {A.Sge(0, 8)});
+    A.PostSend(q, Wqe(VSTELLAR_WR_SEND, 0xf2), {A.Sge(0, 8)});
+    auto f1 = A.Poll(), f2 = A.Poll();
+    ASSERT_TRUE(f1 && f2);
+    EXPECT_EQ(f1->wr_id, 0xf1u);
+    EXPECT_EQ(f1->status, uint8_t(vstellar::WcStatus::WR_FLUSH_ERR));
+    EXPECT_EQ(f1->opcode, VSTELLAR_WC_RECV);
+    EXPECT_EQ(f2->wr_id, 0xf2u);
+    EXPECT_EQ(f2->status, uint8_t(vstellar::WcStatus::WR_FLUSH_ERR));
+    EXPECT_EQ(std::memcmp(A.Buf(0), before, 8), 0);
+    // The QP comes back through RESET; indices restart at 0.
+    ASSERT_EQ(A.Modify(q.qpn, VSTELLAR_QP_STATE, VSTELLAR_QPS_RESET), 0);
+    q.sq_pi = q.rq_pi = 0;
+    A.Connect(q, 0x77);
+    A.PostRecv(q, 0xf3, {A.Sge(0, 8)});
+    EXPECT_FALSE(A.Poll(50));  // accepted, waiting for a message
+    ASSERT_EQ(A.Modify(q.qpn, VSTELLAR_QP_STATE, VSTELLAR_QPS_ERR), 0);
+    auto f3 = A.Poll();
+    ASSERT_TRUE(f3);
+    EXPECT_EQ(f3->wr_id, 0xf3u);
+    EXPECT_EQ(f3->status, uint8_t(vstellar::WcStatus::WR_FLUSH_ERR));
+    vstellar_cmd_handle h{q.qpn, 0};
+    ASSERT_EQ(A.Cmd(VSTELLAR_CMD_DESTROY_QP, &h, sizeof(h), 0).status(), 0);
+    A.nqp--;
+  }
+  EXPECT_EQ(StatsOf(0).bad_wqes, cases.size());
+  EXPECT_FALSE(StatsOf(0).fatal);
+}
+
+TEST_F(DataPath, ProducerIndexBeyondTheRingStopsOnlyThatQp) {
+  StartDaemon();
+  TwoGuests();
+  GQp bad = a_->CreateQp(), qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(bad, 0x77);
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  bad.sq_pi = 1000;  // the ring has 64 slots
+  a_->Ring(VSTELLAR_DB_SLOT_SIZE * bad.slot + offsetof(vstellar_db_qp, sq_pi), bad.sq_pi);
+  EXPECT_TRUE(Has(fa_->Events(2000), VSTELLAR_EV_QP_FATAL, bad.qpn));
+  EXPECT_EQ(a_->QpState(bad.qpn), VSTELLAR_QPS_ERR);
+  EXPECT_FALSE(a_->Poll(20));  // nothing was fetched, nothing completes
+  // Same for the RQ, on the healthy device B's side of things, with a
+  // wrapped-around index.
+  GQp bad_b = b_->CreateQp();
+  b_->Connect(bad_b, 0x77);
+  b_->Ring(VSTELLAR_DB_SLOT_SIZE * bad_b.slot + offsetof(vstellar_db_qp, rq_pi), 0xffffffffu);
+  EXPECT_TRUE(Has(fb_->Events(2000), VSTELLAR_EV_QP_FATAL, bad_b.qpn));
+  // The other QPs work.
+  b_->PostRecv(qb, 1, {b_->Sge(0, 64)});
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 2), {a_->Sge(0, 64)});
+  auto ca = a_->Poll(), cb = b_->Poll();
+  ASSERT_TRUE(ca && cb);
+  EXPECT_EQ(ca->status, 0);
+  EXPECT_EQ(cb->status, 0);
+  EXPECT_FALSE(StatsOf(0).fatal);
+}
+
+TEST_F(DataPath, WqeRewrittenAfterTheDoorbellIsNotReadTwice) {
+  std::atomic<uint8_t*> slot{nullptr};
+  StartDaemon(50, [&](Daemon& d) {
+    d.SetAfterWqeCopyHook([&](unsigned, uint32_t, bool send, uint32_t) {
+      uint8_t* p = slot.load();
+      if (!send || !p) return;
+      // The guest rewrites the WQE it already rang for: opcode, SGE count,
+      // lkey, length, address all turn hostile.
+      vstellar_send_wqe w{};
+      w.wr_id = 0xbad;
+      w.opcode = 0xee;
+      w.num_sge = 200;
+      std::memcpy(p, &w, sizeof(w));
+      vstellar_sge s{~0ull - 100, 1u << 30, 0xdead};
+      std::memcpy(p + 64, &s, sizeof(s));
+    });
+  });
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  Fill(a_->Buf(0), 64, 42);
+  std::memset(b_->Buf(0), 0, 256);
+  b_->PostRecv(qb, 7, {b_->Sge(0, 256)});
+  slot = a_->SqSlot(qa, qa.sq_pi);
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x600d), {a_->Sge(0, 64)});
+  auto ca = a_->Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 0x600du);
+  EXPECT_EQ(ca->status, 0);
+  auto cb = b_->Poll();
+  ASSERT_TRUE(cb);
+  EXPECT_EQ(cb->byte_len, 64u);
+  EXPECT_EQ(std::memcmp(a_->Buf(0), b_->Buf(0), 64), 0);
+  EXPECT_EQ(StatsOf(0).bad_wqes, 0u);
+}
+
+TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
+  StartDaemon(300'000);  // poll 300 ms after the last work
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  // A fresh context starts with need_kick set; after the modify commands
+  // the device polls, then goes idle again and sets it.
+  auto wait_kick = [&](Guest& g, uint32_t want) {
+    for (int i = 0; i < 200 && g.NeedKick() != want; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return g.NeedKick() == want;
+  };
+  ASSERT_TRUE(wait_kick(*a_, 1));
+  ASSERT_TRUE(wait_kick(*b_, 1));
+  EXPECT_FALSE(StatsOf(0).polling);
+  const uint64_t idle0 = StatsOf(0).idle_entries;
+  EXPECT_GE(idle0, 1u);
+
+  // Idle: a doorbell without a kick is not seen (nobody polls).
+  b_->PostRecv(qb, 1, {b_->Sge(0, 64)});
+  const uint64_t wqes = StatsOf(0).wqes;
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 2), {a_->Sge(0, 64)}, {}, /*kick=*/false);
+  EXPECT_FALSE(a_->Poll(100));
+  EXPECT_EQ(StatsOf(0).wqes, wqes);
+  EXPECT_EQ(a_->NeedKick(), 1u);
+  // The kick wakes it: the WQE runs, need_kick is cleared while it polls.
+  fa_->Kick(VSTELLAR_VQ_KICK);
+  auto ca = a_->Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 2u);
+  EXPECT_EQ(a_->NeedKick(), 0u);
+  EXPECT_TRUE(StatsOf(0).polling);
+  EXPECT_GE(StatsOf(0).db_kicks, 1u);
+  // While it polls, the provider sees need_kick == 0 and does not kick.
+  b_->PostRecv(qb, 3, {b_->Sge(0, 64)});
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 4), {a_->Sge(0, 64)});
+  ca = a_->Poll();
+  ASSERT_TRUE(ca);
+  EXPECT_EQ(ca->wr_id, 4u);
+  // Then it goes idle again.
+  ASSERT_TRUE(wait_kick(*a_, 1));
+  EXPECT_GT(StatsOf(0).idle_entries, idle0);
+  EXPECT_FALSE(StatsOf(0).polling);
+}
+
+TEST_F(DataPath, FullCqRaisesCqErr) {
+  StartDaemon();
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  // 64 receives fill B's 64-entry CQ if B never polls; the 65th is lost
+  // and the CQ is in error.
+  for (uint32_t round = 0; round < 65; round++) {
+    b_->PostRecv(qb, round, {b_->Sge(0, 64)});
+    a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, round), {a_->Sge(0, 8)});
+    ASSERT_TRUE(a_->Poll()) << round;
+  }
+  std::vector<vstellar_event> ev;
+  for (int i = 0; i < 20 && !Has(ev, VSTELLAR_EV_CQ_ERR, b_->cq); i++) {
+    auto more = fb_->Events(100);
+    ev.insert(ev.end(), more.begin(), more.end());
+  }
+  EXPECT_TRUE(Has(ev, VSTELLAR_EV_CQ_ERR, b_->cq));
+  EXPECT_EQ(StatsOf(1).cq_overflows, 1u);
+  EXPECT_EQ(StatsOf(1).cqes, 64u);
+}
+
+}  // namespace
