@@ -622,7 +622,7 @@ uint16_t Device::Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>* 
     case VSTELLAR_CMD_DEREG_MR: return CmdDeregMr(uctx, b);
     case VSTELLAR_CMD_ADD_GID: return CmdGid(uctx, true, b);
     case VSTELLAR_CMD_DEL_GID: return CmdGid(uctx, false, b);
-    case VSTELLAR_CMD_RESIZE_CQ:  // not offered yet: the CQE ring is not served
+    case VSTELLAR_CMD_RESIZE_CQ:  // not implemented yet (moving outstanding CQEs)
     case VSTELLAR_CMD_CREATE_AH:  // UD is not offered (VIRTIO_VSTELLAR_F_UD)
     case VSTELLAR_CMD_DESTROY_AH:
       return VSTELLAR_STATUS_UNSUPPORTED;
