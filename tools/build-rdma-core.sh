@@ -21,7 +21,9 @@ cmake_flags=(
 	# pyverbs must be built for the guest's Debian python3.
 	-DPYTHON_EXECUTABLE=/usr/bin/python3
 )
-key=$(key_of "$RDMA_CORE_SRC_VERSION" "${cmake_flags[*]}" "$provider" "$0")
+# The provider includes the device-interface and uverbs ABI headers.
+key=$(key_of "$RDMA_CORE_SRC_VERSION" "${cmake_flags[*]}" "$provider" \
+	"$VSTELLAR_TOP/include/vstellar" "$0")
 out=$VSTELLAR_CACHE/rdma-core-$key
 
 if [[ -e $out/.complete ]]; then
