@@ -333,46 +333,52 @@ int main(int argc, char **argv)
 	       "modify_qp RESET -> INIT (err %d)", err);
 
 	gidx = find_ipv4_gid(ibdev, gid);
-	memset(&m, 0, sizeof(m));
-	m.qp_handle = qp.core.qp_handle;
-	m.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU |
-		      VSTELLAR_QP_DEST_QPN | VSTELLAR_QP_RQ_PSN |
-		      VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER;
-	m.qp_state = VSTELLAR_QPS_RTR;
-	m.path_mtu = 3 /* IB_MTU_1024 */;
-	m.dest_qp_num = qp.core.qpn;
-	m.rq_psn = 0x123;
-	m.max_dest_rd_atomic = 1;
-	m.min_rnr_timer = 12;
-	m.dest.is_global = 1;
-	m.dest.port_num = 1;
-	m.dest.hop_limit = 64;
-	m.dest.sgid_index = gidx < 0 ? 0 : gidx;
-	memcpy(m.dest.dgid, gid, 16);
-	err = gidx < 0 ? -ENOENT : modify_qp(&m);
-	result(!err && query_qp_state(qp.core.qp_handle) == VSTELLAR_QPS_RTR,
-	       "modify_qp INIT -> RTR to itself over GID %d (err %d)", gidx, err);
+	if (gidx < 0) {
+		/* no net device with an IPv4 address: nothing to connect to */
+		for (int i = 0; i < 3; i++)
+			printf("ok %d # SKIP no IPv4 GID for RTR/RTS\n", ++n_test);
+	} else {
+		memset(&m, 0, sizeof(m));
+		m.qp_handle = qp.core.qp_handle;
+		m.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU |
+			      VSTELLAR_QP_DEST_QPN | VSTELLAR_QP_RQ_PSN |
+			      VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER;
+		m.qp_state = VSTELLAR_QPS_RTR;
+		m.path_mtu = 3 /* IB_MTU_1024 */;
+		m.dest_qp_num = qp.core.qpn;
+		m.rq_psn = 0x123;
+		m.max_dest_rd_atomic = 1;
+		m.min_rnr_timer = 12;
+		m.dest.is_global = 1;
+		m.dest.port_num = 1;
+		m.dest.hop_limit = 64;
+		m.dest.sgid_index = gidx;
+		memcpy(m.dest.dgid, gid, 16);
+		err = modify_qp(&m);
+		result(!err && query_qp_state(qp.core.qp_handle) == VSTELLAR_QPS_RTR,
+		       "modify_qp INIT -> RTR to itself over GID %d (err %d)", gidx, err);
 
-	memset(&m, 0, sizeof(m));
-	m.qp_handle = qp.core.qp_handle;
-	m.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT |
-		      VSTELLAR_QP_RNR_RETRY | VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC;
-	m.qp_state = VSTELLAR_QPS_RTS;
-	m.timeout = 14;
-	m.retry_cnt = 7;
-	m.rnr_retry = 7;
-	m.sq_psn = 0x123;
-	m.max_rd_atomic = 1;
-	err = modify_qp(&m);
-	result(!err && query_qp_state(qp.core.qp_handle) == VSTELLAR_QPS_RTS,
-	       "modify_qp RTR -> RTS (err %d)", err);
+		memset(&m, 0, sizeof(m));
+		m.qp_handle = qp.core.qp_handle;
+		m.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT |
+			      VSTELLAR_QP_RNR_RETRY | VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC;
+		m.qp_state = VSTELLAR_QPS_RTS;
+		m.timeout = 14;
+		m.retry_cnt = 7;
+		m.rnr_retry = 7;
+		m.sq_psn = 0x123;
+		m.max_rd_atomic = 1;
+		err = modify_qp(&m);
+		result(!err && query_qp_state(qp.core.qp_handle) == VSTELLAR_QPS_RTS,
+		       "modify_qp RTR -> RTS (err %d)", err);
 
-	memset(&m, 0, sizeof(m));
-	m.qp_handle = qp.core.qp_handle;
-	m.attr_mask = VSTELLAR_QP_STATE;
-	m.qp_state = VSTELLAR_QPS_INIT;
-	err = modify_qp(&m);
-	result(err == -EINVAL, "modify_qp RTS -> INIT refused (err %d)", err);
+		memset(&m, 0, sizeof(m));
+		m.qp_handle = qp.core.qp_handle;
+		m.attr_mask = VSTELLAR_QP_STATE;
+		m.qp_state = VSTELLAR_QPS_INIT;
+		err = modify_qp(&m);
+		result(err == -EINVAL, "modify_qp RTS -> INIT refused (err %d)", err);
+	}
 
 	qdrv.sq_log_stride = 5;
 	err = create_qp(pdr.pd_handle, cq.core.cq_handle, &qdrv, &qp2);
