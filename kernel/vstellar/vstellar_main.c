@@ -3,6 +3,7 @@
  * vStellar: virtio probe and remove, queues, events and ib_device
  * registration.
  */
+#include <linux/delay.h>
 #include <linux/if_arp.h>
 #include <linux/module.h>
 #include <linux/pci.h>
@@ -27,7 +28,23 @@ module_param(netdev, charp, 0444);
 MODULE_PARM_DESC(netdev,
 		 "Net device whose addresses become the GIDs (default: the first virtio-net device)");
 
+static unsigned int recover_delay_ms = 2000;
+module_param(recover_delay_ms, uint, 0644);
+MODULE_PARM_DESC(recover_delay_ms,
+		 "After a device loss, re-probe the device after this many ms (0: never; default 2000)");
+
 #define VSTELLAR_EVENTQ_BUFS	64
+#define VSTELLAR_REPROBE_TRIES	5
+
+/* Re-probes run here; module exit drains it before the driver goes. */
+static struct workqueue_struct *vstellar_wq;
+static bool vstellar_exiting;
+
+struct vstellar_reprobe {
+	struct work_struct work;
+	struct virtio_device *vdev;
+	unsigned int delay_ms;
+};
 
 static const struct virtio_device_id vstellar_id_table[] = {
 	{ VIRTIO_ID_VSTELLAR, VIRTIO_DEV_ANY_ID },
@@ -230,6 +247,51 @@ static void vstellar_cqnq_done(struct virtqueue *vq)
 /* Device loss                                                       */
 /* ---------------------------------------------------------------- */
 
+static void vstellar_reprobe_work(struct work_struct *work)
+{
+	struct vstellar_reprobe *r =
+		container_of(work, struct vstellar_reprobe, work);
+	unsigned int i;
+	int err;
+
+	/* the backend may take a while to come back: try a few times */
+	for (i = 0; i < VSTELLAR_REPROBE_TRIES; i++) {
+		msleep(r->delay_ms);
+		if (READ_ONCE(vstellar_exiting))
+			break;
+		/* remove (ib_device gone, device reset), then probe anew */
+		err = device_reprobe(&r->vdev->dev);
+		if (!err && READ_ONCE(r->vdev->dev.driver))
+			break;
+		dev_warn(&r->vdev->dev, "re-probe %u of %u failed\n", i + 1,
+			 VSTELLAR_REPROBE_TRIES);
+	}
+	put_device(&r->vdev->dev);
+	kfree(r);
+}
+
+/*
+ * After a loss the device must be reset and initialised again, and the
+ * ib_device with it (its users saw DEVICE_FATAL): unbind and bind the
+ * driver, from a work item of our own since remove waits for ours.
+ */
+static void vstellar_schedule_reprobe(struct vstellar_dev *dev)
+{
+	unsigned int delay = READ_ONCE(recover_delay_ms);
+	struct vstellar_reprobe *r;
+
+	if (!delay)
+		return;
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return;
+	INIT_WORK(&r->work, vstellar_reprobe_work);
+	r->vdev = dev->vdev;
+	r->delay_ms = delay;
+	get_device(&r->vdev->dev);
+	queue_work(vstellar_wq, &r->work);
+}
+
 static void vstellar_config_work(struct work_struct *work)
 {
 	struct vstellar_dev *dev =
@@ -249,10 +311,12 @@ static void vstellar_config_work(struct work_struct *work)
 	if (dev->fatal)
 		return;
 	dev->fatal = true;
-	dev_err(&vdev->dev, "device lost (device_status %#x%s%s); verbs fail from now on, reload the driver to recover\n",
+	dev_err(&vdev->dev, "device lost (device_status %#x%s%s); verbs fail from now on, re-probe in %u ms\n",
 		status, status & VSTELLAR_DEV_S_BACKEND_LOST ? ", backend gone" : "",
-		vstatus & VIRTIO_CONFIG_S_NEEDS_RESET ? ", needs reset" : "");
+		vstatus & VIRTIO_CONFIG_S_NEEDS_RESET ? ", needs reset" : "",
+		READ_ONCE(recover_delay_ms));
 	vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
+	vstellar_schedule_reprobe(dev);
 }
 
 static void vstellar_config_changed(struct virtio_device *vdev)
@@ -680,4 +744,25 @@ static struct virtio_driver vstellar_driver = {
 	.config_changed = vstellar_config_changed,
 };
 
-module_virtio_driver(vstellar_driver);
+static int __init vstellar_init(void)
+{
+	int err;
+
+	vstellar_wq = alloc_workqueue("vstellar", WQ_UNBOUND, 0);
+	if (!vstellar_wq)
+		return -ENOMEM;
+	err = register_virtio_driver(&vstellar_driver);
+	if (err)
+		destroy_workqueue(vstellar_wq);
+	return err;
+}
+
+static void __exit vstellar_exit(void)
+{
+	WRITE_ONCE(vstellar_exiting, true);
+	destroy_workqueue(vstellar_wq);	/* waits for pending re-probes */
+	unregister_virtio_driver(&vstellar_driver);
+}
+
+module_init(vstellar_init);
+module_exit(vstellar_exit);

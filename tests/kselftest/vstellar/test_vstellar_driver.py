@@ -4,7 +4,9 @@ with the module in the image and vstellard built: `make host`).
 - the selftests of this directory, when the image carries them
   (/usr/lib/vstellar-kselftest, see docs/driver.md)
 - vstellard dies while the ib_device is registered: the driver reports the
-  loss, the port goes DOWN, new verbs fail at once, and the module unloads.
+  loss, the port goes DOWN, and the module unloads at once.
+- vstellard restarts (the chardev reconnects): the driver re-probes by
+  itself and vstellar0 comes back ACTIVE on the new backend.
 
 VSTELLAR_GUEST_IMAGE, VSTELLAR_QEMU and VSTELLARD override the paths.
 """
@@ -32,6 +34,11 @@ class Backend:
         self.dir = tempfile.mkdtemp(prefix="vstellard-")
         self.sock = os.path.join(self.dir, "vstellard.sock")
         self.log = open(os.path.join(self.dir, "vstellard.log"), "w")
+        self.start()
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
         self.proc = subprocess.Popen([vstellard_path(), "--socket", self.sock],
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 10
@@ -51,15 +58,15 @@ class Backend:
         subprocess.run(["rm", "-rf", self.dir])
 
 
-def device_args(sock, mem=512):
+def device_args(sock, mem=512, reconnect=False):
     return ["-object", f"memory-backend-memfd,id=mem,size={mem}M,share=on",
             "-machine", "memory-backend=mem",
-            "-chardev", f"socket,id=vst,path={sock}",
+            "-chardev", f"socket,id=vst,path={sock}" + (",reconnect=1" if reconnect else ""),
             "-device", "vhost-user-vstellar-pci,chardev=vst"]
 
 
 LOSS = r"""
-modprobe vstellar || exit 1
+modprobe vstellar recover_delay_ms=0 || exit 1
 [ -e /sys/class/infiniband/vstellar0 ] || { dmesg | tail; exit 2; }
 echo "STATE-BEFORE $(cat /sys/class/infiniband/vstellar0/ports/1/state)"
 echo READY
@@ -67,6 +74,19 @@ i=0; while ! dmesg | grep -q "device lost" && [ $i -lt 600 ]; do sleep 0.1; i=$(
 dmesg | grep "vstellar virtio"
 echo "STATE-AFTER $(cat /sys/class/infiniband/vstellar0/ports/1/state)"
 t0=$(date +%s); rmmod vstellar; echo "RMMOD $? $(( $(date +%s) - t0 ))"
+dmesg | grep -cE "BUG:|WARNING:|Call Trace|INFO: task" | sed 's/^/SPLATS /'
+"""
+
+RECOVER = r"""
+modprobe vstellar recover_delay_ms=2000 || exit 1
+echo READY
+i=0; while ! dmesg | grep -q "device lost" && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+i=0; while ! grep -qs ACTIVE /sys/class/infiniband/vstellar*/ports/1/state && [ $i -lt 600 ]; do
+	sleep 0.1; i=$((i+1))
+done
+dmesg | grep "vstellar virtio"
+echo "STATE-AFTER $(cat /sys/class/infiniband/vstellar*/ports/1/state)"
+rmmod vstellar; echo "RMMOD $?"
 dmesg | grep -cE "BUG:|WARNING:|Call Trace|INFO: task" | sed 's/^/SPLATS /'
 """
 
@@ -80,9 +100,10 @@ class VstellarDriverTest(unittest.TestCase):
             raise unittest.SkipTest(str(e))
         vstellard_path()
 
-    def run_guest(self, command, backend, on_ready=None, timeout=300):
+    def run_guest(self, command, backend, on_ready=None, timeout=300, reconnect=False):
         g = vstellar_guest.Guest(self.art, "vstellar-drv", command, mem=512,
-                                 qemu_args=device_args(backend.sock), timeout=timeout)
+                                 qemu_args=device_args(backend.sock, reconnect=reconnect),
+                                 timeout=timeout)
         try:
             g.start()
             if on_ready:
@@ -119,6 +140,25 @@ class VstellarDriverTest(unittest.TestCase):
             rm = [line.split() for line in out if line.startswith("RMMOD ")]
             self.assertEqual(rm[0][1], "0", text)
             self.assertLess(int(rm[0][2]), 10, text)
+            self.assertIn("SPLATS 0", out, text)
+        finally:
+            b.close()
+
+    def test_backend_restart_recovers(self):
+        b = Backend()
+
+        def restart():
+            b.stop()
+            time.sleep(3)
+            b.start()
+
+        try:
+            status, out, console = self.run_guest(RECOVER, b, on_ready=restart, reconnect=True)
+            text = "\n".join(out or console[-60:])
+            self.assertEqual(status, 0, text)
+            self.assertTrue(any("device lost" in line for line in out), text)
+            self.assertIn("STATE-AFTER 4: ACTIVE", out, text)
+            self.assertIn("RMMOD 0", out, text)
             self.assertIn("SPLATS 0", out, text)
         finally:
             b.close()
