@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -89,12 +90,15 @@ static void *ring(size_t size)
 	return p;
 }
 
+static int comp_channel = -1;
+static int chan_fd = -1;
+
 static int create_cq(__u64 buf, __u32 log_cqe, int cqe, int with_drv,
 		     struct cq_resp *r)
 {
 	struct ib_uverbs_create_cq cmd = {
 		.response = (uintptr_t)r, .user_handle = 1, .cqe = cqe,
-		.comp_channel = -1,
+		.comp_channel = comp_channel,
 	};
 	struct vstellar_create_cq drv = { .buf_addr = buf, .log_cqe = log_cqe };
 
@@ -160,6 +164,75 @@ static int query_qp_state(__u32 handle)
 	return err ? err : r.qp_state;
 }
 
+static int wait_readable(int efd, int ms)
+{
+	struct pollfd pfd = { .fd = efd, .events = POLLIN };
+
+	return poll(&pfd, 1, ms) == 1;
+}
+
+/*
+ * The data path without the provider: arm the CQ, post one RDMA WRITE
+ * whose SGE has a bad lkey, ring the doorbell. The device must complete
+ * it with an error CQE, notify the armed CQ (completion channel event:
+ * CQ notification queue -> comp_handler) and report QP_ACCESS_ERR
+ * (event queue -> QP event handler -> async fd).
+ */
+static void bad_lkey_write(void *db, void *kick, void *sq, void *cqbuf,
+			   struct cq_resp *cq, struct qp_resp *qp, int async_fd,
+			   __u64 addr, __u32 rkey)
+{
+	volatile struct vstellar_db_page_hdr *hdr = db;
+	volatile struct vstellar_db_cq *dcq =
+		(void *)((char *)db + VSTELLAR_DB_SLOT_SIZE * cq->drv.db_slot);
+	volatile struct vstellar_db_qp *dqp =
+		(void *)((char *)db + VSTELLAR_DB_SLOT_SIZE * qp->drv.db_slot);
+	volatile struct vstellar_cqe *cqe = cqbuf;
+	struct vstellar_send_wqe *w = sq;
+	struct vstellar_sge *sge = (void *)(w + 1);
+	struct ib_uverbs_comp_event_desc ce;
+	struct ib_uverbs_async_event_desc ae;
+	int i, got;
+
+	memset(w, 0, 128);
+	w->wr_id = 0x1234;
+	w->opcode = VSTELLAR_WR_RDMA_WRITE;
+	w->flags = VSTELLAR_WQE_SIGNALED;
+	w->num_sge = 1;
+	w->u.rdma.remote_addr = addr;
+	w->u.rdma.rkey = rkey;
+	sge->addr = addr;
+	sge->length = 64;
+	sge->lkey = 0xdead00;
+	dcq->arm = 1;
+	__sync_synchronize();
+	dqp->sq_pi = 1;
+	__sync_synchronize();
+	if (hdr->need_kick && kick != MAP_FAILED)
+		*(volatile __u32 *)kick = 1;
+
+	for (i = 0; i < 500 && !(cqe->owner & VSTELLAR_CQE_OWNER); i++)
+		usleep(10000);
+	__sync_synchronize();
+	result((cqe->owner & VSTELLAR_CQE_OWNER) && cqe->wr_id == 0x1234 &&
+	       cqe->status != 0 && cqe->qpn == qp->core.qpn,
+	       "bad-lkey RDMA WRITE completes in error (owner %u, wr_id %#llx, status %u)",
+	       cqe->owner, (unsigned long long)cqe->wr_id, cqe->status);
+
+	got = wait_readable(chan_fd, 5000) &&
+	      read(chan_fd, &ce, sizeof(ce)) == sizeof(ce);
+	result(got && ce.cq_handle == 1,
+	       "armed CQ raised a completion event (CQ notification queue)");
+	got = wait_readable(async_fd, 5000) &&
+	      read(async_fd, &ae, sizeof(ae)) == sizeof(ae);
+	result(got && ae.event_type == 3 /* IB_EVENT_QP_ACCESS_ERR */ &&
+	       ae.element == 2,
+	       "QP_ACCESS_ERR async event for the QP (event %u)",
+	       got ? ae.event_type : 0);
+	result(query_qp_state(qp->core.qp_handle) == VSTELLAR_QPS_ERR,
+	       "QP is in ERR");
+}
+
 /* Index and bytes of the first IPv4-mapped GID of port 1, -1 if none. */
 static int find_ipv4_gid(const char *ibdev, __u8 gid[16])
 {
@@ -207,7 +280,8 @@ int main(int argc, char **argv)
 	struct ctx_resp cr;
 	struct cq_resp cq, cq2;
 	struct qp_resp qp, qp2;
-	void *cqbuf, *sq, *rq, *mrbuf, *db, *p;
+	void *cqbuf, *sq, *rq, *mrbuf, *db, *p, *kick = MAP_FAILED;
+	__u32 mr_rkey = 0;
 	__u8 gid[16];
 	int err, gidx;
 
@@ -243,11 +317,9 @@ int main(int argc, char **argv)
 		       *need_kick);
 	}
 	if (cr.drv.comp_mask & VSTELLAR_UCTX_KICK_PAGE) {
-		p = mmap(NULL, page, PROT_WRITE, MAP_SHARED, fd,
-			 cr.drv.kick_mmap_key);
-		result(p != MAP_FAILED, "mmap kick page");
-		if (p != MAP_FAILED)
-			munmap(p, page);
+		kick = mmap(NULL, page, PROT_WRITE, MAP_SHARED, fd,
+			    cr.drv.kick_mmap_key);
+		result(kick != MAP_FAILED, "mmap kick page");
 	} else {
 		printf("ok %d # SKIP no kick page\n", ++n_test);
 	}
@@ -278,6 +350,7 @@ int main(int argc, char **argv)
 			 sizeof(mrr));
 	result(!err && mrr.lkey, "reg_mr 1 MiB (err %d, lkey %#x, rkey %#x)",
 	       err, mrr.lkey, mrr.rkey);
+	mr_rkey = mrr.rkey;
 	rm.length = 0;
 	err = uverbs_cmd(IB_USER_VERBS_CMD_REG_MR, &rm, sizeof(rm), NULL, 0,
 			 sizeof(mrr));
@@ -288,9 +361,21 @@ int main(int argc, char **argv)
 			 sizeof(mrr));
 	result(err == -EFAULT, "reg_mr of unmapped memory refused (err %d)", err);
 
-	/* CQ */
+	/* CQ, with a completion channel */
+	{
+		struct ib_uverbs_create_comp_channel_resp ccr;
+		struct ib_uverbs_create_comp_channel cc = {
+			.response = (uintptr_t)&ccr,
+		};
+
+		err = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, &cc,
+				 sizeof(cc), NULL, 0, sizeof(ccr));
+		result(!err, "create_comp_channel (err %d)", err);
+		chan_fd = comp_channel = err ? -1 : (int)ccr.fd;
+	}
 	cqbuf = ring(64 * sizeof(struct vstellar_cqe));
 	err = create_cq((uintptr_t)cqbuf, 6, 63, 1, &cq);
+	comp_channel = -1;
 	result(!err && cq.drv.db_slot >= VSTELLAR_DB_FIRST_SLOT,
 	       "create_cq of 64 (err %d, cqn %u, slot %u, cqe %u)", err,
 	       cq.drv.cqn, cq.drv.db_slot, cq.core.cqe);
@@ -337,6 +422,8 @@ int main(int argc, char **argv)
 		/* no net device with an IPv4 address: nothing to connect to */
 		for (int i = 0; i < 3; i++)
 			printf("ok %d # SKIP no IPv4 GID for RTR/RTS\n", ++n_test);
+		for (int i = 0; i < 4; i++)
+			printf("ok %d # SKIP no QP in RTS for the data path\n", ++n_test);
 	} else {
 		memset(&m, 0, sizeof(m));
 		m.qp_handle = qp.core.qp_handle;
@@ -371,6 +458,9 @@ int main(int argc, char **argv)
 		err = modify_qp(&m);
 		result(!err && query_qp_state(qp.core.qp_handle) == VSTELLAR_QPS_RTS,
 		       "modify_qp RTR -> RTS (err %d)", err);
+		if (!err && db != MAP_FAILED)
+			bad_lkey_write(db, kick, sq, cqbuf, &cq, &qp,
+				       cr.core.async_fd, (uintptr_t)mrbuf, mr_rkey);
 
 		memset(&m, 0, sizeof(m));
 		m.qp_handle = qp.core.qp_handle;
