@@ -9,6 +9,12 @@ Guests join a test network: one network namespace per guest ("host"), made
 here, each holding a bridge with the guest's tap device and one end of a veth
 pair that links the namespaces. Everything made is removed again on exit,
 failure, timeout or Ctrl-C (see Session).
+
+With vstellar=True every guest also gets the vStellar device: a vstellard
+per host namespace (Vstellard), QEMU with shared memfd RAM and
+vhost-user-vstellar-pci, and vstellar.ko loaded in the guest. The daemons
+talk UDP over a second, separate network (see TestNet) or over namespaces
+the caller made (vstellar_hosts=, e.g. a tools/fabric Clos).
 """
 
 import os
@@ -19,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import json
 import threading
 import time
 
@@ -28,6 +35,12 @@ ENV_FILE = os.path.join(TOP, "build", "guest.env")
 # Test-network addresses live only inside the namespaces made here.
 NET_PREFIX = "10.77.0"
 NS_PREFIX = "vst"
+
+# What a guest with the vStellar device loads, and the daemon's UDP base port.
+VSTELLAR_MODULES = ["vstellar", "ib_uverbs", "rdma_ucm"]
+VSTELLAR_PORT = 47000
+# Engine packets are up to 4 KiB: the daemons' network must not fragment them.
+FABRIC_MTU = 9000
 
 
 class GuestError(Exception):
@@ -68,6 +81,14 @@ class Artifacts:
         if not os.path.exists("/usr/share/seabios/bios-256k.bin"):
             raise GuestError("SeaBIOS is missing (/usr/share/seabios/bios-256k.bin): run `make deps`")
 
+    @property
+    def vstellard(self):
+        """The vstellard binary (VSTELLARD overrides build/'s)."""
+        p = os.environ.get("VSTELLARD") or os.path.join(TOP, "build", "qemu-device", "vstellard", "vstellard")
+        if not os.access(p, os.X_OK):
+            raise GuestError(f"vstellard not built ({p}): run `make host`")
+        return p
+
 
 def run(cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -93,14 +114,24 @@ class TestNet:
     Host i is namespace vst<id>h<i>; in it, bridge br0 joins tap0 (the
     guest's NIC) and the namespace's end of the veth link to the hub
     namespace vst<id>hub, whose bridge joins all hosts.
+
+    With fabric=True each host namespace also gets a veth "fab" into a
+    second bridge of the hub, fbr0, carrying the guest's own address
+    10.77.0.<i+1>/24: the network of the hosts' vstellards. br0 has no
+    address, so the guests' L2 (br0) and the daemons' network (fbr0) never
+    mix although both use 10.77.0.0/24. This is what RoCE-style GIDs need:
+    the driver makes the GID from the guest's IP, and vstellard sends to
+    the IPv4 in the destination GID, which must therefore be the peer
+    host's vstellard.
     """
 
-    def __init__(self, hosts, tag=None):
+    def __init__(self, hosts, tag=None, fabric=False):
         if os.geteuid() != 0:
             raise GuestError("test networks need root (network namespaces, tap devices)")
         self.tag = tag or f"{NS_PREFIX}{os.getpid()}"
         self.hub = f"{self.tag}hub"
         self.hosts = [f"{self.tag}h{i}" for i in range(hosts)]
+        self.fabric = fabric
         self.made = []
 
     def ns_exec(self, ns):
@@ -133,6 +164,22 @@ class TestNet:
                 self._ip("link", "set", dev, "master", "br0", "up", ns=ns)
             self._ip("link", "set", "br0", "up", ns=ns)
             self._ip("link", "set", "lo", "up", ns=ns)
+        if self.fabric:
+            self._ip("link", "add", "fbr0", "type", "bridge", ns=self.hub)
+            self._ip("link", "set", "fbr0", "mtu", str(FABRIC_MTU), "up", ns=self.hub)
+            for i, ns in enumerate(self.hosts):
+                # The host namespace owns the guest's address (on fab): its
+                # br0, which sees the guests' ARP requests, must not answer
+                # them for it (Linux answers for any local address by default).
+                r = run(self.ns_exec(ns) + ["sysctl", "-qw", "net.ipv4.conf.br0.arp_ignore=8"], check=False)
+                if r.returncode:
+                    raise GuestError(f"arp_ignore on br0 in {ns}: {r.stderr.strip()}")
+                self._ip("link", "add", "fab", "mtu", str(FABRIC_MTU), "type", "veth",
+                         "peer", "name", f"f{i}", "mtu", str(FABRIC_MTU), ns=ns)
+                self._ip("link", "set", f"f{i}", "netns", self.hub, ns=ns)
+                self._ip("link", "set", f"f{i}", "master", "fbr0", "up", ns=self.hub)
+                self._ip("addr", "add", f"{guest_ip(i)}/24", "dev", "fab", ns=ns)
+                self._ip("link", "set", "fab", "up", ns=ns)
         return self
 
     def destroy(self):
@@ -146,12 +193,88 @@ def guest_ip(index):
     return f"{NET_PREFIX}.{index + 1}"
 
 
+class Vstellard:
+    """One vstellard serving one guest, run in a network namespace.
+
+    Its socket, log and --stats-json file live in a private temporary
+    directory. stop() sends SIGTERM (the daemon writes its counters at
+    exit), then SIGKILL after a grace period; close() also removes the
+    directory. stats holds the parsed counters after stop().
+    """
+
+    def __init__(self, art, name, netns=None, ip="127.0.0.1", port=VSTELLAR_PORT, args=()):
+        self.binary = art.vstellard
+        self.netns, self.ip, self.port, self.args = netns, ip, port, list(args)
+        self.dir = tempfile.mkdtemp(prefix=f"vstellard-{name}-")
+        self.sock = os.path.join(self.dir, "vstellard.sock")
+        self.log = os.path.join(self.dir, "vstellard.log")
+        self.stats_file = os.path.join(self.dir, "stats.json")
+        self.proc = None
+        self.stats = None
+        self.log_text = ""
+
+    def argv(self):
+        argv = [self.binary, "--socket", self.sock, "--ip", self.ip, "--port", str(self.port),
+                "--stats-json", self.stats_file] + self.args
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns] + argv
+        return argv
+
+    def start(self, timeout=10):
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise GuestError(f"vstellard did not start ({' '.join(self.argv())}): {self.text()[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def text(self):
+        try:
+            with open(self.log) as f:
+                return f.read()
+        except OSError:
+            return self.log_text
+
+    def qemu_args(self, mem):
+        return ["-object", f"memory-backend-memfd,id=mem,size={mem}M,share=on",
+                "-machine", "memory-backend=mem",
+                "-chardev", f"socket,id=vst,path={self.sock}",
+                "-device", "vhost-user-vstellar-pci,chardev=vst"]
+
+    def stop(self, grace=3):
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self.stats is None and os.path.exists(self.stats_file):
+            try:
+                with open(self.stats_file) as f:
+                    self.stats = json.load(f)
+            except (OSError, ValueError):
+                pass
+        self.log_text = self.text()
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Guest:
     """One QEMU guest running one command."""
 
     def __init__(self, art, name, command, netns=None, index=0, mem=1024,
-                 modules=(), qemu_args=(), timeout=600, echo=None):
+                 modules=(), qemu_args=(), timeout=600, echo=None, addr=None):
         self.art, self.name, self.command = art, name, command
+        self.addr = addr  # eth0's "A.B.C.D/LEN"; default 10.77.0.<index+1>/24
         self.netns, self.index, self.mem = netns, index, mem
         self.modules, self.qemu_args, self.timeout = list(modules), list(qemu_args), timeout
         self.echo = echo  # callable(line) for live output, or None
@@ -182,7 +305,7 @@ class Guest:
         for d in self.art.firmware_dirs:
             argv += ["-L", d]
         if self.netns:
-            append.append(f"vstellar.ip={guest_ip(self.index)}/24")
+            append.append(f"vstellar.ip={self.addr or guest_ip(self.index) + '/24'}")
             mac = f"52:54:00:77:00:{self.index + 1:02x}"
             argv += ["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
                      "-device", f"virtio-net-pci,netdev=n0,mac={mac},romfile="]
@@ -253,6 +376,7 @@ class Session:
 
     def __init__(self):
         self.guests = []
+        self.daemons = []
         self.net = None
         self._old = {}
 
@@ -267,6 +391,8 @@ class Session:
     def __exit__(self, *exc):
         for g in self.guests:
             g.close()
+        for d in self.daemons:
+            d.close()
         if self.net:
             self.net.destroy()
         for sig, old in self._old.items():
@@ -275,32 +401,71 @@ class Session:
 
 
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
-               echo=None, qemu=None, image=None):
+               echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
+               guest_addrs=None, vstellard_args=(), daemons_out=None):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
     (the next guest's address, cyclically). Returns a list of
     (status, output_lines, console_lines), status 124 on timeout and 125 when
     the guest stopped without finishing the command.
+
+    vstellar=True: each guest gets the vStellar device, served by its own
+    vstellard, and loads VSTELLAR_MODULES. By default the daemons run in the
+    guests' host namespaces on TestNet's separate fabric network (vstellard
+    i on 10.77.0.<i+1>, the guest's own address). vstellar_hosts=[(netns,
+    ip)] puts daemon i in netns on ip instead (a network the caller made,
+    e.g. tools/fabric); guest_addrs=["A.B.C.D/LEN"] then gives the guests
+    the same addresses (the GID is the guest's IP, and vstellard sends to
+    the GID's IPv4), with a prefix long enough to reach each other over
+    the guests' own L2. vstellard_args: extra daemon options (--paths 8).
+    daemons_out: a list that receives, per guest, a dict with the daemon's
+    counters at exit ("stats", from --stats-json) and its log ("log").
     """
     art = Artifacts(qemu, image)
     n = len(commands)
+    if (vstellar_hosts or guest_addrs) and not vstellar:
+        raise GuestError("vstellar_hosts/guest_addrs need vstellar=True")
+    if vstellar and not network:
+        raise GuestError("the vStellar device needs the test network (its GID is eth0's address)")
+    for lst, what in ((vstellar_hosts, "vstellar_hosts"), (guest_addrs, "guest_addrs")):
+        if lst is not None and len(lst) != n:
+            raise GuestError(f"{what} needs one entry per guest ({n})")
+    addrs = list(guest_addrs) if guest_addrs else [f"{guest_ip(i)}/24" for i in range(n)]
+    ips = [a.split("/")[0] for a in addrs]
+    modules = list(modules)
+    if vstellar:
+        modules += [m for m in VSTELLAR_MODULES if m not in modules]
     with Session() as s:
-        if network:
-            s.net = TestNet(n)
-            s.net.create()
-        for i, cmd in enumerate(commands):
-            prologue = (f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={guest_ip(i)} "
-                        f"VSTELLAR_PEER_IP={guest_ip((i + 1) % n)}\n")
-            g = Guest(art, f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
-                      index=i, mem=mem, modules=modules, qemu_args=qemu_args, timeout=timeout, echo=echo)
-            s.guests.append(g)
-            g.start()
-        results = []
-        for g in s.guests:
-            status = g.wait()
-            results.append((status, list(g.output), list(g.console)))
-        return results
+        try:
+            if network:
+                s.net = TestNet(n, fabric=vstellar and not vstellar_hosts)
+                s.net.create()
+            for i, cmd in enumerate(commands):
+                prologue = (f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} "
+                            f"VSTELLAR_PEER_IP={ips[(i + 1) % n]}\n")
+                extra = list(qemu_args)
+                if vstellar:
+                    ns, ip = vstellar_hosts[i] if vstellar_hosts else (s.net.hosts[i], ips[i])
+                    d = Vstellard(art, f"guest{i}", netns=ns, ip=ip, args=vstellard_args)
+                    s.daemons.append(d)
+                    d.start()
+                    extra = d.qemu_args(mem) + extra
+                g = Guest(art, f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
+                          index=i, mem=mem, modules=modules, qemu_args=extra, timeout=timeout,
+                          echo=echo, addr=addrs[i] if network else None)
+                s.guests.append(g)
+                g.start()
+            results = []
+            for g in s.guests:
+                status = g.wait()
+                results.append((status, list(g.output), list(g.console)))
+            return results
+        finally:
+            for d in s.daemons:
+                d.stop()
+            if daemons_out is not None:
+                daemons_out.extend({"stats": d.stats, "log": d.log_text} for d in s.daemons)
 
 
 def cleanup_stale():
