@@ -45,7 +45,7 @@ struct vstellar_dev {
 
 	struct work_struct config_work;
 	bool registered;
-	bool fatal;				/* device lost: reported once */
+	unsigned long lost;			/* bit 0: loss handled (once) */
 
 	/* user doorbell pages (shm region 0) and the kick notify page */
 	u64 db_base;

@@ -116,6 +116,75 @@ static void vstellar_dispatch_port_event(struct vstellar_dev *dev,
 		ib_dispatch_event(&ev);
 }
 
+static void vstellar_reprobe_work(struct work_struct *work)
+{
+	struct vstellar_reprobe *r =
+		container_of(work, struct vstellar_reprobe, work);
+	unsigned int i;
+	int err;
+
+	/* the backend may take a while to come back: try a few times */
+	for (i = 0; i < VSTELLAR_REPROBE_TRIES; i++) {
+		msleep(r->delay_ms);
+		if (READ_ONCE(vstellar_exiting))
+			break;
+		/* remove (ib_device gone, device reset), then probe anew */
+		err = device_reprobe(&r->vdev->dev);
+		if (!err && READ_ONCE(r->vdev->dev.driver))
+			break;
+		dev_warn(&r->vdev->dev, "re-probe %u of %u failed\n", i + 1,
+			 VSTELLAR_REPROBE_TRIES);
+	}
+	put_device(&r->vdev->dev);
+	kfree(r);
+}
+
+/*
+ * After a loss the device must be reset and initialised again, and the
+ * ib_device with it (its users saw DEVICE_FATAL): unbind and bind the
+ * driver, from a work item of our own since remove waits for ours.
+ */
+static void vstellar_schedule_reprobe(struct vstellar_dev *dev)
+{
+	unsigned int delay = READ_ONCE(recover_delay_ms);
+	struct vstellar_reprobe *r;
+
+	if (!delay)
+		return;
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return;
+	INIT_WORK(&r->work, vstellar_reprobe_work);
+	r->vdev = dev->vdev;
+	r->delay_ms = delay;
+	get_device(&r->vdev->dev);
+	queue_work(vstellar_wq, &r->work);
+}
+
+/*
+ * The device lost its state (backend gone, or it said so): fail every
+ * pending and later command, tell the users, and re-probe. Once.
+ */
+static void vstellar_device_lost(struct vstellar_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+	u32 status;
+	u8 vstatus;
+
+	vstellar_com_abort(&dev->com, -ENODEV);
+	if (test_and_set_bit(0, &dev->lost))
+		return;
+	status = virtio_cread32(vdev, offsetof(struct virtio_vstellar_config,
+					       device_status));
+	vstatus = vdev->config->get_status(vdev);
+	dev_err(&vdev->dev, "device lost (device_status %#x%s%s); verbs fail from now on, re-probe in %u ms\n",
+		status, status & VSTELLAR_DEV_S_BACKEND_LOST ? ", backend gone" : "",
+		vstatus & VIRTIO_CONFIG_S_NEEDS_RESET ? ", needs reset" : "",
+		READ_ONCE(recover_delay_ms));
+	vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
+	vstellar_schedule_reprobe(dev);
+}
+
 static void vstellar_handle_event(struct vstellar_dev *dev,
 				  const struct vstellar_event *e)
 {
@@ -152,10 +221,7 @@ static void vstellar_handle_event(struct vstellar_dev *dev,
 	case VSTELLAR_EV_DEVICE_FATAL:
 		dev_err(&dev->vdev->dev, "device reported a fatal error (info %u)\n",
 			le32_to_cpu(e->info));
-		if (!dev->fatal) {
-			dev->fatal = true;
-			vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
-		}
+		vstellar_device_lost(dev);
 		break;
 	case VSTELLAR_EV_PORT_ACTIVE:
 	case VSTELLAR_EV_PORT_ERR:
@@ -247,76 +313,13 @@ static void vstellar_cqnq_done(struct virtqueue *vq)
 /* Device loss                                                       */
 /* ---------------------------------------------------------------- */
 
-static void vstellar_reprobe_work(struct work_struct *work)
-{
-	struct vstellar_reprobe *r =
-		container_of(work, struct vstellar_reprobe, work);
-	unsigned int i;
-	int err;
-
-	/* the backend may take a while to come back: try a few times */
-	for (i = 0; i < VSTELLAR_REPROBE_TRIES; i++) {
-		msleep(r->delay_ms);
-		if (READ_ONCE(vstellar_exiting))
-			break;
-		/* remove (ib_device gone, device reset), then probe anew */
-		err = device_reprobe(&r->vdev->dev);
-		if (!err && READ_ONCE(r->vdev->dev.driver))
-			break;
-		dev_warn(&r->vdev->dev, "re-probe %u of %u failed\n", i + 1,
-			 VSTELLAR_REPROBE_TRIES);
-	}
-	put_device(&r->vdev->dev);
-	kfree(r);
-}
-
-/*
- * After a loss the device must be reset and initialised again, and the
- * ib_device with it (its users saw DEVICE_FATAL): unbind and bind the
- * driver, from a work item of our own since remove waits for ours.
- */
-static void vstellar_schedule_reprobe(struct vstellar_dev *dev)
-{
-	unsigned int delay = READ_ONCE(recover_delay_ms);
-	struct vstellar_reprobe *r;
-
-	if (!delay)
-		return;
-	r = kzalloc(sizeof(*r), GFP_KERNEL);
-	if (!r)
-		return;
-	INIT_WORK(&r->work, vstellar_reprobe_work);
-	r->vdev = dev->vdev;
-	r->delay_ms = delay;
-	get_device(&r->vdev->dev);
-	queue_work(vstellar_wq, &r->work);
-}
-
 static void vstellar_config_work(struct work_struct *work)
 {
 	struct vstellar_dev *dev =
 		container_of(work, struct vstellar_dev, config_work);
-	struct virtio_device *vdev = dev->vdev;
-	u32 status;
-	u8 vstatus;
 
-	if (!vstellar_com_device_lost(&dev->com))
-		return;
-	status = virtio_cread32(vdev, offsetof(struct virtio_vstellar_config,
-					       device_status));
-	vstatus = vdev->config->get_status(vdev);
-
-	/* Nothing pending will be answered: fail it now, and all later. */
-	vstellar_com_abort(&dev->com, -ENODEV);
-	if (dev->fatal)
-		return;
-	dev->fatal = true;
-	dev_err(&vdev->dev, "device lost (device_status %#x%s%s); verbs fail from now on, re-probe in %u ms\n",
-		status, status & VSTELLAR_DEV_S_BACKEND_LOST ? ", backend gone" : "",
-		vstatus & VIRTIO_CONFIG_S_NEEDS_RESET ? ", needs reset" : "",
-		READ_ONCE(recover_delay_ms));
-	vstellar_dispatch_port_event(dev, IB_EVENT_DEVICE_FATAL);
-	vstellar_schedule_reprobe(dev);
+	if (vstellar_com_device_lost(&dev->com))
+		vstellar_device_lost(dev);
 }
 
 static void vstellar_config_changed(struct virtio_device *vdev)
