@@ -11,6 +11,34 @@ import re
 RXE_MODULES = ["crc32_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm"]
 RXE_SETUP = "rdma link add rxe0 type rxe netdev eth0 || exit 1\n"
 
+# The vStellar device: vstellar.ko is loaded by the launcher (run_guests
+# vstellar=True). Wait for vstellar0 and for the RoCE v2 GID of eth0's IPv4
+# address (the core fills the GID table from the net device's addresses,
+# after /init gives eth0 its address) and export its index as $GIDX: the
+# daemons send to the IPv4 inside the destination GID, so the IPv4-mapped
+# GID is the one to use (index 0 is usually the IPv6 link-local one).
+VSTELLAR_DEVICE = "vstellar0"
+VSTELLAR_SETUP = """\
+vst_gid() {
+  p=/sys/class/infiniband/vstellar0/ports/1
+  for g in $p/gids/*; do
+    i=${g##*/}
+    case "$(cat $g 2>/dev/null)" in
+      0000:0000:0000:0000:0000:ffff:*)
+        [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { echo $i; return 0; } ;;
+    esac
+  done
+  return 1
+}
+n=0
+until GIDX=$(vst_gid); do
+  n=$((n + 1)); [ $n -lt 100 ] || { echo "no IPv4 RoCE v2 GID on vstellar0" >&2; ls /sys/class/infiniband >&2; exit 1; }
+  sleep 0.1
+done
+export GIDX
+"""
+VSTELLAR_COMMON = "-x $GIDX"
+
 # The client may start before the server listens: retry the connection only,
 # for a bounded time (perftest exits at once when nobody listens).
 CLIENT_RETRY = """\
@@ -27,21 +55,22 @@ run_client() {{
 """
 
 
-def perftest_pair(tests, device, setup="", tries=60):
+def perftest_pair(tests, device, setup="", tries=60, common=""):
     """Server and client scripts that run each (tool, args) of tests in turn.
 
     tests: list of (tool, extra_args) such as ("ib_write_bw", "-s 65536 -n 200").
     Each tool runs on its own port so that a late client never meets the
-    previous test's server.
+    previous test's server. common: options for every tool, after -d and -p
+    (VSTELLAR_COMMON selects the GID).
     """
     server = [setup, "set -e"]
     client = [setup, CLIENT_RETRY.format(tries=tries), "set -e"]
     for i, (tool, args) in enumerate(tests):
         port = 18515 + i
         server.append(f"echo '== {tool} {args}'")
-        server.append(f"{tool} -d {device} -p {port} {args}")
+        server.append(f"{tool} -d {device} -p {port} {common} {args}")
         client.append(f"echo '== {tool} {args}'")
-        client.append(f"run_client {tool} -d {device} -p {port} {args} $VSTELLAR_PEER_IP")
+        client.append(f"run_client {tool} -d {device} -p {port} {common} {args} $VSTELLAR_PEER_IP")
     return "\n".join(server) + "\n", "\n".join(client) + "\n"
 
 

@@ -1,0 +1,93 @@
+"""The vStellar device end to end: two guests, each with vhost-user-vstellar-pci
+served by its own vstellard (tools/vstellar-guest --vstellar), unmodified
+verbs programs between them over the daemons' UDP transport.
+
+One boot of two guests runs everything (TCG boots are the cost): the device
+listing, ibv_rc_pingpong and perftest. Asserts behaviour (exit status, rows
+parsed, sizes and iterations as asked), never timings.
+"""
+import re
+import unittest
+
+from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+
+DEV = pt.VSTELLAR_DEVICE
+PINGPONG = ("ibv_rc_pingpong", "-g $GIDX -s 4096 -n 50")
+# perftest's -x: the IPv4-mapped GID (pt.VSTELLAR_SETUP finds its index).
+TESTS = [PINGPONG,
+         ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
+         ("ib_read_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
+         ("ib_send_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
+         ("ib_write_lat", "-x $GIDX -s 8 -n 100 -F")]
+BW_TESTS = [t for t in TESTS if t[0].endswith("_bw")]
+
+INFO = f"""\
+echo '== info'
+ibv_devices
+ibv_devinfo -d {DEV}
+echo "GIDX=$GIDX"
+cat /sys/class/infiniband/{DEV}/ports/1/gids/$GIDX
+"""
+
+
+class VstellarTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        try:
+            vg.Artifacts().vstellard
+        except vg.GuestError as e:
+            raise unittest.SkipTest(str(e))
+        server, client = pt.perftest_pair(TESTS, DEV, setup=pt.VSTELLAR_SETUP + INFO)
+        cls.daemons = []
+        cls.results = vg.run_guests([server, client], vstellar=True, timeout=400,
+                                    daemons_out=cls.daemons)
+        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
+
+    def test_guests_succeeded(self):
+        for i, (status, out, console) in enumerate(self.results):
+            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-80:]) +
+                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+
+    def test_device_listed_with_true_values(self):
+        for i in range(2):
+            info = "\n".join(self.sections[i].get("info", []))
+            self.assertRegex(info, rf"(?m)^\s+{DEV}\s+[0-9a-f]{{16}}$")      # ibv_devices
+            self.assertRegex(info, rf"hca_id:\s+{DEV}")
+            self.assertRegex(info, r"transport:\s+InfiniBand \(0\)")
+            self.assertRegex(info, r"state:\s+PORT_ACTIVE \(4\)")
+            self.assertRegex(info, r"link_layer:\s+Ethernet")
+            self.assertRegex(info, r"vendor_id:\s+0x1af4")
+            self.assertRegex(info, r"phys_port_cnt:\s+1")
+            # The GID perftest uses is the guest's IPv4 address, 10.77.0.<i+1>.
+            self.assertIn(f"0000:0000:0000:0000:0000:ffff:0a4d:000{i + 1}", info)
+
+    def test_rc_pingpong(self):
+        for i in range(2):
+            out = "\n".join(self.sections[i].get(" ".join(PINGPONG), []))
+            # size x iterations x 2 (each iteration is a send and a receive)
+            self.assertRegex(out, rf"(?m)^{4096 * 50 * 2} bytes in [\d.]+ seconds", out)
+            self.assertRegex(out, r"(?m)^50 iters in [\d.]+ seconds", out)
+            self.assertRegex(out, r"GID ::ffff:10\.77\.0\.\d", out)
+
+    def test_bandwidth(self):
+        for tool, args in BW_TESTS:
+            with self.subTest(tool=tool):
+                rows = pt.parse_bw(self.sections[1].get(f"{tool} {args}", []))
+                self.assertEqual(len(rows), 1, self.sections[1])
+                self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (65536, 100))
+                self.assertGreater(rows[0]["bw_avg_gbps"], 0.0)
+
+    def test_write_lat(self):
+        tool, args = TESTS[-1]
+        rows = pt.parse_lat(self.sections[1].get(f"{tool} {args}", []))
+        self.assertEqual(len(rows), 1, self.sections[1])
+        self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (8, 100))
+
+    def test_daemons_stopped_and_served_one_device_each(self):
+        for d in self.daemons:
+            self.assertIn("device 0: created", d["log"])
+            self.assertIsNotNone(d["stats"])
+
+
+if __name__ == "__main__":
+    unittest.main()
