@@ -39,6 +39,9 @@ host: deps $(BUILD)/build.ninja
 KDIR := /usr/src/linux-headers-$(GUEST_KERNEL_ABI)
 GUEST_EXTRA := $(BUILD)/guest-extra
 KMOD_DIR := kernel/vstellar
+# The driver's selftests (tools/testing/selftests style) run inside guests.
+KSELFTEST_DIR := tests/kselftest/vstellar
+KSELFTEST_PROGS := run_tests.sh ktap.sh vstellar_sysfs.sh vstellar_load.sh vstellar_uverbs
 
 kmod: deps
 	@test -d $(KDIR) || { echo "no guest kernel headers in $(KDIR): run make deps" >&2; exit 1; }
@@ -49,6 +52,10 @@ ifneq ($(wildcard $(KMOD_DIR)/Kbuild $(KMOD_DIR)/Makefile),)
 	@install -D -m644 $(KMOD_DIR)/vstellar.ko \
 		$(GUEST_EXTRA)/lib/modules/$(GUEST_KERNEL_ABI)/extra/vstellar.ko
 endif
+	@$(MAKE) --no-print-directory -s -C $(KSELFTEST_DIR) TOP=$(CURDIR) all
+	@mkdir -p $(GUEST_EXTRA)/usr/lib/vstellar-kselftest
+	@cp -a $(addprefix $(KSELFTEST_DIR)/,$(KSELFTEST_PROGS)) \
+		$(GUEST_EXTRA)/usr/lib/vstellar-kselftest/
 
 # The guest side: QEMU, rdma-core (with our provider), the guest image. Each
 # script prints its cached result; guest.env records them for the launcher.
