@@ -33,10 +33,7 @@ cat /sys/class/infiniband/{DEV}/ports/1/gids/$GIDX
 class VstellarTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        try:
-            vg.Artifacts().vstellard
-        except vg.GuestError as e:
-            raise unittest.SkipTest(str(e))
+        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         server, client = pt.perftest_pair(TESTS, DEV, setup=pt.VSTELLAR_SETUP + INFO)
         cls.daemons = []
         cls.results = vg.run_guests([server, client], vstellar=True, timeout=400,
