@@ -74,16 +74,21 @@ def perftest_pair(tests, device, setup="", tries=60, common=""):
     return "\n".join(server) + "\n", "\n".join(client) + "\n"
 
 
-def split_sections(lines):
-    """{'ib_write_bw -s ...': [lines]} from output with '== tool args' headers."""
-    sections, current = {}, None
+def sections_in_order(lines):
+    """[(header, [lines])] from output with '== tool args' headers, in order
+    (a test repeated with the same arguments gives one entry per run)."""
+    sections = []
     for line in lines:
         if line.startswith("== "):
-            current = line[3:].strip()
-            sections[current] = []
-        elif current is not None:
-            sections[current].append(line)
+            sections.append((line[3:].strip(), []))
+        elif sections:
+            sections[-1][1].append(line)
     return sections
+
+
+def split_sections(lines):
+    """{'ib_write_bw -s ...': [lines]}: the last run of each header."""
+    return dict(sections_in_order(lines))
 
 
 _NUM = r"[-+]?\d+(?:\.\d+)?"
