@@ -27,7 +27,7 @@ root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
 host_packages=(busybox-static kmod iproute2)
 
 debs=$VSTELLAR_CACHE/debs
-mkdir -p "$debs"
+apt_download_dir "$debs"
 getdeb() {
 	local pkg=$1 ver=$2
 	local f

@@ -31,12 +31,19 @@ key_of() {
 	done | sha256sum | cut -c1-16
 }
 
+# apt_download_dir DIR: make DIR and let apt's unprivileged download user
+# write there (apt otherwise warns that it downloads unsandboxed as root).
+apt_download_dir() {
+	mkdir -p "$1"
+	if id _apt > /dev/null 2>&1; then chown _apt "$1"; fi
+}
+
 # fetch_source PKG VERSION [apt-get source options]: download a Debian source
 # package once into the cache (apt checks it against the signed index).
 fetch_source() {
 	local pkg=$1 ver=$2; shift 2
 	local dir=$VSTELLAR_CACHE/src
-	mkdir -p "$dir"
+	apt_download_dir "$dir"
 	local upstream=${ver#*:}; upstream=${upstream%-*}
 	if ! compgen -G "$dir/${pkg}_${upstream}.orig.tar.*" >/dev/null; then
 		log "downloading Debian source $pkg=$ver"
