@@ -28,15 +28,13 @@ host_packages=(busybox-static kmod iproute2)
 
 debs=$VSTELLAR_CACHE/debs
 apt_download_dir "$debs"
-getdeb() {
+getdeb() {  # getdeb PKG VERSION: the .deb in the cache, downloaded once
 	local pkg=$1 ver=$2
-	local f
-	f=$(ls "$debs/${pkg}_"*.deb 2>/dev/null | grep -F "_${ver#*:}_" | head -n1 || true)
-	if [[ -z $f ]]; then
-		(cd "$debs" && apt-get download -qq "$pkg=$ver" 2>/dev/null) ||
-			die "apt-get download $pkg=$ver failed (run: make deps)"
-		f=$(ls "$debs/${pkg}_"*"_${ver#*:}_"*.deb | head -n1)
-	fi
+	# apt names files PKG_VERSION_ARCH.deb with an epoch's colon as %3a.
+	local f=$debs/${pkg}_${ver/:/%3a}_$(dpkg --print-architecture).deb
+	[[ -f $f ]] || (cd "$debs" && apt-get download -qq "$pkg=$ver") ||
+		die "apt-get download $pkg=$ver failed (run: make deps)"
+	[[ -f $f ]] || die "apt-get download $pkg=$ver did not give $f"
 	echo "$f"
 }
 kdeb=$(getdeb "linux-image-$abi" "$GUEST_KERNEL_VERSION")
