@@ -18,8 +18,9 @@ TESTS = [PINGPONG,
          ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_read_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_send_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
-         ("ib_write_lat", "-x $GIDX -s 8 -n 100 -F")]
-BW_TESTS = [t for t in TESTS if t[0].endswith("_bw")]
+         ("ib_write_lat", "-x $GIDX -s 8 -n 100 -F"),
+         ("ib_atomic_bw", "-x $GIDX -n 100 -F")]
+BW_TESTS = [t for t in TESTS if t[0].endswith("_bw") and t[0] != "ib_atomic_bw"]
 
 INFO = f"""\
 echo '== info'
@@ -74,8 +75,15 @@ class VstellarTest(unittest.TestCase):
                 self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (65536, 100))
                 self.assertGreater(rows[0]["bw_avg_gbps"], 0.0)
 
-    def test_write_lat(self):
+    def test_atomic_bw(self):
         tool, args = TESTS[-1]
+        rows = pt.parse_bw(self.sections[1].get(f"{tool} {args}", []))
+        self.assertEqual(len(rows), 1, self.sections[1])
+        self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (8, 100))  # 8-byte atomics
+        self.assertGreater(rows[0]["msg_rate_mpps"], 0.0)
+
+    def test_write_lat(self):
+        tool, args = TESTS[-2]
         rows = pt.parse_lat(self.sections[1].get(f"{tool} {args}", []))
         self.assertEqual(len(rows), 1, self.sections[1])
         self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (8, 100))
