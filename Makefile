@@ -46,12 +46,10 @@ KSELFTEST_PROGS := run_tests.sh ktap.sh vstellar_sysfs.sh vstellar_load.sh vstel
 kmod: deps
 	@test -d $(KDIR) || { echo "no guest kernel headers in $(KDIR): run make deps" >&2; exit 1; }
 	@rm -rf $(GUEST_EXTRA) && mkdir -p $(GUEST_EXTRA)
-ifneq ($(wildcard $(KMOD_DIR)/Kbuild $(KMOD_DIR)/Makefile),)
 	@$(MAKE) --no-print-directory -C $(KDIR) M=$(CURDIR)/$(KMOD_DIR) modules > $(BUILD)/kmod.log 2>&1 || \
 		{ cat $(BUILD)/kmod.log >&2; exit 1; }
 	@install -D -m644 $(KMOD_DIR)/vstellar.ko \
 		$(GUEST_EXTRA)/lib/modules/$(GUEST_KERNEL_ABI)/extra/vstellar.ko
-endif
 	@$(MAKE) --no-print-directory -s -C $(KSELFTEST_DIR) TOP=$(CURDIR) all
 	@mkdir -p $(GUEST_EXTRA)/usr/lib/vstellar-kselftest
 	@cp -a $(addprefix $(KSELFTEST_DIR)/,$(KSELFTEST_PROGS)) \
@@ -71,8 +69,10 @@ demo: all
 	@tools/demo.sh
 
 # One ctest run covers unit, host and guest tests, so CI reads one summary.
+# Leftovers of killed runs (guest and fabric namespaces) are removed first.
 test: all
 	@tools/vstellar-guest cleanup > /dev/null
+	@tools/fabric/vsfabric-cli cleanup > /dev/null
 	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
 
 test-unit: all
