@@ -145,29 +145,6 @@ void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
   comp_retire(qp);
 }
 
-// Scatter response bytes into the WQE's local SGEs at message offset `off`.
-bool Engine::place_local(Qp& qp, SendWqe& w, uint64_t off, const uint8_t* src, size_t len) {
-  uint64_t pos = 0;
-  size_t left = len;
-  for (uint32_t i = 0; i < w.nsge && left > 0; i++) {
-    const Sge& s = w.sge[i];
-    if (off >= pos + s.length) {
-      pos += s.length;
-      continue;
-    }
-    uint64_t in = off - pos;
-    uint64_t take = std::min<uint64_t>(s.length - in, left);
-    Mr* mr = find_mr(s.lkey);
-    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE)) return false;
-    if (!mem_write(mr->mem(), s.addr + in, src, take)) return false;
-    src += take;
-    left -= take;
-    off += take;
-    pos += s.length;
-  }
-  return left == 0;
-}
-
 void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
   uint32_t psn = p.base.psn;
   if (!in_window(qp, psn)) {
@@ -184,7 +161,8 @@ void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
     return;
   }
   SendWqe& w = qp.sq_at(r.wqe);
-  if (!place_local(qp, w, r.off, p.payload, p.payload_len)) {
+  WcStatus st;
+  if (!scatter(qp, w.sge, w.nsge, r.off, p.payload, p.payload_len, st)) {
     comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
     return;
   }
@@ -212,7 +190,8 @@ void Engine::comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
   }
   SendWqe& w = qp.sq_at(r.wqe);
   uint64_t orig = p.aresp.orig;
-  if (!place_local(qp, w, 0, reinterpret_cast<const uint8_t*>(&orig), 8)) {
+  WcStatus st;
+  if (!scatter(qp, w.sge, w.nsge, 0, reinterpret_cast<const uint8_t*>(&orig), 8, st)) {
     comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
     return;
   }

@@ -221,4 +221,37 @@ uint64_t Engine::next_deadline() {
   return d;
 }
 
+// Scatter len bytes from src into the SGE list at message offset off, checking
+// each SGE's lkey, PD and local-write access. On failure st says why:
+// LOC_PROT_ERR for a bad SGE, LOC_LEN_ERR when the SGEs are too short.
+bool Engine::scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src,
+                     size_t len, WcStatus& st) {
+  uint64_t pos = 0;
+  size_t left = len;
+  for (uint32_t i = 0; i < nsge && left > 0; i++) {
+    const Sge& s = sge[i];
+    if (off >= pos + s.length) {
+      pos += s.length;
+      continue;
+    }
+    uint64_t in = off - pos;
+    uint64_t take = std::min<uint64_t>(s.length - in, left);
+    Mr* mr = find_mr(s.lkey);
+    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE) ||
+        !mem_write(mr->mem(), s.addr + in, src, take)) {
+      st = WcStatus::LOC_PROT_ERR;
+      return false;
+    }
+    src += take;
+    left -= take;
+    off += take;
+    pos += s.length;
+  }
+  if (left) {
+    st = WcStatus::LOC_LEN_ERR;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace vstellar

@@ -155,36 +155,6 @@ void Engine::resp_advance(Qp& qp) {
   if (qp.epsn != start) resp_complete_recvs(qp);
 }
 
-bool Engine::scatter(Qp& qp, const RecvWqe& r, uint64_t off, const uint8_t* src, size_t len,
-                     WcStatus& st) {
-  uint64_t pos = 0;
-  size_t left = len;
-  for (uint32_t i = 0; i < r.nsge && left > 0; i++) {
-    const Sge& s = r.sge[i];
-    if (off >= pos + s.length) {
-      pos += s.length;
-      continue;
-    }
-    uint64_t in = off - pos;
-    uint64_t take = std::min<uint64_t>(s.length - in, left);
-    Mr* mr = find_mr(s.lkey);
-    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE) ||
-        !mem_write(mr->mem(), s.addr + in, src, take)) {
-      st = WcStatus::LOC_PROT_ERR;
-      return false;
-    }
-    src += take;
-    left -= take;
-    off += take;
-    pos += s.length;
-  }
-  if (left) {
-    st = WcStatus::LOC_LEN_ERR;
-    return false;
-  }
-  return true;
-}
-
 void Engine::resp_data(Qp& qp, const wire::Packet& p) {
   const wire::DataExt& e = p.data;
   const uint32_t psn = p.base.psn;
@@ -237,7 +207,7 @@ void Engine::resp_data(Qp& qp, const wire::Packet& p) {
       return;
     }
     WcStatus st = WcStatus::SUCCESS;
-    if (plen && !scatter(qp, *r, e.msg_off, p.payload, plen, st)) {
+    if (plen && !scatter(qp, r->sge, r->nsge, e.msg_off, p.payload, plen, st)) {
       r->status = st;
       resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, st);
       return;

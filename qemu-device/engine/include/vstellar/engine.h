@@ -127,7 +127,6 @@ class Engine {
   void resp_complete_recvs(Qp& qp);
   void resp_nak(Qp& qp, wire::Syndrome s, uint32_t psn, WcStatus local);
   void send_ack(Qp& qp);
-  bool scatter(Qp& qp, const RecvWqe& r, uint64_t off, const uint8_t* src, size_t len, WcStatus& st);
   // completer.cc
   void comp_ack(Qp& qp, const wire::Packet& p, uint64_t now);
   void comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now);
@@ -136,7 +135,10 @@ class Engine {
   void comp_fail_wqe(Qp& qp, uint64_t wqe, WcStatus st);
   void comp_retire(Qp& qp);
   void comp_rtt(Qp& qp, uint64_t rtt_ns);
-  bool place_local(Qp& qp, SendWqe& w, uint64_t off, const uint8_t* src, size_t len);
+  // engine.cc: shared by the responder (RECV data) and the completer (READ
+  // and atomic responses).
+  bool scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
+               WcStatus& st);
 
   void emit(Cq* cq, const Wc& wc);
   void xmit(Qp& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
