@@ -6,8 +6,8 @@ Every switch and host is a network namespace named with a per-process prefix
 (`vsf<pid>-`); links are veth pairs, shaped with tbf (rate, burst, queue
 limit) where a rate is given; ToRs spread traffic to other ToRs over all
 uplinks with Linux ECMP and the L4 hash (fib_multipath_hash_policy=1), so a
-UDP source port picks the uplink. Loss on a link is an eBPF tc classifier
-(see bpf.py). Everything the fabric made is removed by Fabric.destroy(),
+UDP source port picks the uplink. Loss on a link and ECN (CE) marking by a
+phantom queue are eBPF tc classifiers (see bpf.py). Everything the fabric made is removed by Fabric.destroy(),
 which also runs at exit and on SIGINT/SIGTERM/SIGHUP.
 
 Addressing (all in the benchmarking range 198.18.0.0/15):
@@ -93,13 +93,23 @@ class Fabric:
 
     uplink_rate / host_rate: tbf rate strings ("200mbit") or None (unshaped);
     queue: tbf queue limit in bytes; delay: netem delay (needs sch_netem).
+    mark_k: ECN marking off (None, the default) or the phantom queue's
+    threshold K in bytes: every shaped switch port (ToR and agg egress, not
+    the hosts' own ports) then gets a CE marker whose virtual queue drains at
+    mark_fraction x the link's rate (set_marking); mark_cap caps its backlog
+    (default: the queue limit).
     """
 
     def __init__(self, tors=2, hosts=1, aggs=4, uplink_rate=None, host_rate=None,
                  queue=200_000, delay=None, mtu=9000, hash_seed=None, prefix=None,
-                 verbose=False):
+                 verbose=False, mark_k=None, mark_fraction=0.95, mark_cap=None):
         if aggs < 1 or tors < 1 or hosts < 1 or hosts > 127 or tors > 63 or aggs > 511:
             raise ValueError("need 1..63 ToRs, 1..127 hosts per ToR, 1..511 aggs")
+        if mark_k is not None:
+            _check_marking(mark_k, mark_fraction, mark_cap or queue)
+            if not uplink_rate and not host_rate:
+                raise ValueError("ECN marking (mark_k) needs a link rate: the phantom queue "
+                                 "drains at mark_fraction x the link's tbf rate")
         self.T, self.H, self.A = tors, hosts, aggs
         self.uplink_rate, self.host_rate = uplink_rate, host_rate
         self.queue, self.delay, self.mtu = queue, delay, mtu
@@ -110,6 +120,8 @@ class Fabric:
         self.procs = []
         self.bpffs = None
         self.lossy = {}
+        self.mark_k, self.mark_fraction, self.mark_cap = mark_k, mark_fraction, mark_cap
+        self.marking = {}  # (ns, dev) -> {rate_bps, k, cap, prog, map}
         self.build_s = None
         _live.append(self)
 
@@ -198,6 +210,23 @@ class Fabric:
             for a in range(A):
                 self._shape(tn, f"u{a}", self.uplink_rate)
                 self._shape(self.agg(a), f"d{t}", self.uplink_rate)
+        if self.mark_k is not None:
+            for ns, dev, rate in self.switch_ports():
+                self.set_marking(ns, dev, _rate_bps(rate) * self.mark_fraction, self.mark_k,
+                                 self.mark_cap)
+
+    def switch_ports(self):
+        """(namespace, device, tbf rate) of every shaped switch egress port:
+        ToR ports to hosts and uplinks, agg ports down to ToRs."""
+        out = []
+        for t in range(self.T):
+            if self.host_rate:
+                out += [(self.tor(t), f"d{i}", self.host_rate) for i in range(self.H)]
+            if self.uplink_rate:
+                for a in range(self.A):
+                    out += [(self.tor(t), f"u{a}", self.uplink_rate),
+                            (self.agg(a), f"d{t}", self.uplink_rate)]
+        return out
 
     def _sysctls(self, ns, forward):
         vals = {"net/ipv4/conf/all/rp_filter": 0, "net/ipv4/conf/default/rp_filter": 0,
@@ -232,6 +261,20 @@ class Fabric:
                   "limit", str(self.queue)])
 
     # ---- impairments -------------------------------------------------------------
+    # Both are eBPF classifiers on the clsact egress hook of a link end, each
+    # at its own priority, so one link can have both: the loss filter runs
+    # first (a dropped packet never enters the phantom queue), a surviving
+    # packet goes on to the marker (TC_ACT_UNSPEC continues to the next prio).
+    PRIO_LOSS, PRIO_MARK = 1, 2
+
+    def _clsact(self, ns, dev):
+        if (ns, dev) not in self.lossy and (ns, dev) not in self.marking:
+            _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "clsact"])
+
+    def _del_filter(self, ns, dev, prio):
+        _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress", "prio", str(prio)],
+             check=False)
+
     def set_loss(self, tor, agg, prob, both=True):
         """Drop UDP on the link ToR `tor` <-> agg `agg` with probability prob
         (1.0 = black hole; 0 = remove). Routing does not know."""
@@ -239,18 +282,57 @@ class Fabric:
         for ns, dev in ends:
             key = (ns, dev)
             if key in self.lossy:
-                _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress"], check=False)
+                self._del_filter(ns, dev, self.PRIO_LOSS)
             if prob <= 0:
                 self.lossy.pop(key, None)
                 continue
-            if key not in self.lossy:
-                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "clsact"])
+            self._clsact(ns, dev)
             pin = os.path.join(self._bpffs(), f"loss-{ns}-{dev}-{int(prob * 1e6)}")
             if not os.path.exists(pin):
                 bpf.load_and_pin(prob, pin)
-            _run(["tc", "-n", ns, "filter", "add", "dev", dev, "egress", "bpf",
-                  "object-pinned", pin, "da"])
+            _run(["tc", "-n", ns, "filter", "add", "dev", dev, "egress", "prio",
+                  str(self.PRIO_LOSS), "bpf", "object-pinned", pin, "da"])
             self.lossy[key] = prob
+
+    def set_marking(self, ns, dev, rate_bps, k, cap=None):
+        """ECN CE marking on the egress of device `dev` in namespace `ns`: a
+        phantom queue drained at rate_bps (bits/s; a bit below the link's tbf
+        rate) marks ECT packets CE while its backlog exceeds k bytes; its
+        backlog is capped at `cap` bytes (default: the fabric's queue limit,
+        as a real queue could not hold more). rate_bps 0 or None removes it
+        (and its counters)."""
+        key = (ns, dev)
+        if key in self.marking:
+            self._del_filter(ns, dev, self.PRIO_MARK)
+            old = self.marking.pop(key)
+            for f in (old["prog"], old["map"]):
+                try:
+                    os.unlink(f)
+                except FileNotFoundError:
+                    pass
+        if not rate_bps:
+            return
+        cap = cap or self.queue
+        _check_marking(k, 0.5, cap)
+        self._clsact(ns, dev)
+        base = os.path.join(self._bpffs(), f"mark-{ns}-{dev}")
+        prog, mp = base + "-prog", base + "-map"
+        bpf.load_marker(rate_bps / 8, k, cap, prog, mp)
+        self.marking[key] = {"rate_bps": rate_bps, "k": k, "cap": cap, "prog": prog, "map": mp}
+        _run(["tc", "-n", ns, "filter", "add", "dev", dev, "egress", "prio",
+              str(self.PRIO_MARK), "bpf", "object-pinned", prog, "da"])
+
+    def set_link_marking(self, tor, agg, k, fraction=0.95, cap=None, both=True):
+        """Marking on the link ToR `tor` <-> agg `agg` (k None: off), drained
+        at fraction x uplink_rate; needs a shaped uplink."""
+        if k is not None:
+            if not self.uplink_rate:
+                raise ValueError("marking needs a link rate (uplink_rate)")
+            _check_marking(k, fraction, cap or self.queue)
+        rate = _rate_bps(self.uplink_rate) * fraction if k is not None else 0
+        ends = [(self.tor(tor), f"u{agg}")] + ([(self.agg(agg), f"d{tor}")] if both else [])
+        for ns, dev in ends:
+            self.set_marking(ns, dev, rate, k, cap)
 
     def _bpffs(self):
         if not self.bpffs:
@@ -279,6 +361,22 @@ class Fabric:
 
     def all_counters(self):
         return {ns: self.link_counters(ns) for ns in self.namespaces}
+
+    def mark_counters(self):
+        """{(ns, dev): {pkts, bytes, marked, over, over_not_ect, backlog,
+        max_backlog, last_ns}} of every marker: pkts/bytes seen, marked = CE
+        marks set, over = packets that found the phantom queue above K,
+        over_not_ect = those of them that were not ECT (passed unmarked),
+        backlog = the virtual queue at the last packet (bytes)."""
+        return {key: bpf.read_marker(m["map"]) for key, m in self.marking.items()}
+
+    def uplink_marks(self, t=0):
+        """CE marks set on ToR t's uplinks (0 where there is no marker)."""
+        out = []
+        for a in range(self.A):
+            m = self.marking.get((self.tor(t), f"u{a}"))
+            out.append(bpf.read_marker(m["map"])["marked"] if m else 0)
+        return out
 
     def qdisc_stats(self, ns):
         """{dev: {backlog, qlen, drops, bytes}} of the tbf qdiscs in ns."""
@@ -312,6 +410,7 @@ class Fabric:
     # ---- teardown ------------------------------------------------------------------
     def destroy(self):
         self.kill_procs()
+        self.lossy, self.marking = {}, {}
         if self.namespaces:
             existing = set(list_namespaces(self.prefix))
             dels = [f"netns del {n}" for n in self.namespaces if n in existing]
@@ -337,7 +436,18 @@ class Fabric:
                 "queue_bytes": self.queue, "delay": self.delay, "mtu": self.mtu,
                 "ecmp": "fib_multipath_hash_policy=1 (L4 5-tuple)",
                 "hash_seed": self.hash_seed, "namespaces": len(self.namespaces),
+                "ecn_marking": None if self.mark_k is None else
+                {"kind": "phantom queue (eBPF)", "k_bytes": self.mark_k,
+                 "rate_fraction": self.mark_fraction,
+                 "cap_bytes": self.mark_cap or self.queue},
                 "build_s": round(self.build_s or 0, 3)}
+
+
+def _check_marking(k, fraction, cap):
+    if not 0 < fraction <= 1:
+        raise ValueError(f"mark fraction {fraction}: need 0 < f <= 1")
+    if not 0 < k < cap:
+        raise ValueError(f"mark K {k} B: need 0 < K < the queue limit ({cap} B)")
 
 
 def _rate_bps(r):

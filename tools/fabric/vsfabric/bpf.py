@@ -1,5 +1,13 @@
-"""A tiny eBPF tc classifier that drops IPv4 UDP packets with a given
-probability: this kernel has no netem, so packet loss on a link is made here.
+"""Tiny eBPF tc classifiers for the fabric's links: this kernel has no netem
+and no ECN-marking qdisc (no red/codel/pie), so loss and CE marking are made
+here.
+
+* drop_program: drop IPv4 UDP packets with a given probability.
+* mark_program: a phantom queue (HULL, Alizadeh et al., NSDI 2012) that marks
+  CE: a virtual queue per link, drained at a rate a bit below the link's, fed
+  with every IPv4 packet's length; ECT packets that arrive while it holds more
+  than K bytes are marked CE (bpf_skb_ecn_set_ce). Non-ECT packets are never
+  touched. Its state and counters live in a one-entry BPF array map.
 
 The program is assembled by hand (no clang needed), loaded with the bpf(2)
 system call through ctypes, pinned into a private bpffs mount and attached
@@ -12,9 +20,19 @@ import ctypes
 import os
 import struct
 
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
 BPF_PROG_LOAD = 5
 BPF_OBJ_PIN = 6
+BPF_OBJ_GET = 7
+BPF_MAP_TYPE_ARRAY = 2
 BPF_PROG_TYPE_SCHED_CLS = 3
+BPF_PSEUDO_MAP_FD = 1
+# helpers
+FN_MAP_LOOKUP_ELEM = 1
+FN_KTIME_GET_NS = 5
+FN_GET_PRANDOM_U32 = 7
+FN_SKB_ECN_SET_CE = 97
 NR_BPF = 321  # x86_64
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -54,8 +72,7 @@ def _bpf(cmd, attr):
     return r
 
 
-def load_and_pin(prob, path):
-    code = drop_program(prob)
+def _load(code):
     insns = ctypes.create_string_buffer(code, len(code))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(65536)
@@ -63,11 +80,137 @@ def load_and_pin(prob, path):
                        ctypes.addressof(insns), ctypes.addressof(lic),
                        1, len(log), ctypes.addressof(log), 0)
     try:
-        fd = _bpf(BPF_PROG_LOAD, attr)
+        return _bpf(BPF_PROG_LOAD, attr)
     except OSError as e:
         raise OSError(e.errno, f"{e.strerror}: {log.value.decode(errors='replace')}")
+
+
+def _pin(fd, path):
+    p = ctypes.create_string_buffer(path.encode())
+    _bpf(BPF_OBJ_PIN, struct.pack("<QI", ctypes.addressof(p), fd))
+
+
+def load_and_pin(prob, path):
+    """Load the drop program for prob and pin it at path."""
+    fd = _load(drop_program(prob))
     try:
-        p = ctypes.create_string_buffer(path.encode())
-        _bpf(BPF_OBJ_PIN, struct.pack("<QI", ctypes.addressof(p), fd))
+        _pin(fd, path)
+    finally:
+        os.close(fd)
+
+
+# ---- phantom-queue CE marker --------------------------------------------------
+# Map value (one entry, 8 x u64):
+MARK_FIELDS = ("last_ns", "backlog", "pkts", "marked", "over_not_ect", "over", "bytes", "max_backlog")
+_V = {n: 8 * i for i, n in enumerate(MARK_FIELDS)}
+MAX_ELAPSED_NS = 1_000_000_000  # clamp, so elapsed * rate never overflows 64 bits
+
+
+def mark_program(map_fd, rate_Bps, k_bytes, cap_bytes):
+    """Bytecode: phantom queue drained at rate_Bps (bytes/s), CE mark above
+    k_bytes, virtual backlog capped at cap_bytes. Always TC_ACT_UNSPEC (the
+    packet continues: to the next filter, then the qdisc)."""
+    rate = int(rate_Bps)
+    if rate <= 0 or rate * MAX_ELAPSED_NS >= 1 << 63:
+        raise ValueError(f"phantom queue rate {rate_Bps} B/s out of range")
+    if not 0 < k_bytes < cap_bytes < 1 << 31:
+        raise ValueError(f"need 0 < K ({k_bytes}) < cap ({cap_bytes}) < 2^31")
+
+    def ld64(dst, imm, src=0):
+        return [_insn(0x18, dst, src, 0, imm & 0xffffffff), _insn(0x00, 0, 0, 0, imm >> 32)]
+
+    def xadd(off, reg=1):  # lock *(u64 *)(r9 + off) += reg
+        return _insn(0xdb, 9, reg, off, 0)
+
+    # Labels are resolved by counting slots; the layout below is fixed.
+    head = [
+        _insn(0xbf, 6, 1),                       # r6 = ctx
+        _insn(0x61, 0, 1, 16),                   # r0 = skb->protocol
+        None,                                    # if r0 != htons(ETH_P_IP) goto pass
+        _insn(0x61, 7, 1, 0),                    # r7 = skb->len
+        _insn(0x62, 10, 0, -4, 0),               # *(u32 *)(fp - 4) = 0 (key)
+        *ld64(1, map_fd, BPF_PSEUDO_MAP_FD),     # r1 = map
+        _insn(0xbf, 2, 10),                      # r2 = fp
+        _insn(0x07, 2, 0, 0, -4),                # r2 += -4
+        _insn(0x85, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
+        None,                                    # if r0 == 0 goto pass
+        _insn(0xbf, 9, 0),                       # r9 = value
+        _insn(0x85, 0, 0, 0, FN_KTIME_GET_NS),   # r0 = now
+        _insn(0x79, 1, 9, _V["last_ns"]),        # r1 = last
+        _insn(0x7b, 9, 0, _V["last_ns"]),        # last = now
+        _insn(0xbf, 2, 0),                       # r2 = now
+        _insn(0x1f, 2, 1),                       # r2 -= last (elapsed)
+        _insn(0xb5, 2, 0, 1, MAX_ELAPSED_NS),    # if r2 <= MAX goto +1
+        _insn(0xb7, 2, 0, 0, MAX_ELAPSED_NS),    # r2 = MAX
+        *ld64(1, rate),                          # r1 = rate (bytes/s)
+        _insn(0x2f, 2, 1),                       # r2 *= r1
+        _insn(0x37, 2, 0, 0, 1_000_000_000),     # r2 /= 1e9   (drained bytes)
+        _insn(0x79, 3, 9, _V["backlog"]),        # r3 = backlog
+        _insn(0xbf, 4, 3),                       # r4 = r3
+        _insn(0x1f, 4, 2),                       # r4 -= drained
+        _insn(0x2d, 3, 2, 1),                    # if backlog > drained goto +1
+        _insn(0xb7, 4, 0, 0, 0),                 # r4 = 0
+        _insn(0x0f, 4, 7),                       # r4 += len
+        _insn(0xb5, 4, 0, 1, cap_bytes),         # if r4 <= cap goto +1
+        _insn(0xb7, 4, 0, 0, cap_bytes),         # r4 = cap
+        _insn(0x7b, 9, 4, _V["backlog"]),        # backlog = r4
+        _insn(0x79, 3, 9, _V["max_backlog"]),    # r3 = max_backlog
+        _insn(0x3d, 3, 4, 1),                    # if r3 >= r4 goto +1
+        _insn(0x7b, 9, 4, _V["max_backlog"]),    # max_backlog = r4 (racy, a statistic)
+        _insn(0xb7, 1, 0, 0, 1),                 # r1 = 1
+        xadd(_V["pkts"]),
+        xadd(_V["bytes"], 7),
+        None,                                    # if r4 <= K goto pass
+        _insn(0xb7, 1, 0, 0, 1),
+        xadd(_V["over"]),
+        _insn(0xbf, 1, 6),                       # r1 = ctx
+        _insn(0x85, 0, 0, 0, FN_SKB_ECN_SET_CE),  # r0 = 1 if marked (was ECT)
+        _insn(0xb7, 1, 0, 0, 1),                 # r1 = 1
+        _insn(0x15, 0, 0, 2, 0),                 # if r0 == 0 goto not_ect
+        xadd(_V["marked"]),
+        _insn(0x05, 0, 0, 1),                    # goto pass
+        xadd(_V["over_not_ect"]),                # not_ect:
+    ]
+    tail = [_insn(0xb7, 0, 0, 0, -1), _insn(0x95)]  # pass: r0 = TC_ACT_UNSPEC; exit
+    holes = [i for i, x in enumerate(head) if x is None]
+    passlabel = len(head)
+    fill = [_insn(0x55, 0, 0, 0, 0x0008),        # protocol != IPv4
+            _insn(0x15, 0, 0, 0, 0),             # r0 == NULL
+            _insn(0xb5, 4, 0, 0, k_bytes)]      # r4 <= K
+    for h, ins in zip(holes, fill):
+        code, regs, _, imm = struct.unpack("<BBhI", ins)
+        head[h] = struct.pack("<BBhI", code, regs, passlabel - h - 1, imm)
+    return b"".join(head + tail)
+
+
+def create_mark_map():
+    attr = struct.pack("<IIIII", BPF_MAP_TYPE_ARRAY, 4, 8 * len(MARK_FIELDS), 1, 0)
+    return _bpf(BPF_MAP_CREATE, attr)
+
+
+def load_marker(rate_Bps, k_bytes, cap_bytes, prog_path, map_path):
+    """Create the state map and the marker program, pin both."""
+    mfd = create_mark_map()
+    try:
+        pfd = _load(mark_program(mfd, rate_Bps, k_bytes, cap_bytes))
+        try:
+            _pin(mfd, map_path)
+            _pin(pfd, prog_path)
+        finally:
+            os.close(pfd)
+    finally:
+        os.close(mfd)
+
+
+def read_marker(map_path):
+    """The marker's map entry as a dict of MARK_FIELDS."""
+    p = ctypes.create_string_buffer(map_path.encode())
+    fd = _bpf(BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(p), 0, 0))
+    try:
+        key = ctypes.create_string_buffer(4)
+        val = ctypes.create_string_buffer(8 * len(MARK_FIELDS))
+        _bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("<IIQQQ", fd, 0, ctypes.addressof(key),
+                                              ctypes.addressof(val), 0))
+        return dict(zip(MARK_FIELDS, struct.unpack(f"<{len(MARK_FIELDS)}Q", val.raw)))
     finally:
         os.close(fd)
