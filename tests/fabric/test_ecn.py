@@ -3,8 +3,8 @@
 on a small Clos (2 ToRs, 1 host each, 2 uplinks of 100 Mbit/s). Behaviour
 only, never timing or throughput:
   1. at a marker whose phantom queue is always above K, ECT(0) and ECT(1)
-     datagrams arrive CE-marked, non-ECT ones arrive unchanged, none is
-     dropped, and the map counts them (marked, over_not_ect);
+     datagrams arrive CE-marked, not-ECT and CE ones arrive unchanged, none
+     is dropped, and the map counts them (marked, over_not_ect, over_ce);
   2. marking on (Fabric(mark_k=...)): a single-path connection that
      saturates its uplink gets CE marks on that uplink, the receiving
      engine counts CE marks (ce_marks > 0, never more than the link set);
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.join(here, "..", "..", "tools", "fabric"))
 
 
 def udp_tos_check(fab, vsfabric, n=20):
-    """Send n datagrams each of TOS 0 (not ECT), 2 (ECT(0)), 1 (ECT(1)) from
-    h0.0 to h1.0; return {sent_tos: [received tos, ...]}."""
+    """Send n datagrams each of TOS 0 (not ECT), 2 (ECT(0)), 1 (ECT(1)), 3 (CE)
+    from h0.0 to h1.0; return {sent_tos: [received tos, ...]}."""
     with vsfabric.Netns(fab.host(1, 0)):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with vsfabric.Netns(fab.host(0, 0)):
@@ -35,11 +35,11 @@ def udp_tos_check(fab, vsfabric, n=20):
         rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
         rx.settimeout(2.0)
         tx.bind((fab.host_ip(0, 0), 20001))
-        order = [0, 2, 1] * n
+        order = [0, 2, 1, 3] * n
         for tos in order:
             tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
-            tx.sendto(bytes([tos]) * 1000, (fab.host_ip(1, 0), 20000))
-        got = {0: [], 2: [], 1: []}
+            tx.sendto(bytes([tos]) * 100, (fab.host_ip(1, 0), 20000))
+        got = {0: [], 2: [], 1: [], 3: []}
         for _ in order:
             try:
                 data, anc, _, _ = rx.recvmsg(2000, socket.CMSG_SPACE(4))
@@ -82,8 +82,9 @@ def main():
         check(len(fab.marking) == 4 * A, f"a marker on every shaped switch port ({len(fab.marking)})")
 
         # 1. ECT vs not-ECT at a marker that is always over K (1 kB/s drain,
-        # K = 1 kB: every datagram of 1 kB is over it).
-        fab.set_marking(fab.tor(1), "d0", 8000, 1000, cap=1_000_000)
+        # K = 100 B: every datagram of 142 B is over it). The 80 datagrams
+        # (11 kB) stay below the uplinks' K, so nothing is marked upstream.
+        fab.set_marking(fab.tor(1), "d0", 8000, 100, cap=1_000_000)
         got = udp_tos_check(fab, vsfabric)
         m = fab.mark_counters()[(fab.tor(1), "d0")]
         check(all(len(v) == 20 for v in got.values()),
@@ -91,8 +92,10 @@ def main():
         check(got[0] == [0] * len(got[0]), f"not-ECT arrives unchanged: {set(got[0])}")
         check(got[2] == [3] * len(got[2]) and got[1] == [3] * len(got[1]),
               f"ECT(0) and ECT(1) arrive CE: {set(got[2])}, {set(got[1])}")
-        check(m["marked"] == 40 and m["over_not_ect"] >= 20,
-              f"marker counts 40 marked, 20 not-ECT over K: {m['marked']}, {m['over_not_ect']}")
+        check(got[3] == [3] * len(got[3]), f"CE arrives CE: {set(got[3])}")
+        check(m["marked"] == 40 and m["over_ce"] == 20 and m["over_not_ect"] >= 20,
+              f"marker counts 40 marked, 20 CE and 20 not-ECT over K: {m['marked']}, "
+              f"{m['over_ce']}, {m['over_not_ect']}")
         fab.set_marking(fab.tor(1), "d0", 0, 0)
         check((fab.tor(1), "d0") not in fab.marking, "a marker can be removed")
 
@@ -104,7 +107,9 @@ def main():
         ce = (r[0].get("server") or {}).get("engine", {}).get("ce_marks", -1)
         check(s["all_completed"], f"marking on: all messages completed ({s['posted']} posted)")
         check(sum(marks) > 0, f"marking on: the loaded uplink marked CE: {marks}")
-        check(0 < ce <= sum(marks), f"marking on: the engine counted CE marks ({ce})")
+        allm = sum(m["marked"] for m in fab.mark_counters().values())
+        check(0 < ce <= allm, f"marking on: the engine counted CE marks ({ce}, "
+                              f"all ports marked {allm})")
 
         # 3. Loss and marking on the same uplink (the one path 0 takes).
         lossy = int(harness.route_dev(fab, fab.tor(0), [(harness.ports(0)[1], harness.ports(0)[0])],

@@ -363,11 +363,12 @@ class Fabric:
         return {ns: self.link_counters(ns) for ns in self.namespaces}
 
     def mark_counters(self):
-        """{(ns, dev): {pkts, bytes, marked, over, over_not_ect, backlog,
-        max_backlog, last_ns}} of every marker: pkts/bytes seen, marked = CE
-        marks set, over = packets that found the phantom queue above K,
-        over_not_ect = those of them that were not ECT (passed unmarked),
-        backlog = the virtual queue at the last packet (bytes)."""
+        """{(ns, dev): {pkts, bytes, marked, over, over_not_ect, over_ce,
+        backlog, max_backlog, last_ns}} of every marker: pkts/bytes = IPv4
+        seen, marked = CE marks set, over = packets that found the phantom
+        queue above K, of which over_not_ect were not ECT and over_ce were
+        CE already (both passed unchanged), backlog = the virtual queue at the
+        last packet (bytes)."""
         return {key: bpf.read_marker(m["map"]) for key, m in self.marking.items()}
 
     def uplink_marks(self, t=0):

@@ -6,8 +6,8 @@ here.
 * mark_program: a phantom queue (HULL, Alizadeh et al., NSDI 2012) that marks
   CE: a virtual queue per link, drained at a rate a bit below the link's, fed
   with every IPv4 packet's length; ECT packets that arrive while it holds more
-  than K bytes are marked CE (bpf_skb_ecn_set_ce). Non-ECT packets are never
-  touched. Its state and counters live in a one-entry BPF array map.
+  than K bytes are marked CE (bpf_skb_ecn_set_ce). Not-ECT packets and
+  packets already CE are never touched. Its state and counters live in a one-entry BPF array map.
 
 The program is assembled by hand (no clang needed), loaded with the bpf(2)
 system call through ctypes, pinned into a private bpffs mount and attached
@@ -100,10 +100,32 @@ def load_and_pin(prob, path):
 
 
 # ---- phantom-queue CE marker --------------------------------------------------
-# Map value (one entry, 8 x u64):
-MARK_FIELDS = ("last_ns", "backlog", "pkts", "marked", "over_not_ect", "over", "bytes", "max_backlog")
+# Map value (one entry, u64 each):
+MARK_FIELDS = ("last_ns", "backlog", "pkts", "marked", "over_not_ect", "over", "bytes",
+               "max_backlog", "over_ce")
 _V = {n: 8 * i for i, n in enumerate(MARK_FIELDS)}
 MAX_ELAPSED_NS = 1_000_000_000  # clamp, so elapsed * rate never overflows 64 bits
+
+
+def _assemble(prog):
+    """prog: list of instructions (bytes), label names (str) and jumps
+    ("jmp", code, dst, src, imm, label). Returns the bytecode."""
+    pos, n = {}, 0
+    for x in prog:
+        if isinstance(x, str):
+            pos[x] = n
+        else:
+            n += 1
+    out, n = [], 0
+    for x in prog:
+        if isinstance(x, str):
+            continue
+        if isinstance(x, tuple):
+            _, code, dst, src, imm, label = x
+            x = _insn(code, dst, src, pos[label] - n - 1, imm)
+        out.append(x)
+        n += 1
+    return b"".join(out)
 
 
 def mark_program(map_fd, rate_Bps, k_bytes, cap_bytes):
@@ -117,23 +139,24 @@ def mark_program(map_fd, rate_Bps, k_bytes, cap_bytes):
         raise ValueError(f"need 0 < K ({k_bytes}) < cap ({cap_bytes}) < 2^31")
 
     def ld64(dst, imm, src=0):
+        # the 2nd slot is a pseudo-instruction and is counted as one slot
         return [_insn(0x18, dst, src, 0, imm & 0xffffffff), _insn(0x00, 0, 0, 0, imm >> 32)]
 
-    def xadd(off, reg=1):  # lock *(u64 *)(r9 + off) += reg
-        return _insn(0xdb, 9, reg, off, 0)
+    def count(field, reg=1):  # lock *(u64 *)(r9 + field) += reg
+        return _insn(0xdb, 9, reg, _V[field], 0)
 
-    # Labels are resolved by counting slots; the layout below is fixed.
-    head = [
-        _insn(0xbf, 6, 1),                       # r6 = ctx
+    one = _insn(0xb7, 1, 0, 0, 1)                # r1 = 1
+    prog = [
+        _insn(0xbf, 6, 1),                       # r6 = ctx (ld_abs needs it there)
         _insn(0x61, 0, 1, 16),                   # r0 = skb->protocol
-        None,                                    # if r0 != htons(ETH_P_IP) goto pass
+        ("jmp", 0x55, 0, 0, 0x0008, "pass"),     # if r0 != htons(ETH_P_IP) goto pass
         _insn(0x61, 7, 1, 0),                    # r7 = skb->len
         _insn(0x62, 10, 0, -4, 0),               # *(u32 *)(fp - 4) = 0 (key)
         *ld64(1, map_fd, BPF_PSEUDO_MAP_FD),     # r1 = map
         _insn(0xbf, 2, 10),                      # r2 = fp
         _insn(0x07, 2, 0, 0, -4),                # r2 += -4
         _insn(0x85, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
-        None,                                    # if r0 == 0 goto pass
+        ("jmp", 0x15, 0, 0, 0, "pass"),          # if r0 == NULL goto pass
         _insn(0xbf, 9, 0),                       # r9 = value
         _insn(0x85, 0, 0, 0, FN_KTIME_GET_NS),   # r0 = now
         _insn(0x79, 1, 9, _V["last_ns"]),        # r1 = last
@@ -157,30 +180,27 @@ def mark_program(map_fd, rate_Bps, k_bytes, cap_bytes):
         _insn(0x79, 3, 9, _V["max_backlog"]),    # r3 = max_backlog
         _insn(0x3d, 3, 4, 1),                    # if r3 >= r4 goto +1
         _insn(0x7b, 9, 4, _V["max_backlog"]),    # max_backlog = r4 (racy, a statistic)
-        _insn(0xb7, 1, 0, 0, 1),                 # r1 = 1
-        xadd(_V["pkts"]),
-        xadd(_V["bytes"], 7),
-        None,                                    # if r4 <= K goto pass
-        _insn(0xb7, 1, 0, 0, 1),
-        xadd(_V["over"]),
+        one, count("pkts"),
+        count("bytes", 7),
+        ("jmp", 0xb5, 4, 0, k_bytes, "pass"),    # if backlog <= K goto pass
+        one, count("over"),
+        _insn(0x30, 0, 0, 0, 14 + 1),            # r0 = ip->tos (ld_abs b)
+        _insn(0x57, 0, 0, 0, 3),                 # r0 &= INET_ECN_MASK
+        ("jmp", 0x15, 0, 0, 0, "not_ect"),       # Not-ECT: leave it alone
+        ("jmp", 0x15, 0, 0, 3, "ce"),            # already CE (marked upstream)
         _insn(0xbf, 1, 6),                       # r1 = ctx
-        _insn(0x85, 0, 0, 0, FN_SKB_ECN_SET_CE),  # r0 = 1 if marked (was ECT)
-        _insn(0xb7, 1, 0, 0, 1),                 # r1 = 1
-        _insn(0x15, 0, 0, 2, 0),                 # if r0 == 0 goto not_ect
-        xadd(_V["marked"]),
-        _insn(0x05, 0, 0, 1),                    # goto pass
-        xadd(_V["over_not_ect"]),                # not_ect:
+        _insn(0x85, 0, 0, 0, FN_SKB_ECN_SET_CE),  # ECT(0)/ECT(1) -> CE, checksum fixed
+        ("jmp", 0x15, 0, 0, 0, "pass"),          # 0: not marked (e.g. header not writable)
+        one, count("marked"),
+        ("jmp", 0x05, 0, 0, 0, "pass"),
+        "ce", one, count("over_ce"),
+        ("jmp", 0x05, 0, 0, 0, "pass"),
+        "not_ect", one, count("over_not_ect"),
+        "pass",
+        _insn(0xb7, 0, 0, 0, -1),                # r0 = TC_ACT_UNSPEC
+        _insn(0x95),                             # exit
     ]
-    tail = [_insn(0xb7, 0, 0, 0, -1), _insn(0x95)]  # pass: r0 = TC_ACT_UNSPEC; exit
-    holes = [i for i, x in enumerate(head) if x is None]
-    passlabel = len(head)
-    fill = [_insn(0x55, 0, 0, 0, 0x0008),        # protocol != IPv4
-            _insn(0x15, 0, 0, 0, 0),             # r0 == NULL
-            _insn(0xb5, 4, 0, 0, k_bytes)]      # r4 <= K
-    for h, ins in zip(holes, fill):
-        code, regs, _, imm = struct.unpack("<BBhI", ins)
-        head[h] = struct.pack("<BBhI", code, regs, passlabel - h - 1, imm)
-    return b"".join(head + tail)
+    return _assemble(prog)
 
 
 def create_mark_map():
