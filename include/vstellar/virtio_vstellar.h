@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		0
+#define VSTELLAR_ABI_MINOR		1
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -59,7 +59,11 @@
 
 /* Reliable-connected QPs (IB_QPT_RC). */
 #define VIRTIO_VSTELLAR_F_RC		0
-/* Unreliable-datagram QPs and address handles (IB_QPT_UD, CREATE_AH). */
+/*
+ * Datagram QPs for the kernel: UD and the GSI QP (QP1, which carries the
+ * CM's MADs, so rdma_cm works), the kernel doorbell page (KERNEL_DB) and
+ * the local DMA lkey. Send WQEs carry their address vector inline.
+ */
 #define VIRTIO_VSTELLAR_F_UD		1
 /* Doorbell notification suppression (db page need_kick, kick queue). */
 #define VIRTIO_VSTELLAR_F_DB_SUPPRESS	2
@@ -163,7 +167,8 @@ enum vstellar_cmd_opcode {
 	VSTELLAR_CMD_DEL_GID		= 0x12,
 	VSTELLAR_CMD_CREATE_AH		= 0x13,
 	VSTELLAR_CMD_DESTROY_AH		= 0x14,
-	VSTELLAR_CMD_MAX		= 0x14,
+	VSTELLAR_CMD_KERNEL_DB		= 0x15,	/* minor 1, VIRTIO_VSTELLAR_F_UD */
+	VSTELLAR_CMD_MAX		= 0x15,
 };
 
 /*
@@ -340,9 +345,25 @@ struct vstellar_cmd_req_notify_cq {
 };
 VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
 
-/* QP types: the IB numbering */
+/*
+ * QP types: the IB numbering. UD and GSI QPs belong to the kernel
+ * (hdr.ucontext 0) and need VIRTIO_VSTELLAR_F_UD. A device has at most one
+ * GSI QP: it answers to QP number 1 for every GID of the device, whatever
+ * QPN CREATE_QP returned, and its datagrams leave with source QP 1.
+ */
+#define VSTELLAR_QPT_GSI		1
 #define VSTELLAR_QPT_RC			2
 #define VSTELLAR_QPT_UD			4
+#define VSTELLAR_GSI_QPN		1
+#define VSTELLAR_GSI_QKEY		0x80010000u
+/* A UD payload is at most this many bytes (one packet). */
+#define VSTELLAR_UD_MAX_PAYLOAD		4096
+/*
+ * Bytes in front of every UD receive: the GRH area. For IPv4 GIDs it holds
+ * 20 zero bytes and then the IPv4 header (as RoCEv2 NICs write it), else an
+ * IPv6 header. byte_len counts them.
+ */
+#define VSTELLAR_GRH_BYTES		40
 
 /*
  * CREATE_QP, followed by sq_pages + rq_pages addresses (SQ ring first).
@@ -499,7 +520,11 @@ struct vstellar_cmd_gid {
 };
 VSTELLAR_ABI_SIZE(vstellar_cmd_gid, 32);
 
-/* CREATE_AH (UD) */
+/*
+ * CREATE_AH / DESTROY_AH: reserved. Address handles live in the driver and
+ * send WQEs carry the address vector (see vstellar_send_wqe.u.ud); a device
+ * answers UNSUPPORTED.
+ */
 struct vstellar_cmd_create_ah {
 	__le32 pdn;
 	__le32 reserved;
@@ -512,6 +537,25 @@ struct vstellar_resp_create_ah {
 	__le32 reserved;
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_create_ah, 8);
+
+/*
+ * KERNEL_DB (minor 1): no body, hdr.ucontext 0. Gives the kernel a doorbell
+ * page of its own, used like a user context's: kernel CQs and QPs created
+ * after it get doorbell slots in it and are served from it. Once per device
+ * reset (BUSY the second time). Response:
+ */
+struct vstellar_resp_kernel_db {
+	__le32 db_page;		/* index of the page in the doorbell region */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_kernel_db, 8);
+
+/*
+ * Local DMA lkey (minor 1): in an SGE of a kernel QP (hdr.ucontext 0) this
+ * lkey means "addr is a guest-physical address", for local access only.
+ * Never valid for a user QP. No MR key ever has this value.
+ */
+#define VSTELLAR_LOCAL_DMA_LKEY		0
 
 /* ------------------------------------------------------------------ */
 /* Event queue and CQ notification queues                               */
@@ -632,11 +676,16 @@ struct vstellar_send_wqe {
 			__le64 compare_add;
 			__le64 swap;
 		} atomic;
+		/*
+		 * UD and GSI: the address vector travels in the WQE (no AH
+		 * object in the device), so posting never waits for a
+		 * command. remote_qkey with bit 31 set means "the QP's own
+		 * Q_Key", as in IB.
+		 */
 		struct {
-			__le32 ah;
+			struct vstellar_av av;
 			__le32 remote_qpn;
 			__le32 remote_qkey;
-			__le32 reserved;
 		} ud;
 		__u8 raw[40];
 	} u;
@@ -664,7 +713,7 @@ enum vstellar_wc_opcode {
 
 #define VSTELLAR_CQE_OWNER		(1u << 0) /* phase bit, in cqe.owner */
 #define VSTELLAR_CQE_WITH_IMM		(1u << 0) /* in cqe.wc_flags */
-#define VSTELLAR_CQE_GRH		(1u << 1)
+#define VSTELLAR_CQE_GRH		(1u << 1) /* UD receive: GRH area filled */
 
 /*
  * CQE, 32 bytes. The device writes everything, then (release) the owner

@@ -102,14 +102,62 @@ struct Guest {
     lkey = As<vstellar_resp_reg_mr>(r).lkey;
     rkey = As<vstellar_resp_reg_mr>(r).rkey;
   }
-  GQp CreateQp(uint32_t max_send_sge = 4) {
+  // The kernel's side instead: its doorbell page (KERNEL_DB), a kernel PD
+  // and CQ, no MR (kernel SGEs use the local DMA lkey and guest-physical
+  // addresses), and the GID the kernel's GID cache would add.
+  void SetupKernel(uint8_t ip_last) {
+    CmdResult r = f.Command(VSTELLAR_CMD_KERNEL_DB, 0, nullptr, 0, 8);
+    ASSERT_EQ(r.status(), 0);
+    page = As<vstellar_resp_kernel_db>(r).db_page;
+    uctx = 0;
+    r = Cmd(VSTELLAR_CMD_ALLOC_PD, nullptr, 0, 8);
+    ASSERT_EQ(r.status(), 0);
+    pd = As<vstellar_resp_alloc_pd>(r).pdn;
+    vstellar_cmd_create_cq c{};
+    c.log_cqe = kLogCqe;
+    c.page_shift = 12;
+    c.num_pages = 1;
+    std::memset(f.mem() + kCqGpa, 0, 4096);
+    auto body = WithPages(&c, sizeof(c), {kCqGpa});
+    r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
+    ASSERT_EQ(r.status(), 0);
+    cq = As<vstellar_resp_create_cq>(r).cqn;
+    cq_slot = As<vstellar_resp_create_cq>(r).db_slot;
+    ASSERT_GE(cq_slot, VSTELLAR_DB_FIRST_SLOT);
+    lkey = VSTELLAR_LOCAL_DMA_LKEY;
+    vstellar_cmd_gid g{};
+    g.port = 1;
+    g.index = 0;
+    g.gid[10] = g.gid[11] = 0xff;
+    g.gid[12] = 127;
+    g.gid[15] = ip_last;
+    g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+    ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
+  }
+  // UD/GSI: RESET -> INIT (Q_Key) -> RTR -> RTS.
+  uint16_t ToRtsUd(uint32_t qpn, bool gsi, uint32_t qkey) {
+    vstellar_cmd_modify_qp m{};
+    m.qpn = qpn;
+    m.attr.qp_state = VSTELLAR_QPS_INIT;
+    m.attr.port = 1;
+    m.attr.qkey = qkey;
+    m.attr.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_QKEY | (gsi ? 0 : VSTELLAR_QP_PORT);
+    if (uint16_t st = Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status()) return st;
+    m.attr.qp_state = VSTELLAR_QPS_RTR;
+    m.attr.attr_mask = VSTELLAR_QP_STATE;
+    if (uint16_t st = Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status()) return st;
+    m.attr.qp_state = VSTELLAR_QPS_RTS;
+    m.attr.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_SQ_PSN;
+    return Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status();
+  }
+  GQp CreateQp(uint32_t max_send_sge = 4, uint8_t type = VSTELLAR_QPT_RC, uint16_t* status = nullptr) {
     GQp q;
     q.ring = kRingGpa + 0x4000ull * nqp++;
     std::memset(f.mem() + q.ring, 0, 3 * 4096);
     vstellar_cmd_create_qp c{};
     c.pdn = pd;
     c.send_cqn = c.recv_cqn = cq;
-    c.qp_type = VSTELLAR_QPT_RC;
+    c.qp_type = type;
     c.sq_log_wqe = kSqLog;
     c.sq_log_stride = 7;
     c.rq_log_wqe = kRqLog;
@@ -122,6 +170,10 @@ struct Guest {
     c.rq_pages = 1;
     auto body = WithPages(&c, sizeof(c), {q.ring, q.ring + 4096, q.ring + 8192});
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
+    if (status) {
+      *status = r.status();
+      if (r.status()) return q;
+    }
     EXPECT_EQ(r.status(), 0);
     q.qpn = As<vstellar_resp_create_qp>(r).qpn;
     q.slot = As<vstellar_resp_create_qp>(r).db_slot;
@@ -229,6 +281,19 @@ vstellar_send_wqe Wqe(uint8_t op, uint64_t wr_id, uint8_t flags = VSTELLAR_WQE_S
   w.wr_id = wr_id;
   w.opcode = op;
   w.flags = flags;
+  return w;
+}
+
+// A UD send to 127.0.0.<ip_last>, QP qpn, from GID index sgid_index.
+vstellar_send_wqe UdWqe(uint64_t wr_id, uint8_t ip_last, uint32_t qpn, uint32_t qkey, uint8_t sgid_index = 0) {
+  vstellar_send_wqe w = Wqe(VSTELLAR_WR_SEND, wr_id);
+  w.u.ud.av.dgid[10] = w.u.ud.av.dgid[11] = 0xff;
+  w.u.ud.av.dgid[12] = 127;
+  w.u.ud.av.dgid[15] = ip_last;
+  w.u.ud.av.sgid_index = sgid_index;
+  w.u.ud.av.hop_limit = 64;
+  w.u.ud.remote_qpn = qpn;
+  w.u.ud.remote_qkey = qkey;
   return w;
 }
 
@@ -718,6 +783,112 @@ TEST_F(DataPath, FullCqRaisesCqErr) {
   EXPECT_TRUE(Has(ev, VSTELLAR_EV_CQ_ERR, b_->cq));
   EXPECT_EQ(StatsOf(1).cq_overflows, 1u);
   EXPECT_EQ(StatsOf(1).cqes, 64u);
+}
+
+
+// rdma_cm's path: the kernel's GSI QP (QP 1) on one device and a kernel UD
+// QP on the other, both with kernel doorbell pages, SGEs with the local DMA
+// lkey. QP 1 is found by destination GID; receives start with the GRH area.
+TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
+  StartDaemon();
+  for (auto* f : {&fa_, &fb_}) {
+    *f = std::make_unique<Frontend>();
+    std::string err;
+    ASSERT_TRUE((*f)->Connect(sock_, &err)) << err;
+    ASSERT_TRUE((*f)->StartQueues(&err)) << err;
+  }
+  a_ = std::make_unique<Guest>(Guest{*fa_});
+  b_ = std::make_unique<Guest>(Guest{*fb_});
+  Guest& A = *a_;
+  Guest& B = *b_;
+  A.SetupKernel(1);
+  B.SetupKernel(1);
+  // The kernel page is given once; user contexts cannot ask for it.
+  EXPECT_EQ(A.f.Command(VSTELLAR_CMD_KERNEL_DB, 0, nullptr, 0, 8).status(), VSTELLAR_STATUS_BUSY);
+
+  uint16_t st = 0;
+  GQp gsi = A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
+  ASSERT_EQ(st, 0);
+  A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
+  EXPECT_EQ(st, VSTELLAR_STATUS_LIMIT);  // one QP 1 per device
+  GQp ud = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(A.ToRtsUd(gsi.qpn, true, VSTELLAR_GSI_QKEY), 0);
+  // A kernel QP may hold a controlled Q_Key (high bit set), as QP 1 does.
+  ASSERT_EQ(B.ToRtsUd(ud.qpn, false, VSTELLAR_GSI_QKEY), 0);
+
+  // B -> QP 1 of 127.0.0.1: a 256-byte "MAD" from guest-physical memory.
+  Fill(B.Buf(0), 256, 3);
+  std::memset(A.Buf(0), 0, 1024);
+  A.PostRecv(gsi, 0x61, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  B.PostSend(ud, UdWqe(0x51, 1, VSTELLAR_GSI_QPN, 0x1234), {vstellar_sge{kMrGpa, 256, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto sc = B.Poll();
+  ASSERT_TRUE(sc);
+  EXPECT_EQ(sc->status, 0);
+  EXPECT_EQ(le64toh(sc->wr_id), 0x51u);
+  // QP 1 wants Q_Key 0x80010000, so nothing arrives. Then with "the QP's
+  // own Q_Key" (high bit set in the WQE), which is that one.
+  EXPECT_FALSE(A.Poll(300));
+  B.PostSend(ud, UdWqe(0x52, 1, VSTELLAR_GSI_QPN, 0x80000000u), {vstellar_sge{kMrGpa, 256, VSTELLAR_LOCAL_DMA_LKEY}});
+  ASSERT_TRUE(B.Poll());
+  auto rc = A.Poll();
+  ASSERT_TRUE(rc);
+  EXPECT_EQ(rc->status, 0);
+  EXPECT_EQ(rc->opcode, VSTELLAR_WC_RECV);
+  EXPECT_EQ(le64toh(rc->wr_id), 0x61u);
+  EXPECT_EQ(le32toh(rc->qpn), gsi.qpn);
+  EXPECT_EQ(le32toh(rc->src_qp), ud.qpn);
+  EXPECT_EQ(le32toh(rc->byte_len), uint32_t(VSTELLAR_GRH_BYTES + 256));
+  EXPECT_TRUE(rc->wc_flags & VSTELLAR_CQE_GRH);
+  EXPECT_EQ(A.Buf(0)[20], 0x45);  // the IPv4 header of a RoCEv2 receive
+  EXPECT_EQ(std::memcmp(A.Buf(VSTELLAR_GRH_BYTES), B.Buf(0), 256), 0);
+
+  // QP 1 answers from QP 1.
+  Fill(A.Buf(2048), 100, 9);
+  B.PostRecv(ud, 0x62, {vstellar_sge{kMrGpa + 4096, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  A.PostSend(gsi, UdWqe(0x71, 1, ud.qpn, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa + 2048, 100, VSTELLAR_LOCAL_DMA_LKEY}});
+  ASSERT_TRUE(A.Poll());
+  rc = B.Poll();
+  ASSERT_TRUE(rc);
+  EXPECT_EQ(rc->status, 0);
+  EXPECT_EQ(le32toh(rc->src_qp), uint32_t(VSTELLAR_GSI_QPN));
+  EXPECT_EQ(std::memcmp(B.Buf(4096 + VSTELLAR_GRH_BYTES), A.Buf(2048), 100), 0);
+
+  // Hostile WQEs fail their QP only: a source GID the device does not
+  // have, then (on a fresh QP) a datagram larger than one packet.
+  A.PostSend(gsi, UdWqe(0x72, 1, ud.qpn, VSTELLAR_GSI_QKEY, 7), {vstellar_sge{kMrGpa, 16, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto bad = A.Poll();
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR));
+  EXPECT_EQ(B.QpState(ud.qpn), VSTELLAR_QPS_RTS);
+  GQp ud2 = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(B.ToRtsUd(ud2.qpn, false, 0x1234), 0);
+  B.PostSend(ud2, UdWqe(0x53, 1, VSTELLAR_GSI_QPN, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa, 8192, VSTELLAR_LOCAL_DMA_LKEY}});
+  bad = B.Poll();
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_LEN_ERR));
+}
+
+// User space gets neither datagram QPs nor the local DMA lkey.
+TEST_F(DataPath, UserContextsGetNoDatagramQpsNorTheDmaLkey) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  uint16_t st = 0;
+  A.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  EXPECT_EQ(st, VSTELLAR_STATUS_UNSUPPORTED);
+  A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
+  EXPECT_EQ(st, VSTELLAR_STATUS_UNSUPPORTED);
+  EXPECT_EQ(A.f.Command(VSTELLAR_CMD_KERNEL_DB, A.uctx, nullptr, 0, 8).status(), VSTELLAR_STATUS_ACCESS);
+  GQp qa = A.CreateQp(), qb = b_->CreateQp();
+  A.Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  // An SGE naming the local DMA lkey with a guest-physical address.
+  A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x1), {vstellar_sge{kCqGpa, 64, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto c = A.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, uint8_t(vstellar::WcStatus::LOC_PROT_ERR));
 }
 
 }  // namespace

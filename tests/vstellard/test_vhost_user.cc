@@ -94,7 +94,8 @@ TEST_F(VhostUser, GetFeaturesOffersVersion1ProtocolFeaturesAndDeviceBits) {
   EXPECT_TRUE(f & Bit(kFeatureProtocolFeatures));
   EXPECT_TRUE(f & Bit(VIRTIO_VSTELLAR_F_RC));
   EXPECT_TRUE(f & Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS));
-  EXPECT_FALSE(f & Bit(VIRTIO_VSTELLAR_F_UD));
+  EXPECT_TRUE(f & Bit(VIRTIO_VSTELLAR_F_UD));
+  EXPECT_FALSE(f & Bit(VIRTIO_VSTELLAR_F_MULTI_CQNQ));
 }
 
 TEST_F(VhostUser, HeaderChecks) {
@@ -112,7 +113,7 @@ TEST_F(VhostUser, HeaderChecks) {
 }
 
 TEST_F(VhostUser, FeaturesMustBeOffered) {
-  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features() | Bit(VIRTIO_VSTELLAR_F_UD))).ok());
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features() | Bit(VIRTIO_VSTELLAR_F_MULTI_CQNQ))).ok());
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetProtocolFeatures, Bit(1))).ok());
   uint32_t short_payload = 0;
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetFeatures, short_payload)).ok());

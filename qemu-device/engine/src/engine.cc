@@ -119,9 +119,9 @@ void Engine::emit(Cq* cq, const Wc& wc) {
   if (cq->on_completion) cq->on_completion(*cq);
 }
 
-void Engine::xmit(Qp& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
-                  size_t nspans, size_t plen, bool retx) {
-  link_.send(path, qp.attr.ah, hdr, hlen, pl, nspans);
+void Engine::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+                     const HostSpan* pl, size_t nspans, size_t plen, bool retx) {
+  link_.send(path, dst, hdr, hlen, pl, nspans);
   stats_.tx_pkts++;
   stats_.tx_bytes += hlen + plen;
   if (path < stats_.paths.size()) {
@@ -141,8 +141,13 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
     return;
   }
   if (p.base.path < stats_.paths.size()) stats_.paths[p.base.path].rx_pkts++;
+  if (ce) stats_.ce_marks++;
+  if (wire::is_ud(p.base.op)) {
+    ud_receive(p, from);
+    return;
+  }
   Qp* qp = find_qp(p.base.dst_qpn);
-  if (!qp) {
+  if (!qp || qp->is_ud()) {
     stats_.bad_qpn++;
     return;
   }
@@ -151,7 +156,6 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
     stats_.bad_peer++;
     return;
   }
-  if (ce) stats_.ce_marks++;
   uint64_t now = clock_.now_ns();
   switch (p.base.op) {
     case wire::Op::ACK:
@@ -180,6 +184,10 @@ bool Engine::progress() {
   bool more = false;
   for (Qp* qp : qp_list_) {
     if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
+    if (qp->is_ud()) {
+      if (ud_progress(*qp)) more = true;
+      continue;
+    }
     req_timers(*qp, now);
     if (req_progress(*qp, now)) more = true;
   }
@@ -198,6 +206,9 @@ bool Engine::progress() {
   }
   ack_list_.swap(ack_later_);
   link_.flush();
+  // Datagrams complete once the link has them (datagram.cc).
+  for (Qp* qp : qp_list_)
+    if (qp->is_ud() && qp->sq_head < qp->sq_next) comp_retire(*qp);
   return more;
 }
 

@@ -54,6 +54,34 @@ const Transition& transition(QpState cur, QpState next) {
   return t[int(cur)][int(next)];
 }
 
+// The UD column of the same table (GSI: the port is implied, not set).
+const Transition& ud_transition(QpState cur, QpState next, bool gsi) {
+  static Transition t[2][kStates][kStates];
+  static bool built = false;
+  if (!built) {
+    auto S = [](QpState s) { return int(s); };
+    for (int g = 0; g < 2; g++) {
+      const uint32_t port = g ? 0u : uint32_t(QP_PORT);
+      auto& u = t[g];
+      for (int c = 0; c < kStates; c++) {
+        u[c][S(QpState::RESET)] = {true, 0, 0};
+        u[c][S(QpState::ERR)] = {true, 0, 0};
+      }
+      u[S(QpState::RESET)][S(QpState::INIT)] = {true, QP_PKEY_INDEX | port | QP_QKEY, 0};
+      u[S(QpState::INIT)][S(QpState::INIT)] = {true, 0, QP_PKEY_INDEX | port | QP_QKEY};
+      u[S(QpState::INIT)][S(QpState::RTR)] = {true, 0, QP_PKEY_INDEX | QP_QKEY};
+      u[S(QpState::RTR)][S(QpState::RTS)] = {true, QP_SQ_PSN, QP_CUR_STATE | QP_QKEY};
+      u[S(QpState::RTS)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_QKEY};
+      u[S(QpState::RTS)][S(QpState::SQD)] = {true, 0, QP_EN_SQD_ASYNC_NOTIFY};
+      u[S(QpState::SQD)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_QKEY};
+      u[S(QpState::SQD)][S(QpState::SQD)] = {true, 0, QP_PKEY_INDEX | QP_QKEY};
+      u[S(QpState::SQE)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_QKEY};
+    }
+    built = true;
+  }
+  return t[gsi ? 1 : 0][int(cur)][int(next)];
+}
+
 bool is_rd_atomic(WrOpcode op) {
   return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
          op == WrOpcode::ATOMIC_FETCH_AND_ADD;
@@ -69,6 +97,8 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
   if (c.max_send_sge > DeviceLimits::kMaxSge || c.max_recv_sge > DeviceLimits::kMaxSge) return nullptr;
   if (c.max_inline_data > DeviceLimits::kMaxInline) return nullptr;
   if (next_qpn_ > DeviceLimits::kMaxQpn) return nullptr;
+  if (init.qp_type != QpType::RC && init.qp_type != QpType::UD && init.qp_type != QpType::GSI)
+    return nullptr;
   auto qp = std::make_unique<Qp>();
   qp->qpn_ = next_qpn_++;
   qp->pd = pd;
@@ -78,8 +108,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
   qp->sq.resize(c.max_send_wr);
   qp->inline_buf.resize(size_t(c.max_send_wr) * c.max_inline_data);
   qp->rq.resize(c.max_recv_wr);
-  qp->recs.resize(cfg_.window_pkts);
-  qp->rbits.assign(cfg_.window_pkts / 64, 0);
+  if (init.qp_type == QpType::RC) {  // datagram QPs keep no transport window
+    qp->recs.resize(cfg_.window_pkts);
+    qp->rbits.assign(cfg_.window_pkts / 64, 0);
+  }
   pd->refs++;
   init.send_cq->refs++;
   init.recv_cq->refs++;
@@ -110,7 +142,7 @@ int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
 }
 
 int Engine::check_modify(Qp& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
-  const Transition& t = transition(cur, next);
+  const Transition& t = qp.is_ud() ? ud_transition(cur, next, qp.is_gsi()) : transition(cur, next);
   if (!t.valid) return EINVAL;
   uint32_t extra = mask & ~(QP_STATE | QP_CUR_STATE);
   if ((extra & t.req) != t.req) return EINVAL;              // a required attribute is missing
@@ -159,6 +191,7 @@ int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
   if (mask & QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a.max_dest_rd_atomic;
   if (mask & QP_MIN_RNR_TIMER) s.min_rnr_timer = a.min_rnr_timer;
   if (mask & QP_DEST_QPN) s.dest_qp_num = a.dest_qp_num;
+  if (mask & QP_QKEY) s.qkey = a.qkey;
   if (mask & QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = a.en_sqd_async_notify;
 
   if (next == QpState::RESET) {
@@ -168,6 +201,12 @@ int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
   }
   if (next == QpState::ERR) {
     qp_to_error(*qp);
+    return 0;
+  }
+  if (qp->is_ud()) {
+    if (next == QpState::RTR) qp->seg = cfg_.mtu;
+    qp->state_ = next;
+    if (next == QpState::SQD) comp_retire(*qp);
     return 0;
   }
   if (cur == QpState::INIT && next == QpState::RTR) {
@@ -217,6 +256,7 @@ void Engine::reset_qp(Qp& qp) {
   qp.ack_pending = false;
   qp.rx_since_ack = qp.ce_since_ack = 0;
   qp.attr = QpAttr{};
+  qp.ud_next_path = 0;
 }
 
 // Enter ERR: every outstanding WQE completes, in order, with its status or
@@ -255,6 +295,10 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   if (inl && (rd_atomic || len > qp->init.cap.max_inline_data)) return EINVAL;
   if (atomic && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
   if (len > DeviceLimits::kMaxMsgSize) return EINVAL;
+  // A datagram is one SEND of at most one packet.
+  if (qp->is_ud() && (len > cfg_.mtu || (wr.opcode != WrOpcode::SEND &&
+                                          wr.opcode != WrOpcode::SEND_WITH_IMM)))
+    return EINVAL;
 
   uint64_t idx = qp->sq_tail;
   SendWqe& w = qp->sq_at(idx);
@@ -270,6 +314,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   w.len = len;
   w.is_inline = inl;
   w.signaled = qp->init.sq_sig_all || (wr.send_flags & SEND_SIGNALED);
+  if (qp->is_ud()) w.ud = wr.ud;
   if (inl) {
     // Inline SGE addresses are host pointers readable now (the virtio
     // backend passes its own copy of the WQE's inline bytes).

@@ -51,6 +51,8 @@ const char* to_string(Op op) {
     case Op::FETCH_ADD: return "FETCH_ADD";
     case Op::ATOMIC_RESP: return "ATOMIC_RESP";
     case Op::ACK: return "ACK";
+    case Op::UD_SEND: return "UD_SEND";
+    case Op::UD_SEND_IMM: return "UD_SEND_IMM";
   }
   return "?";
 }
@@ -90,6 +92,15 @@ size_t encode(const Base& b, const AckExt& e, uint8_t* out) {
   return size_t(w.p - out);
 }
 
+size_t encode(const Base& b, const UdExt& e, uint8_t* out) {
+  Writer w{put_base(b, out)};
+  w.u32(e.qkey); w.u32(e.imm); w.u32(e.flow_label & 0xFFFFF); w.u8(e.traffic_class);
+  w.u8(e.hop_limit); w.u16(0);
+  for (uint8_t v : e.sgid) w.u8(v);
+  for (uint8_t v : e.dgid) w.u8(v);
+  return size_t(w.p - out);
+}
+
 ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
   if (len < kBaseLen) return ParseError::TRUNCATED;
   uint8_t hdr[kMaxHeaderLen + 8 * kMaxSackWords];
@@ -107,7 +118,7 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
   b.payload_len = r.u16();
   b.ts = r.u32();
   if (b.version != kVersion) return ParseError::BAD_VERSION;
-  if (op < uint8_t(Op::SEND) || op > uint8_t(Op::ACK)) return ParseError::BAD_OPCODE;
+  if (op < uint8_t(Op::SEND) || op > uint8_t(Op::UD_SEND_IMM)) return ParseError::BAD_OPCODE;
   b.op = Op(op);
   size_t hl = kBaseLen + ext_len(b.op);
   if (len < hl) return ParseError::TRUNCATED;
@@ -131,6 +142,14 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
       break;
     }
     case Op::ATOMIC_RESP: out.aresp.orig = r.u64(); break;
+    case Op::UD_SEND: case Op::UD_SEND_IMM: {
+      UdExt& e = out.ud;
+      e.qkey = r.u32(); e.imm = r.u32(); e.flow_label = r.u32() & 0xFFFFF;
+      e.traffic_class = r.u8(); e.hop_limit = r.u8(); e.rsvd = r.u16();
+      for (uint8_t& v : e.sgid) v = r.u8();
+      for (uint8_t& v : e.dgid) v = r.u8();
+      break;
+    }
     case Op::ACK: {
       AckExt& e = out.ack;
       e.cum_psn = r.u32(); e.sack_base = r.u32(); e.sack_words = r.u8();

@@ -91,7 +91,7 @@ uint8_t* Device::DbPage(uint32_t uctx) {
 }
 
 void Device::ResetDbSlot(uint32_t uctx, uint32_t slot) {
-  if (uctx == 0 || slot < VSTELLAR_DB_FIRST_SLOT || slot >= VSTELLAR_DB_SLOTS_PER_PAGE) return;
+  if (slot < VSTELLAR_DB_FIRST_SLOT || slot >= VSTELLAR_DB_SLOTS_PER_PAGE) return;
   if (uint8_t* p = DbPage(uctx)) {
     StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot, 0);
     StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot + 4, 0);
@@ -108,7 +108,8 @@ bool Device::ScanDoorbells() {
   if (fatal_) return false;
   bool work = false;
   for (auto& [qpn, q] : qps_) {
-    if (q.owner == 0 || q.broken) continue;
+    // Kernel QPs made before the kernel had a doorbell page have no slot.
+    if (q.slot < VSTELLAR_DB_FIRST_SLOT || q.broken) continue;
     uint8_t* page = DbPage(q.owner);
     if (!page) continue;
     uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
@@ -199,21 +200,20 @@ uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
     if (n > q.max_send_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
     const uint32_t need = (read || atomic) ? uint32_t(vstellar::ACCESS_LOCAL_WRITE) : 0u;
     for (uint32_t i = 0; i < n; i++) {
-      vstellar_sge s;
-      std::memcpy(&s, buf + sizeof(w) + 16 * i, sizeof(s));
-      sges[i].addr = le64toh(s.addr);
-      sges[i].length = le32toh(s.length);
-      sges[i].lkey = le32toh(s.lkey);
+      if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, need, &sges[i])) return st;
       total += sges[i].length;
-      if (sges[i].length == 0) continue;
-      vstellar::Mr* mr = sh_.engine->find_mr(sges[i].lkey);
-      if (!mr || mr->pd() != q.qp->pd || !mr->allows(sges[i].addr, sges[i].length, need))
-        return St(WcStatus::LOC_PROT_ERR);
     }
     wr->sg_list = n ? sges : nullptr;
     wr->num_sge = n;
   }
   if (total > le32toh(session_.device().config.max_msg_size)) return St(WcStatus::LOC_LEN_ERR);
+  if (q.type != VSTELLAR_QPT_RC) {
+    // A datagram: one SEND of at most one packet, to the WQE's address vector.
+    if (op != VSTELLAR_WR_SEND && op != VSTELLAR_WR_SEND_IMM) return St(WcStatus::LOC_QP_OP_ERR);
+    if (total > std::min<uint64_t>(VSTELLAR_UD_MAX_PAYLOAD, sh_.engine->config().mtu))
+      return St(WcStatus::LOC_LEN_ERR);
+    return CheckUdDest(w, &wr->ud);
+  }
   if (op == VSTELLAR_WR_SEND || op == VSTELLAR_WR_SEND_IMM) return St(WcStatus::SUCCESS);
   if (atomic) {
     if (wr->num_sge != 1 || sges[0].length != 8) return St(WcStatus::LOC_LEN_ERR);
@@ -237,21 +237,59 @@ uint8_t Device::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
   if (n > q.max_recv_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
   uint64_t total = 0;
   for (uint32_t i = 0; i < n; i++) {
-    vstellar_sge s;
-    std::memcpy(&s, buf + sizeof(w) + 16 * i, sizeof(s));
-    sges[i].addr = le64toh(s.addr);
-    sges[i].length = le32toh(s.length);
-    sges[i].lkey = le32toh(s.lkey);
+    if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, vstellar::ACCESS_LOCAL_WRITE, &sges[i])) return st;
     total += sges[i].length;
-    if (sges[i].length == 0) continue;
-    vstellar::Mr* mr = sh_.engine->find_mr(sges[i].lkey);
-    if (!mr || mr->pd() != q.qp->pd || !mr->allows(sges[i].addr, sges[i].length, vstellar::ACCESS_LOCAL_WRITE))
-      return St(WcStatus::LOC_PROT_ERR);
   }
   if (total > (uint64_t{1} << 32)) return St(WcStatus::LOC_LEN_ERR);
   *wr = vstellar::RecvWr{};
   wr->sg_list = n ? sges : nullptr;
   wr->num_sge = n;
+  return St(WcStatus::SUCCESS);
+}
+
+// One SGE of a WQE: its MR must be in the QP's PD and allow the access. In
+// a kernel QP the local DMA lkey names the PD's guest-physical MR; a user
+// QP can never name it (that MR is in a kernel PD).
+uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out) {
+  vstellar_sge s;
+  std::memcpy(&s, raw, sizeof(s));
+  out->addr = le64toh(s.addr);
+  out->length = le32toh(s.length);
+  out->lkey = le32toh(s.lkey);
+  if (out->length == 0) return St(WcStatus::SUCCESS);
+  if (q.owner == 0 && out->lkey == VSTELLAR_LOCAL_DMA_LKEY) {
+    auto pd = pds_.find(q.pdn);
+    if (pd == pds_.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
+    out->lkey = pd->second.dma_mr->lkey();
+  }
+  vstellar::Mr* mr = sh_.engine->find_mr(out->lkey);
+  if (!mr || mr->pd() != q.qp->pd || !mr->allows(out->addr, out->length, need))
+    return St(WcStatus::LOC_PROT_ERR);
+  return St(WcStatus::SUCCESS);
+}
+
+// The address vector of a UD send: a peer host (IPv4-mapped GID, like an RC
+// QP's), and a source GID the device itself has, so no guest can send as
+// another address.
+uint8_t Device::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
+  static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  const vstellar_av& av = w.u.ud.av;
+  uint32_t ip;
+  std::memcpy(&ip, av.dgid + 12, 4);
+  ip = be32toh(ip);
+  auto sgid = gids_.find(av.sgid_index);
+  const uint32_t qpn = le32toh(w.u.ud.remote_qpn);
+  if (av.reserved[0] || av.reserved[1] || std::memcmp(av.dgid, v4mapped, 12) != 0 || ip == 0 ||
+      sgid == gids_.end() || qpn > 0xffffff)
+    return St(WcStatus::LOC_QP_OP_ERR);
+  ud->peer = vstellar::Endpoint{ip, sh_.peer_port};
+  ud->remote_qpn = qpn;
+  ud->remote_qkey = le32toh(w.u.ud.remote_qkey);
+  ud->sgid = sgid->second;
+  std::memcpy(ud->dgid.data(), av.dgid, 16);
+  ud->flow_label = be32toh(av.flow_label) & 0xFFFFF;
+  ud->traffic_class = av.traffic_class;
+  ud->hop_limit = av.hop_limit;
   return St(WcStatus::SUCCESS);
 }
 
@@ -396,6 +434,7 @@ void Device::DrainCq(uint32_t cqh) {
         if (q.recv_cqn != cqh || q.rq_wrid.empty()) continue;
         c.wr_id = htole64(q.rq_wrid[idx & (q.rq_wrid.size() - 1)]);
         c.src_qp = htole32(wc.src_qp);
+        if (wc.wc_flags & vstellar::WC_GRH) c.wc_flags |= VSTELLAR_CQE_GRH;
         if (wc.wc_flags & vstellar::WC_WITH_IMM) {
           c.wc_flags |= VSTELLAR_CQE_WITH_IMM;
           c.imm_data = htobe32(wc.imm_data);
@@ -422,7 +461,7 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   if (cq.overflow) return;
   const uint32_t entries = 1u << cq.log_cqe;
   uint8_t* slot = nullptr;
-  if (cq.owner != 0) {
+  if (cq.slot >= VSTELLAR_DB_FIRST_SLOT) {
     uint8_t* page = DbPage(cq.owner);
     if (page) slot = page + VSTELLAR_DB_SLOT_SIZE * cq.slot;
     const uint32_t ci = slot ? LoadLe32(slot + offsetof(vstellar_db_cq, ci)) : cq.pi;
@@ -446,8 +485,12 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   pvdma_.Write(gpa + offsetof(vstellar_cqe, owner), &c.owner, 1);
   cq.pi++;
   cqes_++;
-  // Notification: a user CQ is armed while its slot's arm differs from the
-  // value last consumed; a kernel CQ through REQ_NOTIFY_CQ.
+  // Notification: a CQ with a doorbell slot is armed while the slot's arm
+  // differs from the value last consumed; a slotless kernel CQ through
+  // REQ_NOTIFY_CQ. The full fence orders the CQE store before the arm load
+  // (the driver stores arm, fences, then looks for a CQE): one side sees
+  // the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   bool fire = false;
   if (slot) {
     const uint32_t arm = LoadLe32(slot + offsetof(vstellar_db_cq, arm));
@@ -455,7 +498,7 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
       cq.last_arm = arm;
       fire = true;
     }
-  } else if (cq.owner == 0 && cq.armed) {
+  } else if (cq.armed) {
     cq.armed = false;
     fire = true;
   }
@@ -474,7 +517,7 @@ void Device::OnQpModified(QpObj& q, uint8_t next) {
     ResetDbSlot(q.owner, q.slot);
   }
   // WQEs posted before RTS (SQ) or INIT (RQ) are picked up now.
-  if (q.owner != 0 && next != VSTELLAR_QPS_RESET) {
+  if (q.slot >= VSTELLAR_DB_FIRST_SLOT && next != VSTELLAR_QPS_RESET) {
     SetNeedKick(0);
     polling_ = true;
     last_work_ns_ = NowNs();

@@ -74,6 +74,7 @@ OpInfo Info(uint16_t op) {
     case VSTELLAR_CMD_DEL_GID: return {sizeof(vstellar_cmd_gid), 0, false};
     case VSTELLAR_CMD_CREATE_AH: return {sizeof(vstellar_cmd_create_ah), sizeof(vstellar_resp_create_ah), false};
     case VSTELLAR_CMD_DESTROY_AH: return {sizeof(vstellar_cmd_handle), 0, false};
+    case VSTELLAR_CMD_KERNEL_DB: return {0, sizeof(vstellar_resp_kernel_db), false};
     default: return {0, 0, false};
   }
 }
@@ -504,6 +505,7 @@ void Device::DestroyAllOf(uint32_t uctx) {
   }
   for (auto it = pds_.begin(); it != pds_.end();) {
     if (it->second.owner == uctx) {
+      if (it->second.dma_mr) sh_.engine->dereg_mr(it->second.dma_mr);
       sh_.engine->dealloc_pd(it->second.pd);
       it = pds_.erase(it);
     } else {
@@ -531,7 +533,8 @@ void Device::ResetState() {
 
 uint16_t Device::AllocSlot(uint32_t uctx, uint32_t* slot) {
   *slot = 0;
-  if (uctx == 0) return VSTELLAR_STATUS_OK;  // kernel objects have no doorbell slot
+  // Kernel objects get a slot once the kernel has its page (KERNEL_DB).
+  if (uctx == 0 && !uctx_.count(0)) return VSTELLAR_STATUS_OK;
   UContext& u = uctx_.at(uctx);
   for (uint32_t i = VSTELLAR_DB_FIRST_SLOT; i < VSTELLAR_DB_SLOTS_PER_PAGE; i++)
     if (!u.slots[i]) {
@@ -622,8 +625,9 @@ uint16_t Device::Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>* 
     case VSTELLAR_CMD_DEREG_MR: return CmdDeregMr(uctx, b);
     case VSTELLAR_CMD_ADD_GID: return CmdGid(uctx, true, b);
     case VSTELLAR_CMD_DEL_GID: return CmdGid(uctx, false, b);
+    case VSTELLAR_CMD_KERNEL_DB: return CmdKernelDb(uctx, resp);
     case VSTELLAR_CMD_RESIZE_CQ:  // not implemented yet (moving outstanding CQEs)
-    case VSTELLAR_CMD_CREATE_AH:  // UD is not offered (VIRTIO_VSTELLAR_F_UD)
+    case VSTELLAR_CMD_CREATE_AH:  // reserved: UD WQEs carry their address vector
     case VSTELLAR_CMD_DESTROY_AH:
       return VSTELLAR_STATUS_UNSUPPORTED;
   }
@@ -675,8 +679,8 @@ uint16_t Device::CmdQueryPort(const uint8_t* b, std::vector<uint8_t>* resp) {
   return VSTELLAR_STATUS_OK;
 }
 
-uint16_t Device::CmdAllocUctx(uint32_t uctx, std::vector<uint8_t>* resp) {
-  if (uctx != 0) return VSTELLAR_STATUS_BAD_FIELD;
+// A doorbell page for a user context (key = its handle) or the kernel (key 0).
+uint16_t Device::AddDbContext(uint32_t key, uint32_t* page_out) {
   const virtio_vstellar_config& c = session_.device().config;
   uint32_t pages = cfg32(c.max_ucontext);
   // The doorbell region bounds the pages when the frontend gave us one.
@@ -688,19 +692,42 @@ uint16_t Device::CmdAllocUctx(uint32_t uctx, std::vector<uint8_t>* resp) {
   while (page < pages && db_pages_used_[page]) page++;
   if (page >= pages) return VSTELLAR_STATUS_LIMIT;
   db_pages_used_[page] = true;
-  const uint32_t handle = next_handle_++;
   UContext u;
   u.db_page = page;
   u.slots.assign(VSTELLAR_DB_SLOTS_PER_PAGE, false);
-  uctx_[handle] = std::move(u);
+  uctx_[key] = std::move(u);
   // A fresh page: every slot zero, and need_kick set (the device is idle
   // for this context until its first kick).
-  if (uint8_t* p = DbPage(handle)) {
+  if (uint8_t* p = DbPage(key)) {
     std::memset(p, 0, VSTELLAR_DB_PAGE_SIZE);
     std::atomic_thread_fence(std::memory_order_release);
     __atomic_store_n(reinterpret_cast<uint32_t*>(p), htole32(1u), __ATOMIC_SEQ_CST);
   }
+  *page_out = page;
+  return VSTELLAR_STATUS_OK;
+}
+
+uint16_t Device::CmdAllocUctx(uint32_t uctx, std::vector<uint8_t>* resp) {
+  if (uctx != 0) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t handle = next_handle_++;
+  uint32_t page = 0;
+  if (uint16_t s = AddDbContext(handle, &page)) return s;
   vstellar_resp_alloc_ucontext r{htole32(handle), htole32(page)};
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+bool Device::DatagramsOn() const {
+  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_UD);
+}
+
+uint16_t Device::CmdKernelDb(uint32_t uctx, std::vector<uint8_t>* resp) {
+  if (uctx != 0) return VSTELLAR_STATUS_ACCESS;
+  if (!DatagramsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+  if (uctx_.count(0)) return VSTELLAR_STATUS_BUSY;
+  uint32_t page = 0;
+  if (uint16_t s = AddDbContext(0, &page)) return s;
+  vstellar_resp_kernel_db r{htole32(page), 0};
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
@@ -710,7 +737,7 @@ uint16_t Device::CmdDeallocUctx(uint32_t uctx, const uint8_t* b) {
   if (uctx != 0 || cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t handle = le32toh(cmd.handle);
   auto it = uctx_.find(handle);
-  if (it == uctx_.end()) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (handle == 0 || it == uctx_.end()) return VSTELLAR_STATUS_BAD_HANDLE;  // 0: the kernel's page
   DestroyAllOf(handle);
   if (it->second.db_page < db_pages_used_.size()) db_pages_used_[it->second.db_page] = false;
   uctx_.erase(it);
@@ -721,8 +748,18 @@ uint16_t Device::CmdAllocPd(uint32_t uctx, std::vector<uint8_t>* resp) {
   if (pds_.size() >= cfg32(session_.device().config.max_pd)) return VSTELLAR_STATUS_LIMIT;
   vstellar::Pd* pd = sh_.engine->alloc_pd();
   if (!pd) return VSTELLAR_STATUS_NO_RESOURCES;
+  PdObj o{uctx, pd};
+  if (uctx == 0 && DatagramsOn()) {
+    // The local DMA lkey's MR: all guest-physical space, local access only.
+    o.dma_mr = sh_.engine->reg_mr(pd, 0, uint64_t{1} << 52, vstellar::ACCESS_LOCAL_WRITE,
+                                  std::make_shared<GpaTranslator>(pvdma_));
+    if (!o.dma_mr) {
+      sh_.engine->dealloc_pd(pd);
+      return VSTELLAR_STATUS_NO_RESOURCES;
+    }
+  }
   const uint32_t h = next_handle_++;
-  pds_[h] = PdObj{uctx, pd};
+  pds_[h] = o;
   vstellar_resp_alloc_pd r{htole32(h), 0};
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
@@ -733,7 +770,8 @@ uint16_t Device::CmdDeallocPd(uint32_t uctx, const uint8_t* b) {
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
   auto it = pds_.find(le32toh(cmd.handle));
   if (it == pds_.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (it->second.pd->refs) return VSTELLAR_STATUS_BUSY;
+  if (it->second.pd->refs > (it->second.dma_mr ? 1u : 0u)) return VSTELLAR_STATUS_BUSY;
+  if (it->second.dma_mr) sh_.engine->dereg_mr(it->second.dma_mr);
   if (sh_.engine->dealloc_pd(it->second.pd)) return VSTELLAR_STATUS_BUSY;
   pds_.erase(it);
   return VSTELLAR_STATUS_OK;
@@ -812,8 +850,17 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
   if (pd == pds_.end() || pd->second.owner != uctx || scq == cqs_.end() || scq->second.owner != uctx ||
       rcq == cqs_.end() || rcq->second.owner != uctx)
     return VSTELLAR_STATUS_BAD_HANDLE;
-  if (cmd.qp_type == VSTELLAR_QPT_UD) return VSTELLAR_STATUS_UNSUPPORTED;
-  if (cmd.qp_type != VSTELLAR_QPT_RC || cmd.sq_sig_all > 1) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint8_t type = cmd.qp_type;
+  if (type == VSTELLAR_QPT_UD || type == VSTELLAR_QPT_GSI) {
+    // Datagram QPs are the kernel's: user space has no UD data path yet.
+    if (!DatagramsOn() || uctx != 0) return VSTELLAR_STATUS_UNSUPPORTED;
+    if (type == VSTELLAR_QPT_GSI)
+      for (auto& [n, q] : qps_)
+        if (q.type == VSTELLAR_QPT_GSI) return VSTELLAR_STATUS_LIMIT;  // one QP 1 per device
+  } else if (type != VSTELLAR_QPT_RC) {
+    return VSTELLAR_STATUS_BAD_FIELD;
+  }
+  if (cmd.sq_sig_all > 1) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t shift = cmd.page_shift;
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t ssge = le32toh(cmd.max_send_sge), rsge = le32toh(cmd.max_recv_sge);
@@ -848,6 +895,7 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
   init.cap.max_recv_sge = rsge;
   init.cap.max_inline_data = inl;
   init.sq_sig_all = cmd.sq_sig_all;
+  init.qp_type = vstellar::QpType(type);
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.qp = sh_.engine->create_qp(pd->second.pd, init);
   if (!o.qp) {
@@ -855,6 +903,7 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
     return VSTELLAR_STATUS_NO_RESOURCES;
   }
   o.owner = uctx;
+  o.type = type;
   o.pdn = pd->first;
   o.send_cqn = scq->first;
   o.recv_cqn = rcq->first;
@@ -882,6 +931,7 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
   r.max_recv_sge = htole32(rsge);
   r.max_inline_data = htole32(inl);
   qps_[qpn] = std::move(o);
+  if (type == VSTELLAR_QPT_GSI) SyncGsiGids();
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
@@ -936,6 +986,7 @@ uint16_t Device::CmdModifyQp(uint32_t uctx, const uint8_t* b) {
   qa.pkey_index = le16toh(a.pkey_index);
   qa.port_num = a.port;
   qa.dest_qp_num = le32toh(a.dest_qpn);
+  qa.qkey = le32toh(a.qkey);
   qa.rq_psn = le32toh(a.rq_psn);
   qa.sq_psn = le32toh(a.sq_psn);
   qa.max_rd_atomic = a.max_rd_atomic;
@@ -969,6 +1020,7 @@ uint16_t Device::CmdQueryQp(uint32_t uctx, const uint8_t* b, std::vector<uint8_t
   a.rq_psn = htole32(qa.rq_psn);
   a.sq_psn = htole32(qa.sq_psn);
   a.dest_qpn = htole32(qa.dest_qp_num);
+  a.qkey = htole32(qa.qkey);
   a.access_flags = htole32(qa.qp_access_flags);
   a.pkey_index = htole16(qa.pkey_index);
   a.max_rd_atomic = qa.max_rd_atomic;
@@ -1057,13 +1109,24 @@ uint16_t Device::CmdGid(uint32_t uctx, bool add, const uint8_t* b) {
   if (index >= cfg32(session_.device().config.gid_table_len)) return VSTELLAR_STATUS_BAD_FIELD;
   if (!add) {
     if (!gids_.erase(index)) return VSTELLAR_STATUS_BAD_HANDLE;
+    SyncGsiGids();
     return VSTELLAR_STATUS_OK;
   }
   if (le32toh(cmd.gid_type) != VSTELLAR_GID_TYPE_ROCE_V2) return VSTELLAR_STATUS_BAD_FIELD;
   std::array<uint8_t, 16> g;
   std::memcpy(g.data(), cmd.gid, 16);
   gids_[index] = g;
+  SyncGsiGids();
   return VSTELLAR_STATUS_OK;
+}
+
+// The GSI QP answers to QP 1 for exactly the device's GIDs.
+void Device::SyncGsiGids() {
+  for (auto& [n, q] : qps_) {
+    if (q.type != VSTELLAR_QPT_GSI) continue;
+    q.qp->local_gids.clear();
+    for (auto& [i, g] : gids_) q.qp->local_gids.push_back(g);
+  }
 }
 
 }  // namespace vstellard

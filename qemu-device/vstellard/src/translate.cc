@@ -1,6 +1,7 @@
 // eMTT and ATC translators; see include/vstellard/translate.h.
 #include "vstellard/translate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <vstellar/virtio_vstellar.h>
@@ -174,6 +175,22 @@ vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, 
     if (!Emit(r, out, max_out, h, n)) break;
     a += n;
     left -= n;
+  }
+  r.ok = true;
+  return r;
+}
+
+vstellar::TranslateResult GpaTranslator::translate(uint64_t iova, uint64_t len, bool, vstellar::HostSpan* out,
+                                                   size_t max_out) {
+  vstellar::TranslateResult r;
+  if (!pv_.Contains(iova, len)) return r;
+  while (r.covered < len && r.count < max_out) {
+    uint64_t contig = 0;
+    uint8_t* p = pv_.Map(iova + r.covered, &contig);
+    if (!p || contig == 0) return r;
+    const uint64_t n = std::min(contig, len - r.covered);
+    out[r.count++] = {p, size_t(n)};
+    r.covered += n;
   }
   r.ok = true;
   return r;

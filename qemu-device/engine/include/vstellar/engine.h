@@ -58,6 +58,8 @@ struct EngineStats {
   uint64_t dup_pkts = 0, out_of_window = 0, pending_rd_drops = 0;
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
+  uint64_t ud_sent = 0, ud_rcvd = 0;
+  uint64_t ud_drops = 0;  // datagrams with no QP, wrong Q_Key, spoofed source or no receive WQE
   std::vector<PathCounters> paths;
 };
 
@@ -135,6 +137,11 @@ class Engine {
   void comp_fail_wqe(Qp& qp, uint64_t wqe, WcStatus st);
   void comp_retire(Qp& qp);
   void comp_rtt(Qp& qp, uint64_t rtt_ns);
+  // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
+  bool ud_progress(Qp& qp);
+  void ud_receive(const wire::Packet& p, const Endpoint& from);
+  Qp* find_gsi(const Gid& dgid);
+
   // engine.cc: shared by the responder (RECV data) and the completer (READ
   // and atomic responses).
   bool scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
@@ -142,7 +149,11 @@ class Engine {
 
   void emit(Cq* cq, const Wc& wc);
   void xmit(Qp& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
-            size_t nspans, size_t plen, bool retx);
+            size_t nspans, size_t plen, bool retx) {
+    xmit_to(qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx);
+  }
+  void xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+               const HostSpan* pl, size_t nspans, size_t plen, bool retx);
   uint32_t now_us() { return uint32_t(clock_.now_ns() / 1000); }
 
   EngineConfig cfg_;

@@ -44,6 +44,7 @@ struct SendWqe {
   uint8_t rnr_left = 0;
   uint64_t rnr_hold_until = 0;
   bool rd_counted = false;  // counts against max_rd_atomic until retired
+  UdDest ud;                // UD/GSI QPs: where the datagram goes
 };
 
 enum class PktKind : uint8_t { DATA, READ, ATOMIC };
@@ -138,6 +139,12 @@ class Qp {
   uint32_t rx_since_ack = 0, ce_since_ack = 0;
   uint32_t last_ts = 0;
   uint16_t last_path = 0;
+
+  // ---- datagram QPs (UD, GSI) ----
+  std::vector<Gid> local_gids;  // GSI: the GIDs it answers QP 1 for (set by its owner)
+  uint32_t ud_next_path = 0;    // datagrams go round-robin over the paths
+  bool is_ud() const { return init.qp_type != QpType::RC; }
+  bool is_gsi() const { return init.qp_type == QpType::GSI; }
 
   uint32_t window() const { return uint32_t(recs.size()); }
   PktRec& rec(uint32_t psn) { return recs[psn & (recs.size() - 1)]; }

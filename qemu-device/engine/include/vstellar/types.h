@@ -2,6 +2,7 @@
 // libibverbs (enum ibv_wr_opcode, ibv_wc_status, ibv_qp_state, ...), so the
 // later provider and virtio backend can pass them through unchanged.
 #pragma once
+#include <array>
 #include <cstdint>
 
 namespace vstellar {
@@ -78,7 +79,7 @@ enum : uint32_t {
 };
 
 // ibv_wc_flags
-enum : uint32_t { WC_WITH_IMM = 2 };
+enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2 };
 
 // ibv_qp_attr_mask
 enum : uint32_t {
@@ -129,6 +130,24 @@ struct Endpoint {
   bool operator==(const Endpoint&) const = default;
 };
 
+// ibv_qp_type numbering; a GSI QP is a UD QP that answers to QP number 1.
+enum class QpType : uint8_t { GSI = 1, RC = 2, UD = 4 };
+
+using Gid = std::array<uint8_t, 16>;
+
+// Where a UD send goes: the peer engine, its QP and Q_Key, and the GIDs and
+// GRH fields the receiver is shown (its GRH area is built from them).
+struct UdDest {
+  Endpoint peer;
+  uint32_t remote_qpn = 0;
+  uint32_t remote_qkey = 0;  // bit 31 set: use the sending QP's own Q_Key
+  Gid sgid{};
+  Gid dgid{};
+  uint32_t flow_label = 0;
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 64;
+};
+
 struct Sge {
   uint64_t addr = 0;
   uint32_t length = 0;
@@ -146,6 +165,7 @@ struct SendWr {
   uint32_t rkey = 0;
   uint64_t compare_add = 0;  // atomics: compare (CAS) or add (FAA)
   uint64_t swap = 0;         // atomics: swap value (CAS)
+  UdDest ud;                 // UD/GSI QPs only
 };
 
 struct RecvWr {
@@ -175,6 +195,7 @@ struct QpCap {
 };
 
 struct QpInitAttr {
+  QpType qp_type = QpType::RC;
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   QpCap cap;
@@ -190,6 +211,7 @@ struct QpAttr {
   uint8_t port_num = 1;
   Endpoint ah;  // the address vector: the peer engine
   uint32_t dest_qp_num = 0;
+  uint32_t qkey = 0;  // UD/GSI
   uint32_t rq_psn = 0;
   uint32_t sq_psn = 0;
   uint8_t max_rd_atomic = 1;

@@ -31,6 +31,8 @@ enum class Op : uint8_t {
   FETCH_ADD = 8,    // AtomicExt
   ATOMIC_RESP = 9,  // AtomicRespExt
   ACK = 10,         // AckExt + SACK bitmap words
+  UD_SEND = 11,     // UdExt + payload: one unreliable datagram (UD/GSI QPs)
+  UD_SEND_IMM = 12, // UdExt + payload
 };
 const char* to_string(Op op);
 
@@ -112,6 +114,20 @@ struct AckExt {  // 28 bytes, then sack_words 64-bit words
   uint64_t sack[kMaxSackWords] = {};
 };
 
+// UD datagram (48 bytes). No PSN, no ACK: the receiver takes the next
+// receive WQE or drops it. The GIDs and GRH fields let the receiver build
+// the GRH area a RoCE UD receive starts with.
+struct UdExt {
+  uint32_t qkey = 0;
+  uint32_t imm = 0;         // UD_SEND_IMM
+  uint32_t flow_label = 0;  // low 20 bits
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 0;
+  uint16_t rsvd = 0;
+  uint8_t sgid[16] = {};
+  uint8_t dgid[16] = {};
+};
+
 constexpr size_t ext_len(Op op) {
   switch (op) {
     case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: return 32;
@@ -120,10 +136,12 @@ constexpr size_t ext_len(Op op) {
     case Op::CMP_SWAP: case Op::FETCH_ADD: return 32;
     case Op::ATOMIC_RESP: return 8;
     case Op::ACK: return 28;
+    case Op::UD_SEND: case Op::UD_SEND_IMM: return 48;
   }
   return 0;
 }
 inline bool is_data(Op op) { return op >= Op::SEND && op <= Op::WRITE_IMM; }
+inline bool is_ud(Op op) { return op == Op::UD_SEND || op == Op::UD_SEND_IMM; }
 
 // A parsed packet: host-order copies of every header field, and a pointer
 // into the datagram for the payload.
@@ -135,6 +153,7 @@ struct Packet {
     ReadRespExt rresp;
     AtomicExt atomic;
     AtomicRespExt aresp;
+    UdExt ud;
   };
   AckExt ack;
   const uint8_t* payload = nullptr;
@@ -154,5 +173,6 @@ size_t encode(const Base& b, const ReadRespExt& e, uint8_t* out);
 size_t encode(const Base& b, const AtomicExt& e, uint8_t* out);
 size_t encode(const Base& b, const AtomicRespExt& e, uint8_t* out);
 size_t encode(const Base& b, const AckExt& e, uint8_t* out);
+size_t encode(const Base& b, const UdExt& e, uint8_t* out);
 
 }  // namespace vstellar::wire

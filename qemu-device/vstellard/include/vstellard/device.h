@@ -151,6 +151,10 @@ class Device {
   uint16_t CmdRegMr(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
   uint16_t CmdDeregMr(uint32_t uctx, const uint8_t* b);
   uint16_t CmdGid(uint32_t uctx, bool add, const uint8_t* b);
+  uint16_t CmdKernelDb(uint32_t uctx, std::vector<uint8_t>* resp);
+  uint16_t AddDbContext(uint32_t key, uint32_t* page);
+  bool DatagramsOn() const;
+  void SyncGsiGids();
 
   uint32_t cfg32(const __le32& v) const { return le32toh(v); }
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
@@ -174,6 +178,8 @@ class Device {
   bool ServiceRq(QpObj& q, uint8_t* slot);
   uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
   uint8_t CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges);
+  uint8_t CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out);
+  uint8_t CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud);
   void QpToErr(QpObj& q, uint16_t event, uint32_t info);
   void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status);
   void DrainCq(uint32_t cqh);
@@ -190,6 +196,9 @@ class Device {
   struct PdObj {
     uint32_t owner;
     vstellar::Pd* pd;
+    // Kernel PDs: the MR behind VSTELLAR_LOCAL_DMA_LKEY (guest-physical,
+    // local access only). Not in mrs_: no guest can deregister it.
+    vstellar::Mr* dma_mr = nullptr;
   };
   struct CqObj {
     uint32_t owner;
@@ -207,6 +216,7 @@ class Device {
   struct QpObj {
     uint32_t owner;
     vstellar::Qp* qp;
+    uint8_t type = VSTELLAR_QPT_RC;  // VSTELLAR_QPT_*
     uint32_t pdn, send_cqn, recv_cqn, slot;
     std::vector<uint64_t> sq_pages, rq_pages;
     // Data path: ring geometry, WQEs fetched (free-running), the guest

@@ -104,4 +104,19 @@ class AtcTranslator final : public vstellar::MemoryTranslator {
   std::vector<uint64_t> pages_;
 };
 
+// Guest-physical addresses as they are, for the kernel's local DMA lkey
+// (VSTELLAR_LOCAL_DMA_LKEY): a kernel PD gets one MR over the whole
+// guest-physical space with this translator and local access only. Every
+// access checks that the range is guest RAM (not the doorbell region) and
+// maps it through PVDMA, so lazy pinning holds for kernel buffers too.
+class GpaTranslator final : public vstellar::MemoryTranslator {
+ public:
+  explicit GpaTranslator(Pvdma& pv) : pv_(pv) {}
+  vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
+                                      vstellar::HostSpan* out, size_t max_out) override;
+
+ private:
+  Pvdma& pv_;
+};
+
 }  // namespace vstellard

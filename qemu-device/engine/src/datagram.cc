@@ -1,0 +1,166 @@
+// Datagram QPs: UD and GSI. A message is one packet (at most the engine
+// MTU), sent once on the next path in turn, with no PSN, ACK or congestion
+// window: IB's unreliable datagram service. The GSI QP is a UD QP that
+// answers to QP number 1 for the GIDs its owner gives it; the connection
+// manager's MADs travel on it, which is what rdma_cm needs.
+//
+// A receive starts with the 40-byte GRH area RoCE UD receives have: for
+// IPv4 GIDs, 20 zero bytes and the IPv4 header (with a valid checksum: the
+// kernel's ib_get_rdma_header_version() tells IPv4 from IPv6 by it), else
+// an IPv6 header. Both are built here from the GIDs the datagram carries.
+#include <algorithm>
+#include <cstring>
+
+#include "vstellar/engine.h"
+
+namespace vstellar {
+namespace {
+
+constexpr uint32_t kGsiQpn = 1;
+constexpr size_t kGrhBytes = 40;
+// What a RoCEv2 datagram carries after the IP header besides the payload:
+// UDP (8), BTH (12), DETH (8), ICRC (4). Only used to fill length fields.
+constexpr size_t kRoceOverhead = 8 + 12 + 8 + 4;
+
+bool is_v4_mapped(const uint8_t* gid) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
+}
+
+uint32_t v4_of(const uint8_t* gid) {
+  return uint32_t(gid[12]) << 24 | uint32_t(gid[13]) << 16 | uint32_t(gid[14]) << 8 | gid[15];
+}
+
+void put16(uint8_t* p, uint32_t v) {
+  p[0] = uint8_t(v >> 8);
+  p[1] = uint8_t(v);
+}
+
+void build_grh(const wire::UdExt& e, size_t payload, uint8_t* out) {
+  std::memset(out, 0, kGrhBytes);
+  if (is_v4_mapped(e.sgid) && is_v4_mapped(e.dgid)) {
+    uint8_t* ip = out + 20;
+    ip[0] = 0x45;  // version 4, 5 words
+    ip[1] = e.traffic_class;
+    put16(ip + 2, uint32_t(20 + kRoceOverhead + payload));
+    ip[6] = 0x40;  // don't fragment
+    ip[8] = e.hop_limit;
+    ip[9] = 17;  // UDP
+    std::memcpy(ip + 12, e.sgid + 12, 4);
+    std::memcpy(ip + 16, e.dgid + 12, 4);
+    uint32_t sum = 0;
+    for (int i = 0; i < 20; i += 2) sum += uint32_t(ip[i]) << 8 | ip[i + 1];
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    put16(ip + 10, ~sum & 0xffff);
+    return;
+  }
+  const uint32_t vtf = 6u << 28 | uint32_t(e.traffic_class) << 20 | (e.flow_label & 0xFFFFF);
+  out[0] = uint8_t(vtf >> 24);
+  out[1] = uint8_t(vtf >> 16);
+  out[2] = uint8_t(vtf >> 8);
+  out[3] = uint8_t(vtf);
+  put16(out + 4, uint32_t(kRoceOverhead + payload));
+  out[6] = 17;  // next header: UDP (RoCEv2)
+  out[7] = e.hop_limit;
+  std::memcpy(out + 8, e.sgid, 16);
+  std::memcpy(out + 24, e.dgid, 16);
+}
+
+}  // namespace
+
+Qp* Engine::find_gsi(const Gid& dgid) {
+  for (Qp* qp : qp_list_)
+    if (qp->is_gsi() &&
+        std::find(qp->local_gids.begin(), qp->local_gids.end(), dgid) != qp->local_gids.end())
+      return qp;
+  return nullptr;
+}
+
+// Sends what the SQ holds, one datagram per WQE. The WQEs complete after
+// the link flushed them (Engine::progress), so a buffer is never reused
+// while the link may still read it.
+bool Engine::ud_progress(Qp& qp) {
+  if (qp.state_ != QpState::RTS) return false;  // SQD: nothing new leaves
+  HostSpan spans[DeviceLimits::kMaxSge * 4];
+  for (uint32_t budget = cfg_.tx_budget; budget && qp.sq_next < qp.sq_tail; budget--) {
+    SendWqe& w = qp.sq_at(qp.sq_next);
+    const uint32_t len = uint32_t(w.len);
+    const size_t n = gather(qp, w, 0, len, spans, sizeof(spans) / sizeof(spans[0]));
+    w.started = true;
+    qp.sq_next++;
+    if (n == SIZE_MAX) {
+      // A local protection error: this WQE fails, the QP goes to ERR.
+      w.done = true;
+      w.status = WcStatus::LOC_PROT_ERR;
+      w.signaled = true;
+      events_.push_back({AsyncEventType::QP_ACCESS_ERR, qp.qpn_});
+      qp_to_error(qp);
+      return false;
+    }
+    wire::Base b;
+    b.op = w.op == WrOpcode::SEND_WITH_IMM ? wire::Op::UD_SEND_IMM : wire::Op::UD_SEND;
+    b.flags = wire::F_FIRST | wire::F_LAST | ((w.flags & SEND_SOLICITED) ? wire::F_SOLICITED : 0);
+    b.dst_qpn = w.ud.remote_qpn;
+    b.src_qpn = qp.is_gsi() ? kGsiQpn : qp.qpn_;
+    b.path = uint16_t(qp.ud_next_path++ % cfg_.num_paths);
+    b.payload_len = uint16_t(len);
+    b.ts = now_us();
+    wire::UdExt e;
+    // IB: a Q_Key with the high bit set means the QP's own (privileged) one.
+    e.qkey = (w.ud.remote_qkey & 0x80000000u) ? qp.attr.qkey : w.ud.remote_qkey;
+    e.imm = w.imm;
+    e.flow_label = w.ud.flow_label;
+    e.traffic_class = w.ud.traffic_class;
+    e.hop_limit = w.ud.hop_limit;
+    std::memcpy(e.sgid, w.ud.sgid.data(), 16);
+    std::memcpy(e.dgid, w.ud.dgid.data(), 16);
+    uint8_t hdr[wire::kMaxHeaderLen];
+    const size_t hl = wire::encode(b, e, hdr);
+    xmit_to(w.ud.peer, b.path, hdr, hl, spans, n, len, false);
+    stats_.ud_sent++;
+    w.done = true;
+  }
+  return qp.sq_next < qp.sq_tail;
+}
+
+void Engine::ud_receive(const wire::Packet& p, const Endpoint& from) {
+  const wire::UdExt& e = p.ud;
+  Gid dgid;
+  std::memcpy(dgid.data(), e.dgid, 16);
+  Qp* qp = p.base.dst_qpn == kGsiQpn ? find_gsi(dgid) : find_qp(p.base.dst_qpn);
+  // A GSI QP is reached only as QP 1; RC QPs take no datagrams.
+  const bool usable = qp && qp->is_ud() && (p.base.dst_qpn == kGsiQpn || !qp->is_gsi()) &&
+                      (qp->state_ == QpState::RTR || qp->state_ == QpState::RTS ||
+                       qp->state_ == QpState::SQD);
+  // The source GID must be the sending host's own address (no spoofing
+  // another host's CM), and the Q_Key must match.
+  if (!usable || e.qkey != qp->attr.qkey || (is_v4_mapped(e.sgid) && v4_of(e.sgid) != from.ip) ||
+      qp->rq_head == qp->rq_tail) {
+    stats_.ud_drops++;
+    return;
+  }
+  RecvWqe& r = qp->rq_at(qp->rq_head++);
+  uint8_t grh[kGrhBytes];
+  build_grh(e, p.payload_len, grh);
+  WcStatus st = WcStatus::SUCCESS;
+  const bool ok = scatter(*qp, r.sge, r.nsge, 0, grh, kGrhBytes, st) &&
+                  scatter(*qp, r.sge, r.nsge, kGrhBytes, p.payload, p.payload_len, st);
+  // A receive that does not fit fails alone: a remote sender must not be
+  // able to take the QP (the CM's, for GSI) down.
+  Wc wc;
+  wc.wr_id = r.wr_id;
+  wc.status = ok ? WcStatus::SUCCESS : st;
+  wc.opcode = WcOpcode::RECV;
+  wc.byte_len = uint32_t(kGrhBytes + p.payload_len);
+  wc.qp_num = qp->qpn_;
+  wc.src_qp = p.base.src_qpn;
+  wc.wc_flags = WC_GRH;
+  if (p.base.op == wire::Op::UD_SEND_IMM) {
+    wc.wc_flags |= WC_WITH_IMM;
+    wc.imm_data = e.imm;
+  }
+  stats_.ud_rcvd++;
+  emit(qp->recv_cq, wc);
+}
+
+}  // namespace vstellar

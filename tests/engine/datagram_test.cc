@@ -1,0 +1,273 @@
+// UD and GSI QPs: one datagram per message, the GRH area of a RoCE UD
+// receive, QP 1 routing by destination GID, and what a receiver refuses.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "sim_pair.h"
+
+namespace vstellar::test {
+namespace {
+
+Gid gid_of(uint32_t ip) {
+  Gid g{};
+  g[10] = g[11] = 0xff;
+  g[12] = uint8_t(ip >> 24);
+  g[13] = uint8_t(ip >> 16);
+  g[14] = uint8_t(ip >> 8);
+  g[15] = uint8_t(ip);
+  return g;
+}
+
+constexpr uint32_t kQkey = 0x11111111;
+
+class Datagram : public ::testing::Test {
+ protected:
+  static PairOptions opts() {
+    PairOptions o;
+    o.connect = false;
+    o.cfg.mtu = 1024;
+    return o;
+  }
+  Datagram() : p(opts()) {}
+
+  Qp* make(Side& s, QpType t) {
+    QpInitAttr ia;
+    ia.qp_type = t;
+    ia.send_cq = s.scq;
+    ia.recv_cq = s.rcq;
+    Qp* qp = s.eng->create_qp(s.pd, ia);
+    if (!qp) return nullptr;
+    if (t == QpType::GSI) qp->local_gids.push_back(gid_of(s.ip));
+    QpAttr at;
+    at.qp_state = QpState::INIT;
+    at.qkey = t == QpType::GSI ? 0x80010000u : kQkey;
+    uint32_t mask = QP_STATE | QP_PKEY_INDEX | QP_QKEY | (t == QpType::GSI ? 0u : uint32_t(QP_PORT));
+    EXPECT_EQ(s.eng->modify_qp(qp, at, mask), 0);
+    at.qp_state = QpState::RTR;
+    EXPECT_EQ(s.eng->modify_qp(qp, at, QP_STATE), 0);
+    at.qp_state = QpState::RTS;
+    EXPECT_EQ(s.eng->modify_qp(qp, at, QP_STATE | QP_SQ_PSN), 0);
+    return qp;
+  }
+
+  int send(Side& s, Qp* qp, Side& to, uint32_t qpn, uint32_t qkey, uint64_t off, uint32_t len,
+           uint32_t imm_flag = 0) {
+    Sge sg{s.addr(off), len, s.mr->lkey()};
+    SendWr wr;
+    wr.wr_id = off;
+    wr.opcode = imm_flag ? WrOpcode::SEND_WITH_IMM : WrOpcode::SEND;
+    wr.imm_data = imm_flag;
+    wr.send_flags = SEND_SIGNALED;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.ud.peer = Endpoint{to.ip, 4791};
+    wr.ud.remote_qpn = qpn;
+    wr.ud.remote_qkey = qkey;
+    wr.ud.sgid = gid_of(s.ip);
+    wr.ud.dgid = gid_of(to.ip);
+    wr.ud.hop_limit = 64;
+    return s.eng->post_send(qp, wr);
+  }
+  int recv(Side& s, Qp* qp, uint64_t off, uint32_t len) {
+    Sge sg{s.addr(off), len, s.mr->lkey()};
+    RecvWr wr;
+    wr.wr_id = off;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    return s.eng->post_recv(qp, wr);
+  }
+  // Runs the network until nothing moves any more.
+  void settle() {
+    p.net.run_until([] { return false; }, 20'000'000);
+  }
+  std::vector<Wc> poll(Side& s, Cq* cq) {
+    std::vector<Wc> out;
+    Wc wc[16];
+    for (int k; (k = s.eng->poll_cq(cq, wc, 16)) > 0;) out.insert(out.end(), wc, wc + k);
+    return out;
+  }
+
+  Pair p;
+};
+
+TEST_F(Datagram, UdSendCarriesGrhAndPayload) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  ASSERT_TRUE(qa && qb);
+  fill_random(p.a.buf.data(), 300, 7);
+  ASSERT_EQ(recv(p.b, qb, 4096, 512), 0);
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey, 0, 300, 0xabcd), 0);
+  auto rc = p.wait(p.b, p.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(rc[0].byte_len, 40u + 300u);
+  EXPECT_EQ(rc[0].src_qp, qa->qpn());
+  EXPECT_EQ(rc[0].wc_flags, uint32_t(WC_GRH | WC_WITH_IMM));
+  EXPECT_EQ(rc[0].imm_data, 0xabcdu);
+  const uint8_t* grh = p.b.buf.data() + 4096;
+  for (int i = 0; i < 20; i++) EXPECT_EQ(grh[i], 0) << i;
+  const uint8_t* ip = grh + 20;
+  EXPECT_EQ(ip[0], 0x45);
+  EXPECT_EQ(ip[9], 17);
+  EXPECT_EQ(std::memcmp(ip + 12, gid_of(p.a.ip).data() + 12, 4), 0);
+  EXPECT_EQ(std::memcmp(ip + 16, gid_of(p.b.ip).data() + 12, 4), 0);
+  uint32_t sum = 0;  // a valid header sums to 0xffff
+  for (int i = 0; i < 20; i += 2) sum += uint32_t(ip[i]) << 8 | ip[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  EXPECT_EQ(sum, 0xffffu);
+  EXPECT_EQ(std::memcmp(grh + 40, p.a.buf.data(), 300), 0);
+  auto sc = p.wait(p.a, p.a.scq, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(sc[0].wr_id, 0u);
+}
+
+TEST_F(Datagram, GsiAnswersQp1ForItsGidsAndSendsFromQp1) {
+  Qp* ga = make(p.a, QpType::GSI);
+  Qp* gb = make(p.b, QpType::GSI);
+  ASSERT_TRUE(ga && gb);
+  EXPECT_NE(gb->qpn(), 1u);  // the engine's own number; QP 1 on the wire
+  ASSERT_EQ(recv(p.b, gb, 0, 512), 0);
+  ASSERT_EQ(send(p.a, ga, p.b, 1, 0x80000000u, 1024, 256), 0);  // "use my Q_Key"
+  auto rc = p.wait(p.b, p.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(rc[0].src_qp, 1u);
+  EXPECT_EQ(rc[0].qp_num, gb->qpn());
+  // Its engine-internal number is not an address: datagrams to it are dropped.
+  ASSERT_EQ(recv(p.b, gb, 0, 512), 0);
+  const uint64_t drops = p.b.eng->stats().ud_drops;
+  ASSERT_EQ(send(p.a, ga, p.b, gb->qpn(), 0x80010000u, 1024, 256), 0);
+  settle();
+  EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
+  EXPECT_EQ(p.b.eng->stats().ud_drops, drops + 1);
+  // Nor does QP 1 answer for a GID that is not its own.
+  gb->local_gids.clear();
+  ASSERT_EQ(send(p.a, ga, p.b, 1, 0x80010000u, 1024, 256), 0);
+  settle();
+  EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
+  EXPECT_EQ(p.b.eng->stats().ud_drops, drops + 2);
+}
+
+TEST_F(Datagram, ReceiverDropsWrongQkeyAndNoReceive) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  ASSERT_TRUE(qa && qb);
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey + 1, 0, 64), 0);  // wrong Q_Key
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey, 0, 64), 0);      // no receive posted
+  settle();
+  EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
+  EXPECT_EQ(p.b.eng->stats().ud_drops, 2u);
+  EXPECT_EQ(qb->state(), QpState::RTS);
+  // Both sends still completed: UD has no delivery guarantee.
+  EXPECT_EQ(poll(p.a, p.a.scq).size(), 2u);
+}
+
+TEST_F(Datagram, SpoofedSourceGidIsDropped) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  ASSERT_TRUE(qa && qb);
+  ASSERT_EQ(recv(p.b, qb, 0, 512), 0);
+  Sge sg{p.a.addr(), 64, p.a.mr->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::SEND;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.ud.peer = Endpoint{p.b.ip, 4791};
+  wr.ud.remote_qpn = qb->qpn();
+  wr.ud.remote_qkey = kQkey;
+  wr.ud.sgid = gid_of(0x0a0000ff);  // not a's address
+  wr.ud.dgid = gid_of(p.b.ip);
+  ASSERT_EQ(p.a.eng->post_send(qa, wr), 0);
+  settle();
+  EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
+  EXPECT_EQ(p.b.eng->stats().ud_drops, 1u);
+}
+
+TEST_F(Datagram, ShortReceiveFailsAloneAndQpStaysUsable) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  ASSERT_TRUE(qa && qb);
+  ASSERT_EQ(recv(p.b, qb, 0, 100), 0);     // too small for GRH + 200 bytes
+  ASSERT_EQ(recv(p.b, qb, 4096, 512), 0);  // fits
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey, 0, 200), 0);
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey, 0, 200), 0);
+  auto rc = p.wait(p.b, p.b.rcq, 2);
+  ASSERT_EQ(rc.size(), 2u);
+  EXPECT_EQ(rc[0].status, WcStatus::LOC_LEN_ERR);
+  EXPECT_EQ(rc[1].status, WcStatus::SUCCESS);
+  EXPECT_EQ(qb->state(), QpState::RTS);
+}
+
+TEST_F(Datagram, VerbsRulesOfUdQps) {
+  QpInitAttr ia;
+  ia.qp_type = QpType::UD;
+  ia.send_cq = p.a.scq;
+  ia.recv_cq = p.a.rcq;
+  Qp* qp = p.a.eng->create_qp(p.a.pd, ia);
+  ASSERT_TRUE(qp);
+  QpAttr at;
+  at.qp_state = QpState::INIT;
+  at.qkey = kQkey;
+  // UD needs the Q_Key and the port (GSI only the Q_Key); RC attributes are refused.
+  EXPECT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT), EINVAL);
+  EXPECT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_QKEY), EINVAL);
+  EXPECT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY | QP_ACCESS_FLAGS),
+            EINVAL);
+  ASSERT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY), 0);
+  at.qp_state = QpState::RTR;
+  EXPECT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_AV), EINVAL);
+  ASSERT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE), 0);
+  at.qp_state = QpState::RTS;
+  EXPECT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE), EINVAL);  // SQ_PSN is required
+  ASSERT_EQ(p.a.eng->modify_qp(qp, at, QP_STATE | QP_SQ_PSN), 0);
+  // One packet per datagram, SENDs only.
+  Sge sg{p.a.addr(), 2048, p.a.mr->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::SEND;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  EXPECT_EQ(p.a.eng->post_send(qp, wr), EINVAL);  // larger than the 1024-byte MTU
+  sg.length = 64;
+  wr.opcode = WrOpcode::RDMA_WRITE;
+  EXPECT_EQ(p.a.eng->post_send(qp, wr), EINVAL);
+  wr.opcode = WrOpcode::SEND;
+  EXPECT_EQ(p.a.eng->post_send(qp, wr), 0);
+}
+
+TEST_F(Datagram, RcQpIgnoresDatagrams) {
+  PairOptions o;  // connected RC pair
+  Pair rc(o);
+  QpInitAttr ia;
+  ia.qp_type = QpType::UD;
+  ia.send_cq = rc.a.scq;
+  ia.recv_cq = rc.a.rcq;
+  ASSERT_EQ(rc.post_recv(rc.b, 1, 0, 4096), 0);
+  Qp* ud = rc.a.eng->create_qp(rc.a.pd, ia);
+  QpAttr at;
+  at.qp_state = QpState::INIT;
+  at.qkey = 0;
+  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY), 0);
+  at.qp_state = QpState::RTR;
+  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE), 0);
+  at.qp_state = QpState::RTS;
+  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE | QP_SQ_PSN), 0);
+  Sge sg{rc.a.addr(), 64, rc.a.mr->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::SEND;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.ud.peer = Endpoint{rc.b.ip, 4791};
+  wr.ud.remote_qpn = rc.b.qp->qpn();
+  wr.ud.sgid = gid_of(rc.a.ip);
+  wr.ud.dgid = gid_of(rc.b.ip);
+  ASSERT_EQ(rc.a.eng->post_send(ud, wr), 0);
+  rc.net.run_until([] { return false; }, 20'000'000);
+  Wc wc[4];
+  EXPECT_EQ(rc.b.eng->poll_cq(rc.b.rcq, wc, 4), 0);
+  EXPECT_EQ(rc.b.eng->stats().ud_drops, 1u);
+}
+
+}  // namespace
+}  // namespace vstellar::test
