@@ -27,6 +27,13 @@ struct vstellar_rxq {
 	unsigned int buf_size;
 };
 
+/* A ring of a kernel CQ or QP: one DMA-coherent buffer. */
+struct vstellar_kring {
+	void *buf;
+	dma_addr_t dma;
+	size_t size;
+};
+
 struct vstellar_dev {
 	struct ib_device ibdev;
 	struct virtio_device *vdev;
@@ -51,6 +58,10 @@ struct vstellar_dev {
 	u64 db_base;
 	u64 db_len;
 	u64 kick_addr;				/* 0 if it cannot be mapped */
+
+	/* kernel verbs (vstellar_kverbs.c): the kernel's doorbell page */
+	void *kdb;				/* NULL: no kernel verbs */
+	void __iomem *kkick;
 
 	/* cqn -> vstellar_cq, qpn -> vstellar_qp (events, notifications) */
 	struct xarray cqs;
@@ -93,7 +104,12 @@ struct vstellar_cq {
 	u32 ucontext;
 	u32 db_slot;
 	u32 log_cqe;
-	struct ib_umem *umem;
+	struct ib_umem *umem;		/* user CQs */
+	/* kernel CQs */
+	struct vstellar_kring kring;
+	spinlock_t lock;		/* ci, arm_seq */
+	u32 ci;
+	u32 arm_seq;
 };
 
 struct vstellar_qp {
@@ -103,8 +119,14 @@ struct vstellar_qp {
 	u32 db_slot;
 	u8 sq_sig_all;
 	struct ib_qp_cap cap;		/* as granted at create */
-	struct ib_umem *sq_umem;
+	struct ib_umem *sq_umem;	/* user QPs */
 	struct ib_umem *rq_umem;
+	/* kernel QPs: rings, producer indices, WQEs completed (free-running) */
+	struct vstellar_kring sq, rq;
+	spinlock_t sq_lock, rq_lock;
+	u32 sq_pi, rq_pi;
+	u32 sq_done, rq_done;
+	u8 sq_log_wqe, sq_log_stride, rq_log_wqe, rq_log_stride;
 };
 
 struct vstellar_mr {
@@ -114,10 +136,10 @@ struct vstellar_mr {
 	struct ib_umem *umem;
 };
 
+/* Kernel AHs only: the address vector copied into each UD WQE. */
 struct vstellar_ah {
 	struct ib_ah ibah;
-	u32 handle;
-	u32 ucontext;
+	struct vstellar_av av;
 };
 
 static inline struct vstellar_dev *to_vdev(struct ib_device *ibdev)
@@ -194,5 +216,23 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
 		       struct ib_udata *udata);
 int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+/* vstellar_kverbs.c */
+int vstellar_kernel_db_init(struct vstellar_dev *dev);
+void vstellar_kernel_db_fini(struct vstellar_dev *dev);
+void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r);
+int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
+			      const struct ib_cq_init_attr *attr);
+int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
+			      struct ib_qp_init_attr *init);
+void vstellar_kqp_reset(struct vstellar_qp *qp);
+int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
+int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
+int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		       const struct ib_send_wr **bad_wr);
+int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		       const struct ib_recv_wr **bad_wr);
+void vstellar_av_from_ah_attr(struct vstellar_av *av,
+			      const struct rdma_ah_attr *ah);
 
 #endif /* _VSTELLAR_H_ */

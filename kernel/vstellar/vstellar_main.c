@@ -440,11 +440,15 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.mmap = vstellar_mmap,
 	.mmap_free = vstellar_mmap_free,
 	.modify_qp = vstellar_modify_qp,
+	.poll_cq = vstellar_poll_cq,
+	.post_recv = vstellar_post_recv,
+	.post_send = vstellar_post_send,
 	.query_device = vstellar_query_device,
 	.query_pkey = vstellar_query_pkey,
 	.query_port = vstellar_query_port,
 	.query_qp = vstellar_query_qp,
 	.reg_user_mr = vstellar_reg_user_mr,
+	.req_notify_cq = vstellar_req_notify_cq,
 	.resize_cq = vstellar_resize_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vstellar_ah, ibah),
@@ -584,6 +588,7 @@ static void vstellar_setup_ibdev(struct vstellar_dev *dev)
 	ibdev->phys_port_cnt = 1;
 	ibdev->num_comp_vectors = dev->num_cqnq;
 	ibdev->dev.parent = &dev->vdev->dev;
+	ibdev->local_dma_lkey = VSTELLAR_LOCAL_DMA_LKEY;
 	memcpy(&ibdev->node_guid, dev->cfg.node_guid, sizeof(ibdev->node_guid));
 	strscpy(ibdev->node_desc, "vStellar virtio RDMA device",
 		sizeof(ibdev->node_desc));
@@ -667,6 +672,11 @@ static int vstellar_probe(struct virtio_device *vdev)
 		dev_warn(&vdev->dev, "no doorbell region: user contexts unavailable\n");
 	}
 	dev->kick_addr = vstellar_find_kick_page(dev);
+	/* kernel verbs: the MAD layer's QP1, and so the CM and rdma_cm */
+	err = vstellar_kernel_db_init(dev);
+	if (err)
+		dev_warn(&vdev->dev, "no kernel verbs (%d): rdma_cm will not work\n",
+			 err);
 
 	vstellar_setup_ibdev(dev);
 	rtnl_lock();
@@ -685,10 +695,10 @@ static int vstellar_probe(struct virtio_device *vdev)
 	if (err)
 		goto err_unregister;
 
-	dev_info(&vdev->dev, "%s: interface %u.%u, %u CQ queue(s), %llu doorbell pages, features %#x\n",
+	dev_info(&vdev->dev, "%s: interface %u.%u, %u CQ queue(s), %llu doorbell pages, features %#x, kernel verbs %s\n",
 		 dev_name(&dev->ibdev.dev), abi >> 16, abi & 0xffff,
 		 dev->num_cqnq, dev->db_len / VSTELLAR_DB_PAGE_SIZE,
-		 dev->features);
+		 dev->features, dev->kdb ? "on" : "off");
 	return 0;
 
 err_unregister:
@@ -700,6 +710,7 @@ err_netdev:
 err_reset:
 	vstellar_com_abort(&dev->com, -ENODEV);
 	virtio_reset_device(vdev);
+	vstellar_kernel_db_fini(dev);
 	cancel_work_sync(&dev->event_work);
 	cancel_work_sync(&dev->config_work);
 err_queues:
@@ -726,6 +737,7 @@ static void vstellar_remove(struct virtio_device *vdev)
 
 	vstellar_com_abort(&dev->com, -ENODEV);
 	virtio_reset_device(vdev);
+	vstellar_kernel_db_fini(dev);
 	cancel_work_sync(&dev->event_work);
 	cancel_work_sync(&dev->config_work);
 	vstellar_free_queues(dev);

@@ -2,7 +2,8 @@
 /*
  * vStellar verbs: each one is a control-queue command. The data path
  * (posting WQEs, polling CQEs, arming CQs) runs in user space on rings in
- * the process's memory and the context's doorbell page; see docs/driver.md.
+ * the process's memory and the context's doorbell page; kernel users get
+ * theirs in vstellar_kverbs.c. See docs/driver.md.
  */
 #include <linux/log2.h>
 #include <rdma/ib_addr.h>
@@ -122,6 +123,8 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 	if (caps & VSTELLAR_DEVCAP_SYS_IMAGE_GUID)
 		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
 	props->device_cap_flags |= IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (dev->kdb)
+		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
 	return 0;
 }
 
@@ -488,11 +491,12 @@ int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 	__le64 *pages;
 	int err;
 
-	/* kernel CQs are not supported: no kernel data path (docs/driver.md) */
-	if (!udata || attr->flags)
+	if (attr->flags)
 		return -EOPNOTSUPP;
 	if (attr->cqe < 1)
 		return -EINVAL;
+	if (!udata)
+		return vstellar_create_kernel_cq(dev, cq, attr);
 	err = vstellar_cq_ring(dev, udata, attr->cqe, &r, &cq->log_cqe, &pages);
 	if (err)
 		return err;
@@ -584,6 +588,7 @@ int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	/* after this, no notification still queued runs the CQ's handler */
 	xa_erase_irq(&dev->cqs, cq->cqn);
 	ib_umem_release(cq->umem);
+	vstellar_kring_free(dev, &cq->kring);
 	return 0;
 }
 
@@ -628,22 +633,19 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 	__le64 *pages;
 	int err;
 
-	if (!udata)
+	if (init_attr->srq || init_attr->create_flags)
 		return -EOPNOTSUPP;
+	if (!udata)
+		return vstellar_create_kernel_qp(dev, qp, init_attr);
 	switch (init_attr->qp_type) {
 	case IB_QPT_RC:
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
 			return -EOPNOTSUPP;
 		break;
-	case IB_QPT_UD:
-		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
-			return -EOPNOTSUPP;
-		break;
 	default:
+		/* UD in user space needs a provider data path: not yet */
 		return -EOPNOTSUPP;
 	}
-	if (init_attr->srq || init_attr->create_flags)
-		return -EOPNOTSUPP;
 	if (udata->inlen < offsetofend(typeof(ucmd), rq_log_stride))
 		return -EINVAL;
 	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
@@ -678,8 +680,7 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 	cmd.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
 	cmd.send_cqn = cpu_to_le32(to_vcq(init_attr->send_cq)->cqn);
 	cmd.recv_cqn = cpu_to_le32(to_vcq(init_attr->recv_cq)->cqn);
-	cmd.qp_type = init_attr->qp_type == IB_QPT_RC ? VSTELLAR_QPT_RC :
-						      VSTELLAR_QPT_UD;
+	cmd.qp_type = VSTELLAR_QPT_RC;
 	cmd.sq_sig_all = qp->sq_sig_all;
 	cmd.sq_log_wqe = ucmd.sq_log_wqe;
 	cmd.sq_log_stride = ucmd.sq_log_stride;
@@ -740,20 +741,6 @@ err_sq:
 	return err;
 }
 
-static void vstellar_av_from_ah_attr(struct vstellar_av *av,
-				     const struct rdma_ah_attr *ah)
-{
-	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
-
-	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
-	av->flow_label = cpu_to_be32(grh->flow_label & 0xfffff);
-	av->sgid_index = grh->sgid_index;
-	av->hop_limit = grh->hop_limit;
-	av->traffic_class = grh->traffic_class;
-	av->sl = rdma_ah_get_sl(ah);
-	memcpy(av->dmac, ah->roce.dmac, sizeof(av->dmac));
-}
-
 static void vstellar_av_to_ah_attr(struct ib_device *ibdev,
 				   struct rdma_ah_attr *ah,
 				   const struct vstellar_av *av)
@@ -777,6 +764,7 @@ int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	struct vstellar_qp *qp = to_vqp(ibqp);
 	struct vstellar_cmd_modify_qp cmd = {};
 	struct vstellar_qp_attr *a = &cmd.attr;
+	int err;
 
 	if (attr_mask & ~VSTELLAR_QP_ATTR_MASK_VALID)
 		return -EOPNOTSUPP;
@@ -808,8 +796,12 @@ int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 			return -EINVAL;
 		vstellar_av_from_ah_attr(&a->av, &attr->ah_attr);
 	}
-	return vstellar_exec(dev, VSTELLAR_CMD_MODIFY_QP, qp->ucontext,
-			     &cmd, sizeof(cmd), NULL, 0);
+	err = vstellar_exec(dev, VSTELLAR_CMD_MODIFY_QP, qp->ucontext,
+			    &cmd, sizeof(cmd), NULL, 0);
+	if (!err && qp->sq.buf && (attr_mask & IB_QP_STATE) &&
+	    attr->qp_state == IB_QPS_RESET)
+		vstellar_kqp_reset(qp);
+	return err;
 }
 
 int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
@@ -873,6 +865,8 @@ int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	xa_erase_irq(&dev->qps, qp->qpn);
 	ib_umem_release(qp->rq_umem);
 	ib_umem_release(qp->sq_umem);
+	vstellar_kring_free(dev, &qp->rq);
+	vstellar_kring_free(dev, &qp->sq);
 	return 0;
 }
 
@@ -969,50 +963,18 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
 		       struct ib_udata *udata)
 {
-	struct vstellar_dev *dev = to_vdev(ibah->device);
 	struct rdma_ah_attr *ah_attr = init_attr->ah_attr;
-	struct vstellar_create_ah_resp uresp = {};
-	struct vstellar_cmd_create_ah cmd = {};
-	struct vstellar_resp_create_ah resp;
-	struct vstellar_ah *ah = to_vah(ibah);
-	int err;
 
-	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
-		return -EOPNOTSUPP;
-	/* commands sleep: atomic callers cannot be served */
-	if (!(init_attr->flags & RDMA_CREATE_AH_SLEEPABLE))
+	/* user UD has no provider data path yet; kernel AHs need no command */
+	if (udata || !to_vdev(ibah->device)->kdb)
 		return -EOPNOTSUPP;
 	if (!(rdma_ah_get_ah_flags(ah_attr) & IB_AH_GRH))
 		return -EINVAL;
-
-	ah->ucontext = vstellar_uctx_handle(udata);
-	cmd.pdn = cpu_to_le32(to_vpd(ibah->pd)->pdn);
-	vstellar_av_from_ah_attr(&cmd.av, ah_attr);
-	err = vstellar_exec(dev, VSTELLAR_CMD_CREATE_AH, ah->ucontext,
-			    &cmd, sizeof(cmd), &resp, sizeof(resp));
-	if (err)
-		return err;
-	ah->handle = le32_to_cpu(resp.ah);
-	if (udata) {
-		uresp.ah = ah->handle;
-		err = ib_copy_to_udata(udata, &uresp,
-				       min(sizeof(uresp), udata->outlen));
-		if (err) {
-			vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_AH,
-						ah->ucontext, ah->handle);
-			return err;
-		}
-	}
+	vstellar_av_from_ah_attr(&to_vah(ibah)->av, ah_attr);
 	return 0;
 }
 
 int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags)
 {
-	struct vstellar_ah *ah = to_vah(ibah);
-
-	if (!(flags & RDMA_DESTROY_AH_SLEEPABLE))
-		return -EOPNOTSUPP;
-	return vstellar_destroy_handle(to_vdev(ibah->device),
-				       VSTELLAR_CMD_DESTROY_AH, ah->ucontext,
-				       ah->handle);
+	return 0;
 }

@@ -832,7 +832,7 @@ static int vstellar_build_send(struct vstellar_qp *qp, struct ibv_send_wr *wr)
 			return EINVAL;
 		if (!wr->wr.ud.ah)
 			return EINVAL;
-		wqe->u.ud.ah = htole32(to_vah(wr->wr.ud.ah)->handle);
+		wqe->u.ud.av = to_vah(wr->wr.ud.ah)->av;
 		wqe->u.ud.remote_qpn = htole32(wr->wr.ud.remote_qpn);
 		wqe->u.ud.remote_qkey = htole32(wr->wr.ud.remote_qkey);
 	}
@@ -1124,7 +1124,7 @@ static void vstellar_wr_set_ud_addr(struct ibv_qp_ex *qpex, struct ibv_ah *ah,
 		qp->wr_err = EINVAL;
 		return;
 	}
-	wqe->u.ud.ah = htole32(to_vah(ah)->handle);
+	wqe->u.ud.av = to_vah(ah)->av;
 	wqe->u.ud.remote_qpn = htole32(remote_qpn);
 	wqe->u.ud.remote_qkey = htole32(remote_qkey);
 }
@@ -1180,7 +1180,13 @@ static struct ibv_ah *vstellar_create_ah(struct ibv_pd *pd,
 		errno = ret;
 		return NULL;
 	}
-	ah->handle = resp.drv.ah;
+	/* the device keeps no AH: UD WQEs carry the address vector itself */
+	memcpy(ah->av.dgid, attr->grh.dgid.raw, sizeof(ah->av.dgid));
+	ah->av.flow_label = htobe32(attr->grh.flow_label & 0xfffff);
+	ah->av.sgid_index = attr->grh.sgid_index;
+	ah->av.hop_limit = attr->grh.hop_limit;
+	ah->av.traffic_class = attr->grh.traffic_class;
+	ah->av.sl = attr->sl;
 	return &ah->ibv_ah;
 }
 

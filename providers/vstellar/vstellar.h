@@ -132,7 +132,7 @@ struct vstellar_qp {
 
 struct vstellar_ah {
 	struct ibv_ah ibv_ah;
-	uint32_t handle;
+	struct vstellar_av av;	/* copied into every UD WQE that names it */
 };
 
 static inline struct vstellar_context *to_vctx(struct ibv_context *ibctx)

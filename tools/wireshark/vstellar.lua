@@ -9,12 +9,13 @@ local p = Proto("vstellar", "vStellar RNIC transport")
 local opcodes = {
   [1] = "SEND", [2] = "SEND_IMM", [3] = "WRITE", [4] = "WRITE_IMM", [5] = "READ_REQ",
   [6] = "READ_RESP", [7] = "CMP_SWAP", [8] = "FETCH_ADD", [9] = "ATOMIC_RESP", [10] = "ACK",
+  [11] = "UD_SEND", [12] = "UD_SEND_IMM",
 }
 local syndromes = {
   [0] = "ACK", [1] = "RNR NAK", [2] = "NAK invalid request", [3] = "NAK remote access",
   [4] = "NAK remote operational error",
 }
-local ext_len = { [1] = 32, [2] = 32, [3] = 32, [4] = 32, [5] = 24, [6] = 8, [7] = 32, [8] = 32, [9] = 8, [10] = 28 }
+local ext_len = { [1] = 32, [2] = 32, [3] = 32, [4] = 32, [5] = 24, [6] = 8, [7] = 32, [8] = 32, [9] = 8, [10] = 28, [11] = 48, [12] = 48 }
 
 local f = p.fields
 f.version = ProtoField.uint8("vstellar.version", "Version", base.DEC, nil, 0xF0)
@@ -53,6 +54,12 @@ f.nak_psn = ProtoField.uint32("vstellar.ack.nak_psn", "NAK PSN", base.DEC)
 f.rnr_us = ProtoField.uint32("vstellar.ack.rnr_us", "RNR wait (us)", base.DEC)
 f.sack = ProtoField.uint64("vstellar.ack.sack", "SACK word", base.HEX)
 f.sacked = ProtoField.string("vstellar.ack.sacked", "SACKed PSNs")
+f.qkey = ProtoField.uint32("vstellar.ud.qkey", "Q_Key", base.HEX)
+f.flow_label = ProtoField.uint32("vstellar.ud.flow_label", "Flow label", base.HEX)
+f.tclass = ProtoField.uint8("vstellar.ud.traffic_class", "Traffic class", base.HEX)
+f.hop_limit = ProtoField.uint8("vstellar.ud.hop_limit", "Hop limit", base.DEC)
+f.sgid = ProtoField.ipv6("vstellar.ud.sgid", "Source GID")
+f.dgid = ProtoField.ipv6("vstellar.ud.dgid", "Destination GID")
 f.payload = ProtoField.bytes("vstellar.payload", "Payload")
 
 local function valid(buf)
@@ -102,6 +109,12 @@ function p.dissector(buf, pinfo, tree)
     t:add(f.swap_add, buf(40, 8)); t:add(f.compare, buf(48, 8))
   elseif op == 9 then
     t:add(f.orig, buf(24, 8))
+  elseif op == 11 or op == 12 then
+    t:add(f.qkey, buf(24, 4)); t:add(f.imm, buf(28, 4)); t:add(f.flow_label, buf(32, 4))
+    t:add(f.tclass, buf(36, 1)); t:add(f.hop_limit, buf(37, 1))
+    t:add(f.sgid, buf(40, 16)); t:add(f.dgid, buf(56, 16))
+    info = string.format("%s QPN 0x%x from QPN 0x%x path %u", opcodes[op], buf(4, 4):uint(),
+                         buf(8, 4):uint(), buf(16, 2):uint())
   elseif op == 10 then
     t:add(f.cum_psn, buf(24, 4)); t:add(f.sack_base, buf(28, 4)); t:add(f.sack_words, buf(32, 1))
     t:add(f.syndrome, buf(33, 1)); t:add(f.ce_count, buf(34, 2)); t:add(f.echo_ts, buf(36, 4))

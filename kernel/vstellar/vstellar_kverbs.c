@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * vStellar kernel verbs: the data path for kernel users. The MAD layer's
+ * GSI QP (QP1) runs here, and with it the CM, so rdma_cm works; kernel UD
+ * QPs too. The rings live in DMA-coherent kernel memory and the doorbells
+ * in the kernel's own doorbell page (VSTELLAR_CMD_KERNEL_DB); SGEs carry
+ * the local DMA lkey and DMA (guest-physical) addresses. Only create and
+ * destroy send commands: posting, polling and arming are memory operations
+ * plus, when the device asks for it, one store to the kick page, so they
+ * work in any context.
+ */
+#include <linux/dma-mapping.h>
+#include <linux/io.h>
+#include <linux/log2.h>
+#include <rdma/ib_verbs.h>
+
+#include "vstellar.h"
+
+#define VSTELLAR_KQP_MAX_SGE	4
+
+static struct device *vstellar_dma_dev(struct vstellar_dev *dev)
+{
+	return dev->vdev->dev.parent;
+}
+
+/* ---------------------------------------------------------------- */
+/* The kernel's doorbell page                                        */
+/* ---------------------------------------------------------------- */
+
+int vstellar_kernel_db_init(struct vstellar_dev *dev)
+{
+	struct vstellar_resp_kernel_db resp;
+	u32 page;
+	int err;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)) || !dev->db_len ||
+	    !dev->kick_addr || PAGE_SIZE != VSTELLAR_DB_PAGE_SIZE)
+		return -EOPNOTSUPP;
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_KERNEL_DB, 0, NULL, 0,
+				NULL, 0, &resp, sizeof(resp));
+	if (err)
+		return err;
+	page = le32_to_cpu(resp.db_page);
+	if (page >= dev->db_len / VSTELLAR_DB_PAGE_SIZE)
+		return -EIO;
+	/* RAM in the host (a shared memfd), so cacheable, as for user space */
+	dev->kdb = memremap(dev->db_base + (u64)page * VSTELLAR_DB_PAGE_SIZE,
+			    VSTELLAR_DB_PAGE_SIZE, MEMREMAP_WB);
+	if (!dev->kdb)
+		return -ENOMEM;
+	dev->kkick = ioremap(dev->kick_addr, PAGE_SIZE);
+	if (!dev->kkick) {
+		memunmap(dev->kdb);
+		dev->kdb = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void vstellar_kernel_db_fini(struct vstellar_dev *dev)
+{
+	if (dev->kkick)
+		iounmap(dev->kkick);
+	if (dev->kdb)
+		memunmap(dev->kdb);
+	dev->kkick = NULL;
+	dev->kdb = NULL;
+}
+
+static __le32 *vstellar_kdb_word(struct vstellar_dev *dev, u32 slot, u32 off)
+{
+	return dev->kdb + slot * VSTELLAR_DB_SLOT_SIZE + off;
+}
+
+/*
+ * After an index store: the store is visible before need_kick is read
+ * (pairs with the device's "need_kick = 1; fence; rescan"), and the kick
+ * page is written only when the device sleeps.
+ */
+static void vstellar_kdb_ring(struct vstellar_dev *dev, __le32 *word, u32 val)
+{
+	/* the device reads the index, then the WQEs up to it */
+	smp_store_release(word, cpu_to_le32(val));
+	/* index store before the need_kick load (see above) */
+	smp_mb();
+	if (READ_ONCE(((struct vstellar_db_page_hdr *)dev->kdb)->need_kick))
+		writel(VSTELLAR_VQ_KICK, dev->kkick);
+}
+
+/* ---------------------------------------------------------------- */
+/* Rings                                                             */
+/* ---------------------------------------------------------------- */
+
+static int vstellar_kring_alloc(struct vstellar_dev *dev,
+				struct vstellar_kring *r, size_t size)
+{
+	r->size = PAGE_ALIGN(size);
+	r->buf = dma_alloc_coherent(vstellar_dma_dev(dev), r->size, &r->dma,
+				    GFP_KERNEL);
+	return r->buf ? 0 : -ENOMEM;
+}
+
+void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r)
+{
+	if (r->buf)
+		dma_free_coherent(vstellar_dma_dev(dev), r->size, r->buf, r->dma);
+	r->buf = NULL;
+}
+
+static void vstellar_kring_pages(const struct vstellar_kring *r, __le64 *list)
+{
+	size_t i;
+
+	for (i = 0; i < r->size / PAGE_SIZE; i++)
+		list[i] = cpu_to_le64(r->dma + i * PAGE_SIZE);
+}
+
+/* ---------------------------------------------------------------- */
+/* CQs                                                               */
+/* ---------------------------------------------------------------- */
+
+int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
+			      const struct ib_cq_init_attr *attr)
+{
+	struct vstellar_cmd_create_cq cmd = {};
+	struct vstellar_resp_create_cq resp;
+	size_t npages;
+	__le64 *pages;
+	int err;
+
+	if (!dev->kdb)
+		return -EOPNOTSUPP;
+	cq->log_cqe = order_base_2(max(attr->cqe, 2));
+	if ((1U << cq->log_cqe) > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	err = vstellar_kring_alloc(dev, &cq->kring,
+				   sizeof(struct vstellar_cqe) << cq->log_cqe);
+	if (err)
+		return err;
+	npages = cq->kring.size / PAGE_SIZE;
+	pages = kmalloc_array(npages, sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		err = -ENOMEM;
+		goto err_ring;
+	}
+	vstellar_kring_pages(&cq->kring, pages);
+	cmd.log_cqe = cpu_to_le32(cq->log_cqe);
+	cmd.cq_queue = cpu_to_le32(attr->comp_vector % dev->num_cqnq);
+	cmd.page_shift = cpu_to_le32(PAGE_SHIFT);
+	cmd.num_pages = cpu_to_le32(npages);
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_CQ, 0, &cmd,
+				sizeof(cmd), pages, npages, &resp, sizeof(resp));
+	if (err)
+		goto err_ring;
+	cq->cqn = le32_to_cpu(resp.cqn);
+	cq->db_slot = le32_to_cpu(resp.db_slot);
+	if (cq->db_slot < VSTELLAR_DB_FIRST_SLOT ||
+	    cq->db_slot >= VSTELLAR_DB_SLOTS_PER_PAGE) {
+		err = -EIO;
+		goto err_destroy;
+	}
+	spin_lock_init(&cq->lock);
+	cq->ci = 0;
+	cq->arm_seq = 0;
+	cq->ibcq.cqe = 1 << cq->log_cqe;
+	err = xa_insert_irq(&dev->cqs, cq->cqn, cq, GFP_KERNEL);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vstellar_com_exec(&dev->com, VSTELLAR_CMD_DESTROY_CQ, 0,
+			  &(struct vstellar_cmd_handle){ .handle = cpu_to_le32(cq->cqn) },
+			  sizeof(struct vstellar_cmd_handle), NULL, 0, NULL, 0);
+err_ring:
+	vstellar_kring_free(dev, &cq->kring);
+	return err;
+}
+
+static struct vstellar_cqe *vstellar_next_cqe(struct vstellar_cq *cq)
+{
+	struct vstellar_cqe *e = cq->kring.buf +
+		(cq->ci & ((1U << cq->log_cqe) - 1)) * sizeof(*e);
+	u8 want = ((cq->ci >> cq->log_cqe) & 1) ? 0 : VSTELLAR_CQE_OWNER;
+
+	if ((READ_ONCE(e->owner) & VSTELLAR_CQE_OWNER) != want)
+		return NULL;
+	dma_rmb();	/* the rest of the CQE after its owner bit */
+	return e;
+}
+
+/* Index i (free-running) of the WQE a 16-bit wqe_idx names, given done. */
+static u32 vstellar_wqe_index(u32 done, u16 wqe_idx)
+{
+	return done + (u16)(wqe_idx - (u16)done);
+}
+
+static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
+			       const struct vstellar_cqe *e, struct ib_wc *wc)
+{
+	struct vstellar_qp *qp;
+	u16 idx = le16_to_cpu(e->wqe_idx);
+
+	qp = xa_load(&dev->qps, le32_to_cpu(e->qpn));
+	if (!qp || !qp->sq.buf)
+		return false;	/* its QP is gone (or not a kernel QP) */
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = le64_to_cpu(e->wr_id);
+	wc->status = e->status;
+	wc->opcode = e->opcode;
+	wc->vendor_err = e->vendor_err;
+	wc->byte_len = le32_to_cpu(e->byte_len);
+	wc->qp = &qp->ibqp;
+	wc->port_num = VSTELLAR_PORT;
+	if (e->opcode & IB_WC_RECV) {
+		wc->src_qp = le32_to_cpu(e->src_qp);
+		if (e->wc_flags & VSTELLAR_CQE_GRH)
+			wc->wc_flags |= IB_WC_GRH;
+		if (e->wc_flags & VSTELLAR_CQE_WITH_IMM) {
+			wc->wc_flags |= IB_WC_WITH_IMM;
+			wc->ex.imm_data = e->imm_data;
+		}
+		WRITE_ONCE(qp->rq_done, vstellar_wqe_index(qp->rq_done, idx) + 1);
+	} else {
+		WRITE_ONCE(qp->sq_done, vstellar_wqe_index(qp->sq_done, idx) + 1);
+	}
+	return true;
+}
+
+int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_cqe *e;
+	unsigned long flags;
+	u32 start;
+	int n = 0;
+
+	if (!cq->kring.buf)
+		return -EOPNOTSUPP;	/* a user CQ: the provider polls it */
+	spin_lock_irqsave(&cq->lock, flags);
+	start = cq->ci;
+	while (n < num_entries && (e = vstellar_next_cqe(cq))) {
+		if (vstellar_cqe_to_wc(dev, e, &wc[n]))
+			n++;
+		cq->ci++;
+	}
+	if (cq->ci != start) {
+		/* the CQEs are read before the device may reuse their slots */
+		smp_store_release(vstellar_kdb_word(dev, cq->db_slot,
+				  offsetof(struct vstellar_db_cq, ci)),
+				  cpu_to_le32(cq->ci));
+	}
+	spin_unlock_irqrestore(&cq->lock, flags);
+	return n;
+}
+
+/*
+ * Arming is a new value in the slot's arm word: the device notifies once
+ * for the next CQE it writes after seeing a value it has not consumed.
+ */
+int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	unsigned long irqflags;
+	u32 arm;
+	int ret = 0;
+
+	if (!cq->kring.buf)
+		return -EOPNOTSUPP;
+	spin_lock_irqsave(&cq->lock, irqflags);
+	cq->arm_seq = (cq->arm_seq + 1) & ~VSTELLAR_CQ_ARM_SOLICITED;
+	arm = cq->arm_seq;
+	if ((flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED)
+		arm |= VSTELLAR_CQ_ARM_SOLICITED;
+	WRITE_ONCE(*vstellar_kdb_word(dev, cq->db_slot,
+				      offsetof(struct vstellar_db_cq, arm)),
+		   cpu_to_le32(arm));
+	/* pairs with the device's fence between its CQE store and arm load */
+	smp_mb();
+	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) && vstellar_next_cqe(cq))
+		ret = 1;
+	spin_unlock_irqrestore(&cq->lock, irqflags);
+	return ret;
+}
+
+/* ---------------------------------------------------------------- */
+/* QPs                                                               */
+/* ---------------------------------------------------------------- */
+
+int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
+			      struct ib_qp_init_attr *init)
+{
+	u32 max_wr = le32_to_cpu(dev->attr.max_qp_wr);
+	struct vstellar_cmd_create_qp cmd = {};
+	struct vstellar_resp_create_qp resp;
+	u32 ssge, rsge, sq_n, rq_n;
+	__le64 *pages;
+	int err;
+
+	if (!dev->kdb)
+		return -EOPNOTSUPP;
+	/* kernel RC QPs would need fast-registration MRs: not offered */
+	if (init->qp_type != IB_QPT_GSI && init->qp_type != IB_QPT_UD)
+		return -EOPNOTSUPP;
+	ssge = init->cap.max_send_sge;
+	rsge = init->cap.max_recv_sge;
+	if (init->cap.max_inline_data || ssge > VSTELLAR_KQP_MAX_SGE ||
+	    rsge > VSTELLAR_KQP_MAX_SGE ||
+	    init->cap.max_send_wr > max_wr || init->cap.max_recv_wr > max_wr)
+		return -EINVAL;
+	qp->sq_log_wqe = order_base_2(max(init->cap.max_send_wr, 1U));
+	qp->rq_log_wqe = order_base_2(max(init->cap.max_recv_wr, 1U));
+	qp->sq_log_stride = order_base_2(sizeof(struct vstellar_send_wqe) +
+					 sizeof(struct vstellar_sge) * ssge);
+	qp->rq_log_stride = max(4, order_base_2(sizeof(struct vstellar_recv_wqe) +
+						 sizeof(struct vstellar_sge) * rsge));
+
+	err = vstellar_kring_alloc(dev, &qp->sq,
+				   (size_t)1 << (qp->sq_log_wqe + qp->sq_log_stride));
+	if (err)
+		return err;
+	err = vstellar_kring_alloc(dev, &qp->rq,
+				   (size_t)1 << (qp->rq_log_wqe + qp->rq_log_stride));
+	if (err)
+		goto err_sq;
+	sq_n = qp->sq.size / PAGE_SIZE;
+	rq_n = qp->rq.size / PAGE_SIZE;
+	pages = kmalloc_array(sq_n + rq_n, sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		err = -ENOMEM;
+		goto err_rq;
+	}
+	vstellar_kring_pages(&qp->sq, pages);
+	vstellar_kring_pages(&qp->rq, pages + sq_n);
+
+	qp->sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	cmd.pdn = cpu_to_le32(to_vpd(qp->ibqp.pd)->pdn);
+	cmd.send_cqn = cpu_to_le32(to_vcq(init->send_cq)->cqn);
+	cmd.recv_cqn = cpu_to_le32(to_vcq(init->recv_cq)->cqn);
+	cmd.qp_type = init->qp_type == IB_QPT_GSI ? VSTELLAR_QPT_GSI :
+						    VSTELLAR_QPT_UD;
+	cmd.sq_sig_all = qp->sq_sig_all;
+	cmd.sq_log_wqe = qp->sq_log_wqe;
+	cmd.sq_log_stride = qp->sq_log_stride;
+	cmd.rq_log_wqe = qp->rq_log_wqe;
+	cmd.rq_log_stride = qp->rq_log_stride;
+	cmd.page_shift = PAGE_SHIFT;
+	cmd.max_send_sge = cpu_to_le32(ssge);
+	cmd.max_recv_sge = cpu_to_le32(rsge);
+	cmd.sq_pages = cpu_to_le32(sq_n);
+	cmd.rq_pages = cpu_to_le32(rq_n);
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, 0, &cmd,
+				sizeof(cmd), pages, sq_n + rq_n,
+				&resp, sizeof(resp));
+	if (err)
+		goto err_rq;
+	qp->qpn = le32_to_cpu(resp.qpn);
+	qp->db_slot = le32_to_cpu(resp.db_slot);
+	if (qp->db_slot < VSTELLAR_DB_FIRST_SLOT ||
+	    qp->db_slot >= VSTELLAR_DB_SLOTS_PER_PAGE) {
+		err = -EIO;
+		goto err_destroy;
+	}
+	spin_lock_init(&qp->sq_lock);
+	spin_lock_init(&qp->rq_lock);
+	vstellar_kqp_reset(qp);
+	/* the device answers to QP 1 for the GSI QP, whatever its own QPN */
+	qp->ibqp.qp_num = init->qp_type == IB_QPT_GSI ? 1 : qp->qpn;
+	init->cap.max_send_wr = 1U << qp->sq_log_wqe;
+	init->cap.max_recv_wr = 1U << qp->rq_log_wqe;
+	qp->cap = init->cap;
+	err = xa_insert_irq(&dev->qps, qp->qpn, qp, GFP_KERNEL);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vstellar_com_exec(&dev->com, VSTELLAR_CMD_DESTROY_QP, 0,
+			  &(struct vstellar_cmd_handle){ .handle = cpu_to_le32(qp->qpn) },
+			  sizeof(struct vstellar_cmd_handle), NULL, 0, NULL, 0);
+err_rq:
+	vstellar_kring_free(dev, &qp->rq);
+err_sq:
+	vstellar_kring_free(dev, &qp->sq);
+	return err;
+}
+
+/* RESET forgets every WQE, on both sides: indices restart at 0. */
+void vstellar_kqp_reset(struct vstellar_qp *qp)
+{
+	qp->sq_pi = 0;
+	qp->rq_pi = 0;
+	WRITE_ONCE(qp->sq_done, 0);
+	WRITE_ONCE(qp->rq_done, 0);
+}
+
+static void vstellar_put_sges(struct vstellar_sge *dst,
+			      const struct ib_sge *src, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		dst[i].addr = cpu_to_le64(src[i].addr);
+		dst[i].length = cpu_to_le32(src[i].length);
+		dst[i].lkey = cpu_to_le32(src[i].lkey);
+	}
+}
+
+static int vstellar_build_ud_wqe(struct vstellar_qp *qp,
+				 const struct ib_send_wr *wr,
+				 struct vstellar_send_wqe *wqe)
+{
+	const struct ib_ud_wr *ud = ud_wr(wr);
+
+	if (wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM)
+		return -EINVAL;
+	if (wr->num_sge > qp->cap.max_send_sge ||
+	    (wr->send_flags & IB_SEND_INLINE) || !ud->ah)
+		return -EINVAL;
+	memset(wqe, 0, 1U << qp->sq_log_stride);
+	wqe->wr_id = cpu_to_le64(wr->wr_id);
+	wqe->opcode = wr->opcode == IB_WR_SEND ? VSTELLAR_WR_SEND :
+						 VSTELLAR_WR_SEND_IMM;
+	if (wr->send_flags & IB_SEND_SIGNALED)
+		wqe->flags |= VSTELLAR_WQE_SIGNALED;
+	if (wr->send_flags & IB_SEND_SOLICITED)
+		wqe->flags |= VSTELLAR_WQE_SOLICITED;
+	wqe->num_sge = wr->num_sge;
+	if (wr->opcode == IB_WR_SEND_WITH_IMM)
+		wqe->imm_data = wr->ex.imm_data;
+	wqe->u.ud.av = to_vah(ud->ah)->av;
+	wqe->u.ud.remote_qpn = cpu_to_le32(ud->remote_qpn);
+	wqe->u.ud.remote_qkey = cpu_to_le32(ud->remote_qkey);
+	vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
+			  wr->num_sge);
+	return 0;
+}
+
+int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+		       const struct ib_send_wr **bad_wr)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	u32 size = 1U << qp->sq_log_wqe, start;
+	unsigned long flags;
+	int err = 0;
+
+	if (!qp->sq.buf) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;	/* a user QP: the provider posts */
+	}
+	spin_lock_irqsave(&qp->sq_lock, flags);
+	start = qp->sq_pi;
+	for (; wr; wr = wr->next) {
+		void *slot;
+
+		if (qp->sq_pi - READ_ONCE(qp->sq_done) >= size) {
+			err = -ENOMEM;
+			break;
+		}
+		slot = qp->sq.buf + ((qp->sq_pi & (size - 1)) << qp->sq_log_stride);
+		err = vstellar_build_ud_wqe(qp, wr, slot);
+		if (err)
+			break;
+		qp->sq_pi++;
+	}
+	if (qp->sq_pi != start) {
+		dma_wmb();	/* WQEs before the index that publishes them */
+		vstellar_kdb_ring(dev, vstellar_kdb_word(dev, qp->db_slot,
+				  offsetof(struct vstellar_db_qp, sq_pi)),
+				  qp->sq_pi);
+	}
+	spin_unlock_irqrestore(&qp->sq_lock, flags);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
+
+int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+		       const struct ib_recv_wr **bad_wr)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	u32 size = 1U << qp->rq_log_wqe, start;
+	unsigned long flags;
+	int err = 0;
+
+	if (!qp->rq.buf) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;
+	}
+	spin_lock_irqsave(&qp->rq_lock, flags);
+	start = qp->rq_pi;
+	for (; wr; wr = wr->next) {
+		struct vstellar_recv_wqe *wqe;
+
+		if (qp->rq_pi - READ_ONCE(qp->rq_done) >= size) {
+			err = -ENOMEM;
+			break;
+		}
+		if (wr->num_sge > qp->cap.max_recv_sge) {
+			err = -EINVAL;
+			break;
+		}
+		wqe = qp->rq.buf + ((qp->rq_pi & (size - 1)) << qp->rq_log_stride);
+		memset(wqe, 0, 1U << qp->rq_log_stride);
+		wqe->wr_id = cpu_to_le64(wr->wr_id);
+		wqe->num_sge = cpu_to_le32(wr->num_sge);
+		vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
+				  wr->num_sge);
+		qp->rq_pi++;
+	}
+	if (qp->rq_pi != start) {
+		dma_wmb();
+		vstellar_kdb_ring(dev, vstellar_kdb_word(dev, qp->db_slot,
+				  offsetof(struct vstellar_db_qp, rq_pi)),
+				  qp->rq_pi);
+	}
+	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
+
+/* ---------------------------------------------------------------- */
+/* Address handles                                                   */
+/* ---------------------------------------------------------------- */
+
+/* Kernel AHs are the address vector alone: no command, so no sleeping. */
+void vstellar_av_from_ah_attr(struct vstellar_av *av,
+			      const struct rdma_ah_attr *ah)
+{
+	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
+
+	memset(av, 0, sizeof(*av));
+	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
+	av->flow_label = cpu_to_be32(grh->flow_label & 0xfffff);
+	av->sgid_index = grh->sgid_index;
+	av->hop_limit = grh->hop_limit;
+	av->traffic_class = grh->traffic_class;
+	av->sl = rdma_ah_get_sl(ah);
+	memcpy(av->dmac, ah->roce.dmac, sizeof(av->dmac));
+}
