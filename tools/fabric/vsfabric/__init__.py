@@ -7,8 +7,9 @@ Every switch and host is a network namespace named with a per-process prefix
 limit) where a rate is given; ToRs spread traffic to other ToRs over all
 uplinks with Linux ECMP and the L4 hash (fib_multipath_hash_policy=1), so a
 UDP source port picks the uplink. Loss on a link and ECN (CE) marking by a
-phantom queue are eBPF tc classifiers (see bpf.py). Everything the fabric made is removed by Fabric.destroy(),
-which also runs at exit and on SIGINT/SIGTERM/SIGHUP.
+phantom queue are eBPF tc classifiers (see bpf.py). Everything the fabric
+made is removed by Fabric.destroy(), which also runs at exit and on
+SIGINT/SIGTERM/SIGHUP.
 
 Addressing (all in the benchmarking range 198.18.0.0/15):
   host i under ToR t       198.18.(t+1).(2i+1)/31, its ToR port 198.18.(t+1).(2i)/31
@@ -313,7 +314,7 @@ class Fabric:
         if not rate_bps:
             return
         cap = cap or self.queue
-        _check_marking(k, 0.5, cap)
+        _check_marking(k, None, cap)
         self._clsact(ns, dev)
         base = os.path.join(self._bpffs(), f"mark-{ns}-{dev}")
         prog, mp = base + "-prog", base + "-map"
@@ -445,7 +446,7 @@ class Fabric:
 
 
 def _check_marking(k, fraction, cap):
-    if not 0 < fraction <= 1:
+    if fraction is not None and not 0 < fraction <= 1:
         raise ValueError(f"mark fraction {fraction}: need 0 < f <= 1")
     if not 0 < k < cap:
         raise ValueError(f"mark K {k} B: need 0 < K < the queue limit ({cap} B)")
