@@ -7,12 +7,13 @@ here.
   CE: a virtual queue per link, drained at a rate a bit below the link's, fed
   with every IPv4 packet's length; ECT packets that arrive while it holds more
   than K bytes are marked CE (bpf_skb_ecn_set_ce). Not-ECT packets and
-  packets already CE are never touched. Its state and counters live in a one-entry BPF array map.
+  packets already CE are never touched, nothing is dropped. Its state and
+  counters live in a one-entry BPF array map (read_marker).
 
-The program is assembled by hand (no clang needed), loaded with the bpf(2)
+The programs are assembled by hand (no clang needed), loaded with the bpf(2)
 system call through ctypes, pinned into a private bpffs mount and attached
 with `tc filter ... bpf object-pinned PATH da` on a clsact egress hook.
-Only UDP is dropped: the harness's TCP control connection, ARP and ICMP pass,
+The drop program drops only UDP: the harness's TCP control connection, ARP and ICMP pass,
 so a "black hole" eats the data path (the RDMA tunnels are all UDP) but the
 out-of-band handshake survives.
 """
