@@ -143,6 +143,10 @@ for _ in 1 2 3; do
 			[[ -e $root$lib ]] || { copy_path "$lib"; real=$(readlink -f "$lib"); copy_path "$real"; }
 		done
 done
+# glibc dlopens libgcc_s for pthread_exit/pthread_cancel (stack unwinding):
+# no ELF names it, yet rping's threads need it.
+[[ -e $root/usr/lib/x86_64-linux-gnu/libgcc_s.so.1 ]] ||
+	copy_path /usr/lib/x86_64-linux-gnu/libgcc_s.so.1
 # Debian's merged /usr: /lib -> /usr/lib is on the host, be exact here too.
 if [[ -d $root/lib/x86_64-linux-gnu ]]; then
 	cp -a "$root/lib/x86_64-linux-gnu/." "$root/usr/lib/x86_64-linux-gnu/"

@@ -134,6 +134,7 @@ struct vstellar_mr {
 	u32 mrn;
 	u32 ucontext;
 	struct ib_umem *umem;
+	bool dma;		/* get_dma_mr: the local DMA lkey, no device object */
 };
 
 /* Kernel AHs only: the address vector copied into each UD WQE. */
@@ -226,6 +227,7 @@ int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
 int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 			      struct ib_qp_init_attr *init);
 void vstellar_kqp_reset(struct vstellar_qp *qp);
+struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags);
 int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,

@@ -525,6 +525,31 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 }
 
 /* ---------------------------------------------------------------- */
+/* DMA MRs                                                           */
+/* ---------------------------------------------------------------- */
+
+/*
+ * The core counts a device as a kernel verbs provider only with
+ * get_dma_mr. Local access is the local DMA lkey; a DMA MR with remote
+ * access (an rkey over all memory) is refused.
+ */
+struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags)
+{
+	struct vstellar_mr *mr;
+
+	if (!to_vdev(ibpd->device)->kdb)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (access_flags & ~IB_ACCESS_LOCAL_WRITE)
+		return ERR_PTR(-EOPNOTSUPP);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->dma = true;
+	mr->ibmr.lkey = VSTELLAR_LOCAL_DMA_LKEY;
+	return &mr->ibmr;
+}
+
+/* ---------------------------------------------------------------- */
 /* Address handles                                                   */
 /* ---------------------------------------------------------------- */
 

@@ -435,6 +435,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.destroy_qp = vstellar_destroy_qp,
 	.disassociate_ucontext = vstellar_disassociate_ucontext,
 	.get_dev_fw_str = vstellar_get_dev_fw_str,
+	.get_dma_mr = vstellar_get_dma_mr,
 	.get_link_layer = vstellar_get_link_layer,
 	.get_port_immutable = vstellar_get_port_immutable,
 	.mmap = vstellar_mmap,

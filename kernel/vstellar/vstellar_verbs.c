@@ -946,6 +946,10 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	struct vstellar_mr *mr = to_vmr(ibmr);
 	int err;
 
+	if (mr->dma) {
+		kfree(mr);
+		return 0;
+	}
 	err = vstellar_destroy_handle(to_vdev(ibmr->device),
 				      VSTELLAR_CMD_DEREG_MR, mr->ucontext,
 				      mr->mrn);

@@ -3,8 +3,10 @@ served by its own vstellard (tools/vstellar-guest --vstellar), unmodified
 verbs programs between them over the daemons' UDP transport.
 
 One boot of two guests runs everything (TCG boots are the cost): the device
-listing, ibv_rc_pingpong and perftest. Asserts behaviour (exit status, rows
-parsed, sizes and iterations as asked), never timings.
+listing, ibv_rc_pingpong, perftest (one run connected through rdma_cm, -R)
+and rping (rdma_cm only: its CM messages travel on the device's QP1).
+Asserts behaviour (exit status, rows parsed, sizes and iterations as asked,
+the pings' payloads), never timings.
 """
 import re
 import unittest
@@ -18,9 +20,28 @@ TESTS = [PINGPONG,
          ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_read_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_send_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
+         # connected by rdma_cm: the CM's REQ/REP/RTU over the GSI QP
+         ("ib_write_bw", "-R -s 65536 -n 100 -F --report_gbits"),
          ("ib_write_lat", "-x $GIDX -s 8 -n 100 -F"),
          ("ib_atomic_bw", "-x $GIDX -n 100 -F")]
 BW_TESTS = [t for t in TESTS if t[0].endswith("_bw") and t[0] != "ib_atomic_bw"]
+
+PINGS = 10
+# rping: the server takes one connection and exits; the client retries
+# until the server listens (bounded), like perftest's clients.
+RPING_SERVER = f"""\
+echo '== rping'
+timeout 200 rping -s -a 0.0.0.0 -p 7174 -C {PINGS} -v
+"""
+RPING_CLIENT = f"""\
+echo '== rping'
+i=0
+until timeout 60 rping -c -a $VSTELLAR_PEER_IP -p 7174 -C {PINGS} -v > /tmp/rping.out 2>&1; do
+  i=$((i + 1)); [ $i -lt 30 ] || {{ cat /tmp/rping.out; exit 1; }}
+  sleep 1
+done
+cat /tmp/rping.out
+"""
 
 INFO = f"""\
 echo '== info'
@@ -36,8 +57,10 @@ class VstellarTest(unittest.TestCase):
     def setUpClass(cls):
         vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         server, client = pt.perftest_pair(TESTS, DEV, setup=pt.VSTELLAR_SETUP + INFO)
+        server += RPING_SERVER
+        client += RPING_CLIENT
         cls.daemons = []
-        cls.results = vg.run_guests([server, client], vstellar=True, timeout=400,
+        cls.results = vg.run_guests([server, client], vstellar=True, timeout=500,
                                     daemons_out=cls.daemons)
         cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
 
@@ -87,6 +110,12 @@ class VstellarTest(unittest.TestCase):
         rows = pt.parse_lat(self.sections[1].get(f"{tool} {args}", []))
         self.assertEqual(len(rows), 1, self.sections[1])
         self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (8, 100))
+
+    def test_rping(self):
+        for i in range(2):
+            out = "\n".join(self.sections[i].get("rping", []))
+            pings = re.findall(r"ping data: rdma-ping-(\d+): ", out)
+            self.assertEqual([int(p) for p in pings], list(range(PINGS)), out)
 
     def test_daemons_stopped_and_served_one_device_each(self):
         for d in self.daemons:
