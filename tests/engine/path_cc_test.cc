@@ -100,6 +100,22 @@ TEST(Cc, BottleneckWithEcnStillDeliversAndMarksShrinkWindow) {
   EXPECT_LT(t.a.qp->cc.cwnd(), uint64_t(4) << 20);
 }
 
+TEST(Cc, CeMarkedReadResponsesShrinkTheRequestersWindow) {
+  // READ data flows responder -> requester; the marks it carries are the
+  // requester's congestion signal (there is no ACK to echo them).
+  PairOptions o;
+  o.buf_size = 8 << 20;
+  o.cfg.cc.init_cwnd = 4 << 20;
+  Pair t(o);
+  t.net.impairment.ce_rate = 0.5;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 8 << 20, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_GT(t.a.qp->cc.alpha(), 0.1);
+  EXPECT_LT(t.a.qp->cc.cwnd(), uint64_t(4) << 20);
+}
+
 TEST(Cc, QueueAtABottleneckCausesNoSpuriousResends) {
   // The window builds a queue of a few hundred microseconds at a 25 Gb/s
   // bottleneck; the RTO must track it instead of firing on packets that are

@@ -145,7 +145,7 @@ void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
   comp_retire(qp);
 }
 
-void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
+void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now, bool ce) {
   uint32_t psn = p.base.psn;
   if (!in_window(qp, psn)) {
     stats_.dup_pkts++;
@@ -173,7 +173,7 @@ void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
   qp.paths.on_ack(path, rtt);
-  qp.cc.on_ack(acked, 1, 0, rtt, qp.snd_una, qp.snd_nxt);
+  qp.cc.on_ack(acked, 1, ce ? 1 : 0, rtt, qp.snd_una, qp.snd_nxt);
   comp_retire(qp);
 }
 

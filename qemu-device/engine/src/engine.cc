@@ -166,7 +166,7 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
         return;
       }
       if (p.base.op == wire::Op::ACK) comp_ack(*qp, p, now);
-      else if (p.base.op == wire::Op::READ_RESP) comp_read_resp(*qp, p, now);
+      else if (p.base.op == wire::Op::READ_RESP) comp_read_resp(*qp, p, now, ce);
       else comp_atomic_resp(*qp, p, now);
       return;
     default:

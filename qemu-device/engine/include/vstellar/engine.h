@@ -131,7 +131,8 @@ class Engine {
   void send_ack(Qp& qp);
   // completer.cc
   void comp_ack(Qp& qp, const wire::Packet& p, uint64_t now);
-  void comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now);
+  // READ data flows to the requester: its CE marks are this QP's own signal.
+  void comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now, bool ce);
   void comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now);
   void comp_pkt_done(Qp& qp, uint32_t psn, uint64_t now, bool rtt_sample, uint64_t& acked_bytes);
   void comp_fail_wqe(Qp& qp, uint64_t wqe, WcStatus st);
