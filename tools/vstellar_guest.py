@@ -290,9 +290,9 @@ class Guest:
         with open(cmd_file, "w") as f:
             f.write(self.command + "\n")
         append = ["console=ttyS0", "loglevel=3", "panic=-1", "mitigations=off",
-                  f"vstellar.hostname={self.name}"]
+                  f"vsguest.hostname={self.name}"]
         if self.modules:
-            append.append("vstellar.modules=" + ",".join(self.modules))
+            append.append("vsguest.modules=" + ",".join(self.modules))
         argv = [self.art.qemu, "-M", "pc", "-m", str(self.mem), "-smp", "1",
                 "-display", "none", "-serial", "stdio", "-monitor", "none",
                 "-no-reboot", "-nodefaults",
@@ -305,7 +305,7 @@ class Guest:
         for d in self.art.firmware_dirs:
             argv += ["-L", d]
         if self.netns:
-            append.append(f"vstellar.ip={self.addr or guest_ip(self.index) + '/24'}")
+            append.append(f"vsguest.ip={self.addr or guest_ip(self.index) + '/24'}")
             mac = f"52:54:00:77:00:{self.index + 1:02x}"
             argv += ["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
                      "-device", f"virtio-net-pci,netdev=n0,mac={mac},romfile="]

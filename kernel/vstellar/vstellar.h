@@ -179,6 +179,8 @@ static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
 }
 
 /* vstellar_verbs.c */
+int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode, u32 uctx,
+			    u32 handle);
 int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 			  struct ib_udata *udata);
 int vstellar_query_port(struct ib_device *ibdev, u32 port,

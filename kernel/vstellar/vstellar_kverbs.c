@@ -169,9 +169,7 @@ int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
 	return 0;
 
 err_destroy:
-	vstellar_com_exec(&dev->com, VSTELLAR_CMD_DESTROY_CQ, 0,
-			  &(struct vstellar_cmd_handle){ .handle = cpu_to_le32(cq->cqn) },
-			  sizeof(struct vstellar_cmd_handle), NULL, 0, NULL, 0);
+	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ, 0, cq->cqn);
 err_ring:
 	vstellar_kring_free(dev, &cq->kring);
 	return err;
@@ -377,9 +375,7 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 	return 0;
 
 err_destroy:
-	vstellar_com_exec(&dev->com, VSTELLAR_CMD_DESTROY_QP, 0,
-			  &(struct vstellar_cmd_handle){ .handle = cpu_to_le32(qp->qpn) },
-			  sizeof(struct vstellar_cmd_handle), NULL, 0, NULL, 0);
+	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP, 0, qp->qpn);
 err_rq:
 	vstellar_kring_free(dev, &qp->rq);
 err_sq:

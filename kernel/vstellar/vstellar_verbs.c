@@ -41,8 +41,8 @@ static int vstellar_exec(struct vstellar_dev *dev, u16 opcode, u32 uctx,
  * so the kernel side is released anyway. Only a live device's refusal
  * (BUSY and the like) is passed on.
  */
-static int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode,
-				   u32 uctx, u32 handle)
+int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode, u32 uctx,
+			    u32 handle)
 {
 	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(handle) };
 	int err;

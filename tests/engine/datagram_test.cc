@@ -21,6 +21,19 @@ Gid gid_of(uint32_t ip) {
 
 constexpr uint32_t kQkey = 0x11111111;
 
+// RESET -> INIT -> RTR -> RTS with the UD attributes (GSI: no port).
+int to_rts(Engine& eng, Qp* qp, uint32_t qkey) {
+  QpAttr at;
+  at.qp_state = QpState::INIT;
+  at.qkey = qkey;
+  const uint32_t port = qp->is_gsi() ? 0u : uint32_t(QP_PORT);
+  if (int e = eng.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_QKEY | port)) return e;
+  at.qp_state = QpState::RTR;
+  if (int e = eng.modify_qp(qp, at, QP_STATE)) return e;
+  at.qp_state = QpState::RTS;
+  return eng.modify_qp(qp, at, QP_STATE | QP_SQ_PSN);
+}
+
 class Datagram : public ::testing::Test {
  protected:
   static PairOptions opts() {
@@ -39,15 +52,7 @@ class Datagram : public ::testing::Test {
     Qp* qp = s.eng->create_qp(s.pd, ia);
     if (!qp) return nullptr;
     if (t == QpType::GSI) qp->local_gids.push_back(gid_of(s.ip));
-    QpAttr at;
-    at.qp_state = QpState::INIT;
-    at.qkey = t == QpType::GSI ? 0x80010000u : kQkey;
-    uint32_t mask = QP_STATE | QP_PKEY_INDEX | QP_QKEY | (t == QpType::GSI ? 0u : uint32_t(QP_PORT));
-    EXPECT_EQ(s.eng->modify_qp(qp, at, mask), 0);
-    at.qp_state = QpState::RTR;
-    EXPECT_EQ(s.eng->modify_qp(qp, at, QP_STATE), 0);
-    at.qp_state = QpState::RTS;
-    EXPECT_EQ(s.eng->modify_qp(qp, at, QP_STATE | QP_SQ_PSN), 0);
+    EXPECT_EQ(to_rts(*s.eng, qp, t == QpType::GSI ? 0x80010000u : kQkey), 0);
     return qp;
   }
 
@@ -245,14 +250,7 @@ TEST_F(Datagram, RcQpIgnoresDatagrams) {
   ia.recv_cq = rc.a.rcq;
   ASSERT_EQ(rc.post_recv(rc.b, 1, 0, 4096), 0);
   Qp* ud = rc.a.eng->create_qp(rc.a.pd, ia);
-  QpAttr at;
-  at.qp_state = QpState::INIT;
-  at.qkey = 0;
-  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY), 0);
-  at.qp_state = QpState::RTR;
-  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE), 0);
-  at.qp_state = QpState::RTS;
-  ASSERT_EQ(rc.a.eng->modify_qp(ud, at, QP_STATE | QP_SQ_PSN), 0);
+  ASSERT_EQ(to_rts(*rc.a.eng, ud, 0), 0);
   Sge sg{rc.a.addr(), 64, rc.a.mr->lkey()};
   SendWr wr;
   wr.opcode = WrOpcode::SEND;

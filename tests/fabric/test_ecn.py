@@ -19,8 +19,7 @@ import socket
 import subprocess
 import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "tools", "fabric"))
+import fabtest
 
 
 def udp_tos_check(fab, vsfabric, n=20):
@@ -54,23 +53,13 @@ def udp_tos_check(fab, vsfabric, n=20):
 
 
 def main():
-    if os.geteuid() != 0:
-        print("SKIP: needs root")
-        return 77
-    probe = f"vsf{os.getpid()}-probe"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        print("SKIP: cannot create network namespaces")
-        return 77
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    skip = fabtest.preflight()
+    if skip:
+        return skip
     import vsfabric
     from vsfabric import harness
     vsfabric.cleanup_stale()
-    fails = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what, flush=True)
-        if not cond:
-            fails.append(what)
+    check = fabtest.Checks()
 
     A, K = 2, 20_000
     args = ["--paths", 1, "--path-algo", "single", "--size", "64K", "--depth", 16,
@@ -145,8 +134,7 @@ def main():
     check(not vsfabric.list_namespaces(f"vsf{os.getpid()}-"), "all namespaces removed")
     with open("/proc/mounts") as f:
         check(bpffs not in f.read() and not os.path.exists(bpffs), "bpffs unmounted and removed")
-    print("PASS" if not fails else f"{len(fails)} check(s) failed")
-    return 1 if fails else 0
+    return check.result()
 
 
 if __name__ == "__main__":

@@ -10,31 +10,19 @@ behaviour, never timing or throughput:
 Exits 77 (skipped) without root or network namespaces.
 """
 import os
-import subprocess
 import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "tools", "fabric"))
+import fabtest
 
 
 def main():
-    if os.geteuid() != 0:
-        print("SKIP: needs root")
-        return 77
-    probe = f"vsf{os.getpid()}-probe"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        print("SKIP: cannot create network namespaces")
-        return 77
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    skip = fabtest.preflight()
+    if skip:
+        return skip
     import vsfabric
     from vsfabric import harness
     vsfabric.cleanup_stale()
-    fails = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            fails.append(what)
+    check = fabtest.Checks()
 
     A = 4
     with vsfabric.Fabric(tors=2, hosts=1, aggs=A) as fab:
@@ -70,8 +58,7 @@ def main():
         check(s["retx_pkts"] > 0, f"lossy uplink: the engine retransmitted ({s['retx_pkts']})")
         fab.set_loss(0, 1, 0)
     check(not vsfabric.list_namespaces(f"vsf{os.getpid()}-"), "all namespaces removed")
-    print("PASS" if not fails else f"{len(fails)} check(s) failed")
-    return 1 if fails else 0
+    return check.result()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -68,6 +69,19 @@ struct Guest {
     EXPECT_TRUE(r.done);
     return r;
   }
+  // One CQ of 64 CQEs at kCqGpa.
+  void CreateCq() {
+    vstellar_cmd_create_cq c{};
+    c.log_cqe = kLogCqe;
+    c.page_shift = 12;
+    c.num_pages = 1;
+    std::memset(f.mem() + kCqGpa, 0, 4096);
+    auto body = WithPages(&c, sizeof(c), {kCqGpa});
+    CmdResult r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
+    ASSERT_EQ(r.status(), 0);
+    cq = As<vstellar_resp_create_cq>(r).cqn;
+    cq_slot = As<vstellar_resp_create_cq>(r).db_slot;
+  }
   void Setup() {
     CmdResult r = f.Command(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, 8);
     ASSERT_EQ(r.status(), 0);
@@ -77,17 +91,9 @@ struct Guest {
     r = Cmd(VSTELLAR_CMD_ALLOC_PD, nullptr, 0, 8);
     ASSERT_EQ(r.status(), 0);
     pd = As<vstellar_resp_alloc_pd>(r).pdn;
-    vstellar_cmd_create_cq c{};
-    c.log_cqe = kLogCqe;
-    c.page_shift = 12;
-    c.num_pages = 1;
-    std::memset(f.mem() + kCqGpa, 0, 4096);
-    auto body = WithPages(&c, sizeof(c), {kCqGpa});
-    r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
-    ASSERT_EQ(r.status(), 0);
-    cq = As<vstellar_resp_create_cq>(r).cqn;
-    cq_slot = As<vstellar_resp_create_cq>(r).db_slot;
+    CreateCq();
     vstellar_cmd_reg_mr m{};
+    std::vector<uint8_t> body;
     m.pdn = pd;
     m.access_flags = VSTELLAR_ACCESS_VALID;
     m.iova = kMrGpa;
@@ -113,16 +119,7 @@ struct Guest {
     r = Cmd(VSTELLAR_CMD_ALLOC_PD, nullptr, 0, 8);
     ASSERT_EQ(r.status(), 0);
     pd = As<vstellar_resp_alloc_pd>(r).pdn;
-    vstellar_cmd_create_cq c{};
-    c.log_cqe = kLogCqe;
-    c.page_shift = 12;
-    c.num_pages = 1;
-    std::memset(f.mem() + kCqGpa, 0, 4096);
-    auto body = WithPages(&c, sizeof(c), {kCqGpa});
-    r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
-    ASSERT_EQ(r.status(), 0);
-    cq = As<vstellar_resp_create_cq>(r).cqn;
-    cq_slot = As<vstellar_resp_create_cq>(r).db_slot;
+    CreateCq();
     ASSERT_GE(cq_slot, VSTELLAR_DB_FIRST_SLOT);
     lkey = VSTELLAR_LOCAL_DMA_LKEY;
     vstellar_cmd_gid g{};
@@ -889,6 +886,26 @@ TEST_F(DataPath, UserContextsGetNoDatagramQpsNorTheDmaLkey) {
   auto c = A.Poll();
   ASSERT_TRUE(c);
   EXPECT_EQ(c->status, uint8_t(vstellar::WcStatus::LOC_PROT_ERR));
+}
+
+// Node GUIDs: EUI-64 from the daemon's address and the device number, so two
+// guests' devices never look like one (ibv_devinfo, rdma_cm).
+TEST_F(DataPath, EachDeviceHasItsOwnNodeGuid) {
+  StartDaemon();
+  TwoGuests();
+  std::array<uint8_t, 8> g[2];
+  int i = 0;
+  for (Guest* x : {a_.get(), b_.get()}) {
+    CmdResult r = x->Cmd(VSTELLAR_CMD_QUERY_DEVICE, nullptr, 0, sizeof(vstellar_resp_query_device));
+    ASSERT_EQ(r.status(), 0);
+    std::memcpy(g[i].data(), As<vstellar_resp_query_device>(r).sys_image_guid, 8);
+    EXPECT_EQ(g[i][0], 0x02);  // locally administered
+    EXPECT_EQ(g[i][3], 0xff);
+    EXPECT_EQ(g[i][4], 0xfe);
+    EXPECT_EQ(g[i][1], 127);   // the daemon's 127.0.0.1
+    i++;
+  }
+  EXPECT_NE(g[0], g[1]);
 }
 
 }  // namespace

@@ -95,6 +95,7 @@ bool Daemon::Start(std::string* err) {
   shared_.translation = o_.translation;
   shared_.poll_ns = o_.poll_us * 1000;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
+  shared_.host_ip = o_.ip;
 
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

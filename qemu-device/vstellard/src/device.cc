@@ -101,7 +101,15 @@ bool ValidTransition(uint8_t cur, uint8_t next) {
 }  // namespace
 
 Device::Device(unsigned id, DeviceShared& shared)
-    : id_(id), sh_(shared), pvdma_(shared.pin), session_(DeviceConfig::Default()), qs_(VSTELLAR_MAX_VQS) {}
+    : id_(id), sh_(shared), pvdma_(shared.pin), session_(DeviceConfig::Default()), qs_(VSTELLAR_MAX_VQS) {
+  // A node GUID of its own: EUI-64 (locally administered) from the host's
+  // IPv4 address and the device number, so no two devices of a fabric share
+  // one (ibv_devinfo, rdma_cm and the GID table tell devices apart by it).
+  const uint32_t ip = shared.host_ip;
+  const uint8_t guid[8] = {0x02, uint8_t(ip >> 24), uint8_t(ip >> 16), 0xff, 0xfe,
+                           uint8_t(ip >> 8), uint8_t(ip), uint8_t(id)};
+  std::memcpy(session_.mutable_device().config.node_guid, guid, sizeof(guid));
+}
 
 Device::~Device() {
   ResetState();

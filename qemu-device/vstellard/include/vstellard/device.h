@@ -37,6 +37,7 @@ struct DeviceShared {
   PinMode pin = PinMode::kLazy;
   TranslationMode translation = TranslationMode::kEmtt;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
+  uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
   // Test hook: called after a command was copied out of guest memory and
   // before it is validated (tests change guest memory here: double fetch).
   std::function<void(unsigned device)> after_copy;
