@@ -41,7 +41,7 @@ GUEST_EXTRA := $(BUILD)/guest-extra
 KMOD_DIR := kernel/vstellar
 # The driver's selftests (tools/testing/selftests style) run inside guests.
 KSELFTEST_DIR := tests/kselftest/vstellar
-KSELFTEST_PROGS := run_tests.sh ktap.sh vstellar_sysfs.sh vstellar_load.sh vstellar_uverbs
+KSELFTEST_PROGS := run_tests.sh ktap.sh vstellar_sysfs.sh vstellar_kverbs.sh vstellar_load.sh vstellar_uverbs
 
 kmod: deps
 	@test -d $(KDIR) || { echo "no guest kernel headers in $(KDIR): run make deps" >&2; exit 1; }

@@ -10,6 +10,7 @@ run() {
 	[ $r -eq 0 ] || [ $r -eq 4 ] || rc=1
 }
 run sh "$dir/vstellar_sysfs.sh"
+run sh "$dir/vstellar_kverbs.sh"
 if [ -x "$dir/vstellar_uverbs" ]; then
 	dev=$(. "$dir/ktap.sh"; vstellar_ibdev)
 	uv=$(ls /sys/class/infiniband/"$dev"/device/infiniband_verbs 2>/dev/null | head -n1)
