@@ -151,3 +151,33 @@ TEST(Engine, IdleEngineHasNoDeadline) {
 
 }  // namespace
 }  // namespace vstellar::test
+
+namespace vstellar::test {
+namespace {
+
+TEST(Paths, AcksAreSprayedToo) {
+  // ACKs take the connection's path choice like data (OBS: a random path
+  // each), so the reverse direction's uplinks share them; also from a
+  // responder that stays in RTR, as perftest's servers do.
+  PairOptions o;
+  o.cfg.num_paths = 8;
+  o.buf_size = 4 << 20;
+  o.connect = false;
+  Pair t(o);
+  ASSERT_EQ(Pair::to_init(t.a, o.access), 0);
+  ASSERT_EQ(Pair::to_init(t.b, o.access), 0);
+  ASSERT_EQ(t.to_rtr(t.a, t.b), 0);
+  ASSERT_EQ(t.to_rtr(t.b, t.a), 0);
+  ASSERT_EQ(t.to_rts(t.a), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 4 << 20, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  const EngineStats& s = t.b.eng->stats();
+  int used = 0;
+  for (const PathCounters& p : s.paths) used += p.tx_pkts > 0;
+  EXPECT_GT(s.acks_sent, 16u);
+  EXPECT_EQ(used, 8) << "ACKs sent: " << s.acks_sent;
+}
+
+}  // namespace
+}  // namespace vstellar::test

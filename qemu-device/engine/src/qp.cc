@@ -216,6 +216,11 @@ int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
     // asks for the largest.
     qp->seg = s.path_mtu == MTU_4096 ? cfg_.mtu : std::min(cfg_.mtu, path_bytes);
     qp->epsn = s.rq_psn;
+    // The responder sprays its ACKs too, from RTR on: a QP that only
+    // receives (perftest's servers stay in RTR) never reaches RTS.
+    qp->paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
+                             cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp->qpn_) << 17),
+                             cfg_.single_path);
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
     qp->pending_rd.clear();
     for (auto& r : qp->atomic_replay) r.valid = false;
@@ -235,9 +240,6 @@ void Engine::init_transport(Qp& qp) {
   qp.inflight = 0;
   qp.srtt = qp.rttvar = 0;
   qp.cc.reset(cfg_.cc, qp.seg);
-  qp.paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
-                          cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp.qpn_) << 17),
-                          cfg_.single_path);
 }
 
 void Engine::reset_qp(Qp& qp) {
