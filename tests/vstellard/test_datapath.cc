@@ -759,6 +759,34 @@ TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
   EXPECT_FALSE(StatsOf(0).polling);
 }
 
+// With connected QPs and nothing to do, the daemon sleeps: datagrams wake
+// it through the UDP link's eventfd and timers through the epoll timeout,
+// so there is no periodic tick (it used to wake every millisecond).
+TEST_F(DataPath, IdleDaemonWithQpsSleeps) {
+  StartDaemon();
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  b_->PostRecv(qb, 1, {b_->Sge(0, 64)});
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 2), {a_->Sge(0, 64)});
+  ASSERT_TRUE(a_->Poll());
+  ASSERT_TRUE(b_->Poll());
+  // Let the delayed ACKs and the doorbell polling run out.
+  for (int i = 0; i < 100 && (StatsOf(0).polling || StatsOf(1).polling); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const uint64_t w0 = d_->wakeups();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(d_->wakeups() - w0, 10u);
+  // And it still answers at once when work comes.
+  b_->PostRecv(qb, 3, {b_->Sge(0, 64)});
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 4), {a_->Sge(0, 64)});
+  auto c = a_->Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 0);
+}
+
 TEST_F(DataPath, FullCqRaisesCqErr) {
   StartDaemon();
   TwoGuests();

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/ip.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -49,6 +50,11 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
     return;
   }
   ring_ok_ = true;
+  event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0 || io_uring_register_eventfd(&ring_, event_fd_) < 0) {
+    error_ = std::string("io_uring eventfd: ") + strerror(errno);
+    return;
+  }
 
   for (uint16_t i = 0; i < cfg_.num_paths; i++) {
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -135,6 +141,7 @@ UdpLink::~UdpLink() {
     io_uring_queue_exit(&ring_);
   }
   for (int fd : fds_) close(fd);
+  if (event_fd_ >= 0) close(event_fd_);
   if (br_) munmap(br_, br_bytes_);
   free(rx_mem_);
 }

@@ -17,7 +17,7 @@
 namespace vstellard {
 
 namespace {
-constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2;
+constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3;
 // Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
 uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
 uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
@@ -117,7 +117,9 @@ bool Daemon::Start(std::string* err) {
     *err = std::string("epoll/eventfd: ") + std::strerror(errno);
     return false;
   }
-  for (auto [fd, tok] : {std::pair<int, uint64_t>{lsock_, kTokListen}, {stopfd_, kTokStop}, {statsfd_, kTokStats}}) {
+  std::vector<std::pair<int, uint64_t>> fds = {{lsock_, kTokListen}, {stopfd_, kTokStop}, {statsfd_, kTokStats}};
+  if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
+  for (auto [fd, tok] : fds) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = tok;
@@ -141,21 +143,34 @@ void Daemon::Run() {
   bool engine_more = false;
   for (;;) {
     // The engine needs attention only while some device has QPs (the data
-    // path); then the loop wakes at least every millisecond for it. A
-    // device that polls its doorbells (kicked, or work less than poll_ns
-    // ago) and an engine with work left keep the loop from sleeping; an
-    // idle device has set need_kick and waits for its kick eventfd.
+    // path). Datagrams wake the loop through the UDP link's eventfd, the
+    // engine's timers (RTO, delayed ACKs) through the epoll timeout, to the
+    // nanosecond (epoll_pwait2). A device that polls its doorbells (kicked,
+    // or work less than poll_ns ago) and an engine with work left keep the
+    // loop from sleeping; an idle device has set need_kick and waits for its
+    // kick eventfd. Idle, the loop sleeps: no periodic wake-up.
     bool busy = false, polling = false;
+    uint64_t deadline = UINT64_MAX;
     {
       std::lock_guard<std::mutex> g(mu_);
       for (auto& [id, c] : conns_) {
         if (c.dev->HasQps()) busy = true;
         if (c.dev->Polling()) polling = true;
       }
+      if (busy && udp_) deadline = engine_->next_deadline();
     }
-    int timeout = (busy && udp_) ? 1 : -1;
-    if (polling || (busy && udp_ && engine_more)) timeout = 0;
-    int n = epoll_wait(epfd_, evs, 64, timeout);
+    timespec ts{}, *timeout = nullptr;  // nullptr: until an event
+    if (polling || (busy && udp_ && engine_more)) {
+      timeout = &ts;
+    } else if (deadline != UINT64_MAX) {
+      const uint64_t now = clock_.now_ns();
+      const uint64_t wait = deadline > now ? deadline - now : 0;
+      ts.tv_sec = time_t(wait / 1'000'000'000ull);
+      ts.tv_nsec = long(wait % 1'000'000'000ull);
+      timeout = &ts;
+    }
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    int n = epoll_pwait2(epfd_, evs, 64, timeout, nullptr);
     if (n < 0 && errno != EINTR) {
       Log("epoll_wait: %s", std::strerror(errno));
       return;
@@ -175,6 +190,11 @@ void Daemon::Run() {
       }
       if (tok == kTokListen) {
         Accept();
+        continue;
+      }
+      if (tok == kTokUdp) {  // re-arm; PumpEngine below takes the datagrams
+        uint64_t v;
+        (void)!read(udp_->event_fd(), &v, sizeof(v));
         continue;
       }
       const unsigned id = unsigned(tok >> 16);

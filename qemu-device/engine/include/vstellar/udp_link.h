@@ -7,6 +7,11 @@
 //
 // IP ECN: sockets send ECT(0) so a fabric can mark; the receive side reads the
 // TOS byte (IP_RECVTOS) and reports CE to the engine.
+//
+// Waking an owner: event_fd() is an eventfd registered with the ring, which
+// the kernel signals whenever it posts a completion (a datagram arrived, a
+// send finished), so an owner can sleep in epoll and poll(0) when it fires
+// instead of waking on a timer to look.
 #pragma once
 #include <liburing.h>
 #include <netinet/in.h>
@@ -61,6 +66,8 @@ class UdpLink final : public Link {
 
   const UdpLinkStats& stats() const { return stats_; }
   const UdpLinkConfig& config() const { return cfg_; }
+  // Readable once a completion was posted; read it (8 bytes) to re-arm.
+  int event_fd() const { return event_fd_; }
 
  private:
   static constexpr int kMaxIov = 66;
@@ -80,6 +87,7 @@ class UdpLink final : public Link {
   io_uring ring_{};
   bool ring_ok_ = false;
   std::vector<int> fds_;
+  int event_fd_ = -1;
   std::vector<TxSlot> tx_;
   std::vector<uint32_t> tx_free_;
   uint32_t tx_inflight_ = 0;

@@ -59,6 +59,8 @@ class Daemon {
     shared_.after_wqe_copy = std::move(f);
   }
   const DaemonOptions& options() const { return o_; }
+  // Turns of the event loop so far (each one a return from epoll).
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
   class NullLink;
@@ -88,6 +90,7 @@ class Daemon {
   std::mutex mu_;  // held while the loop works; Stats() takes it
   std::map<unsigned, Conn> conns_;
   unsigned next_id_ = 0;
+  std::atomic<uint64_t> wakeups_{0};
 };
 
 const char* ToString(PinMode m);
