@@ -60,7 +60,7 @@
 /* Reliable-connected QPs (IB_QPT_RC). */
 #define VIRTIO_VSTELLAR_F_RC		0
 /*
- * Datagram QPs for the kernel: UD and the GSI QP (QP1, which carries the
+ * Datagram QPs: UD, and for the kernel the GSI QP (QP1, which carries the
  * CM's MADs, so rdma_cm works), the kernel doorbell page (KERNEL_DB) and
  * the local DMA lkey. Send WQEs carry their address vector inline.
  */
@@ -346,10 +346,10 @@ struct vstellar_cmd_req_notify_cq {
 VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
 
 /*
- * QP types: the IB numbering. UD and GSI QPs belong to the kernel
- * (hdr.ucontext 0) and need VIRTIO_VSTELLAR_F_UD. A device has at most one
- * GSI QP: it answers to QP number 1 for every GID of the device, whatever
- * QPN CREATE_QP returned, and its datagrams leave with source QP 1.
+ * QP types: the IB numbering. UD and GSI QPs need VIRTIO_VSTELLAR_F_UD; the
+ * GSI QP belongs to the kernel (hdr.ucontext 0), at most one per device: it
+ * answers to QP number 1 for every GID of the device, whatever QPN
+ * CREATE_QP returned, and its datagrams leave with source QP 1.
  */
 #define VSTELLAR_QPT_GSI		1
 #define VSTELLAR_QPT_RC			2

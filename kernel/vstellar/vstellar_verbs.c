@@ -642,8 +642,11 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
 			return -EOPNOTSUPP;
 		break;
+	case IB_QPT_UD:
+		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
+			return -EOPNOTSUPP;
+		break;
 	default:
-		/* UD in user space needs a provider data path: not yet */
 		return -EOPNOTSUPP;
 	}
 	if (udata->inlen < offsetofend(typeof(ucmd), rq_log_stride))
@@ -680,7 +683,8 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 	cmd.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
 	cmd.send_cqn = cpu_to_le32(to_vcq(init_attr->send_cq)->cqn);
 	cmd.recv_cqn = cpu_to_le32(to_vcq(init_attr->recv_cq)->cqn);
-	cmd.qp_type = VSTELLAR_QPT_RC;
+	cmd.qp_type = init_attr->qp_type == IB_QPT_RC ? VSTELLAR_QPT_RC :
+						      VSTELLAR_QPT_UD;
 	cmd.sq_sig_all = qp->sq_sig_all;
 	cmd.sq_log_wqe = ucmd.sq_log_wqe;
 	cmd.sq_log_stride = ucmd.sq_log_stride;
@@ -969,8 +973,12 @@ int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
 {
 	struct rdma_ah_attr *ah_attr = init_attr->ah_attr;
 
-	/* user UD has no provider data path yet; kernel AHs need no command */
-	if (udata || !to_vdev(ibah->device)->kdb)
+	/*
+	 * The device keeps no AHs: UD WQEs carry the address vector, which
+	 * the provider builds itself for user AHs. So no command, and kernel
+	 * callers in atomic context are served too.
+	 */
+	if (!(to_vdev(ibah->device)->features & BIT(VIRTIO_VSTELLAR_F_UD)))
 		return -EOPNOTSUPP;
 	if (!(rdma_ah_get_ah_flags(ah_attr) & IB_AH_GRH))
 		return -EINVAL;

@@ -854,6 +854,13 @@ static int vstellar_build_send(struct vstellar_qp *qp, struct ibv_send_wr *wr)
 	return vstellar_wqe_set_sges(qp, wqe, wr->sg_list, wr->num_sge);
 }
 
+/* Sends may be posted from RTS on (in SQD, SQE and ERR too: ERR flushes). */
+static bool vstellar_sq_open(struct ibv_qp *ibqp)
+{
+	return ibqp->state != IBV_QPS_RESET && ibqp->state != IBV_QPS_INIT &&
+	       ibqp->state != IBV_QPS_RTR;
+}
+
 static int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 			      struct ibv_send_wr **bad_wr)
 {
@@ -862,6 +869,11 @@ static int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	uint32_t start;
 	int ret = 0;
 
+	/* IB: sends are refused before RTS (libibverbs tracks the state) */
+	if (!vstellar_sq_open(ibqp)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&qp->sq.lock);
 	start = qp->sq.pi;
 	for (; wr; wr = wr->next) {
@@ -890,6 +902,11 @@ static int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	uint32_t start;
 	int ret = 0;
 
+	/* IB: receives are refused in RESET */
+	if (ibqp->state == IBV_QPS_RESET) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&qp->rq.lock);
 	start = qp->rq.pi;
 	for (; wr; wr = wr->next) {
@@ -935,7 +952,7 @@ static void vstellar_wr_start(struct ibv_qp_ex *qpex)
 
 	pthread_spin_lock(&qp->sq.lock);
 	qp->wr_start_pi = qp->sq.pi;
-	qp->wr_err = 0;
+	qp->wr_err = vstellar_sq_open(&qp->vqp.qp) ? 0 : EINVAL;
 	qp->wr_cur = NULL;
 }
 

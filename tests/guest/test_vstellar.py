@@ -3,7 +3,7 @@ served by its own vstellard (tools/vstellar-guest --vstellar), unmodified
 verbs programs between them over the daemons' UDP transport.
 
 One boot of two guests runs everything (TCG boots are the cost): the device
-listing, ibv_rc_pingpong, perftest (one run connected through rdma_cm, -R)
+listing, ibv_rc_pingpong and ibv_ud_pingpong, perftest (one run connected through rdma_cm, -R)
 and rping (rdma_cm only: its CM messages travel on the device's QP1).
 Asserts behaviour (exit status, rows parsed, sizes and iterations as asked,
 the pings' payloads), never timings.
@@ -15,8 +15,10 @@ from guestlib import vstellar_guest as vg, vstellar_perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 PINGPONG = ("ibv_rc_pingpong", "-g $GIDX -s 4096 -n 50")
+# UD: one datagram per message, within the port's active MTU (1024 here)
+UD_PINGPONG = ("ibv_ud_pingpong", "-g $GIDX -s 512 -n 50")
 # perftest's -x: the IPv4-mapped GID (pt.VSTELLAR_SETUP finds its index).
-TESTS = [PINGPONG,
+TESTS = [PINGPONG, UD_PINGPONG,
          ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_read_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_send_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
@@ -82,13 +84,15 @@ class VstellarTest(unittest.TestCase):
             # The GID perftest uses is the guest's IPv4 address, 10.77.0.<i+1>.
             self.assertIn(f"0000:0000:0000:0000:0000:ffff:0a4d:000{i + 1}", info)
 
-    def test_rc_pingpong(self):
-        for i in range(2):
-            out = "\n".join(self.sections[i].get(" ".join(PINGPONG), []))
-            # size x iterations x 2 (each iteration is a send and a receive)
-            self.assertRegex(out, rf"(?m)^{4096 * 50 * 2} bytes in [\d.]+ seconds", out)
-            self.assertRegex(out, r"(?m)^50 iters in [\d.]+ seconds", out)
-            self.assertRegex(out, r"GID ::ffff:10\.77\.0\.\d", out)
+    def test_pingpongs(self):
+        for tool, size in ((PINGPONG, 4096), (UD_PINGPONG, 512)):
+            for i in range(2):
+                with self.subTest(tool=tool[0], guest=i):
+                    out = "\n".join(self.sections[i].get(" ".join(tool), []))
+                    # size x iterations x 2 (each iteration is a send and a receive)
+                    self.assertRegex(out, rf"(?m)^{size * 50 * 2} bytes in [\d.]+ seconds", out)
+                    self.assertRegex(out, r"(?m)^50 iters in [\d.]+ seconds", out)
+                    self.assertRegex(out, r"GID ::ffff:10\.77\.0\.\d", out)
 
     def test_bandwidth(self):
         for tool, args in BW_TESTS:

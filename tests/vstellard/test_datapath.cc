@@ -895,14 +895,35 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_LEN_ERR));
 }
 
-// User space gets neither datagram QPs nor the local DMA lkey.
-TEST_F(DataPath, UserContextsGetNoDatagramQpsNorTheDmaLkey) {
+// User space gets UD QPs, but neither QP 1 nor the local DMA lkey.
+TEST_F(DataPath, UserContextsGetUdButNotQp1NorTheDmaLkey) {
   StartDaemon();
   TwoGuests();
   Guest& A = *a_;
   uint16_t st = 0;
-  A.CreateQp(2, VSTELLAR_QPT_UD, &st);
-  EXPECT_EQ(st, VSTELLAR_STATUS_UNSUPPORTED);
+  GQp ud = A.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  EXPECT_EQ(st, 0);
+  // A UD QP of one process talks to another device's UD QP.
+  GQp udb = b_->CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(A.ToRtsUd(ud.qpn, false, 0x4242), 0);
+  ASSERT_EQ(b_->ToRtsUd(udb.qpn, false, 0x4242), 0);
+  vstellar_cmd_gid g{};
+  g.port = 1;
+  g.gid[10] = g.gid[11] = 0xff;
+  g.gid[12] = 127;
+  g.gid[15] = 1;
+  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+  ASSERT_EQ(A.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);  // the kernel's GID cache
+  b_->PostRecv(udb, 0x21, {b_->Sge(0, 512)});
+  Fill(A.Buf(0), 100, 5);
+  A.PostSend(ud, UdWqe(0x11, 1, udb.qpn, 0x4242), {A.Sge(0, 100)});
+  ASSERT_TRUE(A.Poll());
+  auto rc = b_->Poll();
+  ASSERT_TRUE(rc);
+  EXPECT_EQ(rc->status, 0);
+  EXPECT_EQ(le32toh(rc->src_qp), ud.qpn);
+  EXPECT_EQ(std::memcmp(b_->Buf(VSTELLAR_GRH_BYTES), A.Buf(0), 100), 0);
   A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
   EXPECT_EQ(st, VSTELLAR_STATUS_UNSUPPORTED);
   EXPECT_EQ(A.f.Command(VSTELLAR_CMD_KERNEL_DB, A.uctx, nullptr, 0, 8).status(), VSTELLAR_STATUS_ACCESS);

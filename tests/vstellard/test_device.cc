@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <chrono>
 #include <thread>
 
 #include "vstellard/daemon.h"
@@ -479,9 +480,16 @@ TEST_F(Device, StatsJson) {
   auto f = Connect();
   Driver d{*f};
   d.AllocPd();
-  const std::string j = d_->StatsJson();
+  std::string j = d_->StatsJson();
   EXPECT_NE(j.find("\"blocks_pinned\":1"), std::string::npos) << j;
   EXPECT_NE(j.find("\"pin\":\"lazy\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"closed\":false"), std::string::npos) << j;
+  // The frontend goes away: the device's last counters stay in the stats.
+  f.reset();
+  for (int i = 0; i < 200 && !d_->Stats().empty(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  j = d_->StatsJson();
+  EXPECT_NE(j.find("\"closed\":true"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"commands\":"), std::string::npos) << j;
 }
 
 }  // namespace

@@ -292,6 +292,9 @@ void Daemon::Close(unsigned id, const std::string& why) {
   const PvdmaStats s = it->second.dev->pvdma().stats();
   Log("device %u: destroyed (%s); %llu blocks pinned, %llu misses", id, why.c_str(),
       (unsigned long long)s.blocks_pinned, (unsigned long long)s.misses);
+  closed_.push_back(it->second.dev->stats());
+  closed_.back().closed = true;
+  if (closed_.size() > kMaxClosed) closed_.erase(closed_.begin());
   conns_.erase(it);
 }
 
@@ -313,12 +316,10 @@ std::string Daemon::StatsJson() {
 }
 
 std::string Daemon::StatsJsonLocked() {
-  std::vector<DeviceStats> v;
+  std::vector<DeviceStats> v = closed_;
   AtcStats a;
-  {
-    for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
-    if (atc_) a = atc_->stats();
-  }
+  for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
+  if (atc_) a = atc_->stats();
   std::string out = "{\"pin\":\"";
   out += ToString(o_.pin);
   out += "\",\"translation\":\"";
@@ -336,15 +337,38 @@ std::string Daemon::StatsJsonLocked() {
     std::snprintf(b, sizeof(b),
                   "%s{\"id\":%u,\"guest_bytes\":%llu,\"blocks_pinned\":%llu,\"bytes_pinned\":%llu,"
                   "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
-                  "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u}",
+                  "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u,"
+                  "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"closed\":%s}",
                   i ? "," : "", d.id, (unsigned long long)p.guest_bytes, (unsigned long long)p.blocks_pinned,
                   (unsigned long long)p.bytes_pinned, (unsigned long long)p.misses, (unsigned long long)p.hits,
                   (unsigned long long)p.faults, (unsigned long long)p.lock_errors,
                   (unsigned long long)p.attach_ns, (unsigned long long)d.commands,
-                  (unsigned long long)d.commands_failed, d.fatal ? "true" : "false", d.qps, d.mrs);
+                  (unsigned long long)d.commands_failed, d.fatal ? "true" : "false", d.qps, d.mrs,
+                  (unsigned long long)d.wqes, (unsigned long long)d.bad_wqes, (unsigned long long)d.cqes,
+                  d.closed ? "true" : "false");
     out += b;
   }
-  return out + "]}\n";
+  out += "]";
+  // The engine (shared by all devices): transport counters and, per path,
+  // the packets sent, so a run shows how its traffic spread.
+  if (engine_) {
+    const vstellar::EngineStats& e = engine_->stats();
+    std::snprintf(b, sizeof(b),
+                  ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
+                  "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
+                  "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"path_tx_pkts\":[",
+                  (unsigned long long)e.tx_pkts, (unsigned long long)e.rx_pkts, (unsigned long long)e.tx_bytes,
+                  (unsigned long long)e.rx_bytes, (unsigned long long)e.retx_pkts, (unsigned long long)e.timeouts,
+                  (unsigned long long)e.acks_sent, (unsigned long long)e.ce_marks, (unsigned long long)e.ud_sent,
+                  (unsigned long long)e.ud_rcvd, (unsigned long long)e.ud_drops);
+    out += b;
+    for (size_t i = 0; i < e.paths.size(); i++) {
+      out += i ? "," : "";
+      out += std::to_string(e.paths[i].tx_pkts);
+    }
+    out += "]}";
+  }
+  return out + "}\n";
 }
 
 void Daemon::WriteStats() {

@@ -860,11 +860,12 @@ uint16_t Device::CmdCreateQp(uint32_t uctx, const uint8_t* b, uint32_t len, std:
     return VSTELLAR_STATUS_BAD_HANDLE;
   const uint8_t type = cmd.qp_type;
   if (type == VSTELLAR_QPT_UD || type == VSTELLAR_QPT_GSI) {
-    // Datagram QPs are the kernel's: user space has no UD data path yet.
-    if (!DatagramsOn() || uctx != 0) return VSTELLAR_STATUS_UNSUPPORTED;
-    if (type == VSTELLAR_QPT_GSI)
+    if (!DatagramsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+    if (type == VSTELLAR_QPT_GSI) {
+      if (uctx != 0) return VSTELLAR_STATUS_UNSUPPORTED;  // QP 1 is the kernel's MAD layer's
       for (auto& [n, q] : qps_)
         if (q.type == VSTELLAR_QPT_GSI) return VSTELLAR_STATUS_LIMIT;  // one QP 1 per device
+    }
   } else if (type != VSTELLAR_QPT_RC) {
     return VSTELLAR_STATUS_BAD_FIELD;
   }

@@ -89,6 +89,10 @@ class Daemon {
   DeviceShared shared_;
   std::mutex mu_;  // held while the loop works; Stats() takes it
   std::map<unsigned, Conn> conns_;
+  // Last counters of devices whose frontend went away (newest kMaxClosed),
+  // so the stats written at exit still tell what each device did.
+  static constexpr size_t kMaxClosed = 64;
+  std::vector<DeviceStats> closed_;
   unsigned next_id_ = 0;
   std::atomic<uint64_t> wakeups_{0};
 };

@@ -65,6 +65,7 @@ struct DeviceStats {
   uint64_t db_kicks = 0;    // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
   bool polling = false;
+  bool closed = false;        // the frontend went away: these are its last counters
 };
 
 class Device {
