@@ -21,6 +21,21 @@ Gid gid_of(uint32_t ip) {
 
 constexpr uint32_t kQkey = 0x11111111;
 
+// A 64-byte SEND from `from` to QP qpn at `to`, claiming source GID `sgid`.
+SendWr ud_send_wr(Side& from, Sge& sg, uint32_t to_ip, uint32_t qpn, uint32_t qkey, uint32_t sgid_ip) {
+  sg = Sge{from.addr(), 64, from.mr->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::SEND;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.ud.peer = Endpoint{to_ip, 4791};
+  wr.ud.remote_qpn = qpn;
+  wr.ud.remote_qkey = qkey;
+  wr.ud.sgid = gid_of(sgid_ip);
+  wr.ud.dgid = gid_of(to_ip);
+  return wr;
+}
+
 // RESET -> INIT -> RTR -> RTS with the UD attributes (GSI: no port).
 int to_rts(Engine& eng, Qp* qp, uint32_t qkey) {
   QpAttr at;
@@ -174,16 +189,8 @@ TEST_F(Datagram, SpoofedSourceGidIsDropped) {
   Qp* qb = make(p.b, QpType::UD);
   ASSERT_TRUE(qa && qb);
   ASSERT_EQ(recv(p.b, qb, 0, 512), 0);
-  Sge sg{p.a.addr(), 64, p.a.mr->lkey()};
-  SendWr wr;
-  wr.opcode = WrOpcode::SEND;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
-  wr.ud.peer = Endpoint{p.b.ip, 4791};
-  wr.ud.remote_qpn = qb->qpn();
-  wr.ud.remote_qkey = kQkey;
-  wr.ud.sgid = gid_of(0x0a0000ff);  // not a's address
-  wr.ud.dgid = gid_of(p.b.ip);
+  Sge sg;
+  SendWr wr = ud_send_wr(p.a, sg, p.b.ip, qb->qpn(), kQkey, 0x0a0000ff);  // not a's address
   ASSERT_EQ(p.a.eng->post_send(qa, wr), 0);
   settle();
   EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
@@ -251,15 +258,8 @@ TEST_F(Datagram, RcQpIgnoresDatagrams) {
   ASSERT_EQ(rc.post_recv(rc.b, 1, 0, 4096), 0);
   Qp* ud = rc.a.eng->create_qp(rc.a.pd, ia);
   ASSERT_EQ(to_rts(*rc.a.eng, ud, 0), 0);
-  Sge sg{rc.a.addr(), 64, rc.a.mr->lkey()};
-  SendWr wr;
-  wr.opcode = WrOpcode::SEND;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
-  wr.ud.peer = Endpoint{rc.b.ip, 4791};
-  wr.ud.remote_qpn = rc.b.qp->qpn();
-  wr.ud.sgid = gid_of(rc.a.ip);
-  wr.ud.dgid = gid_of(rc.b.ip);
+  Sge sg;
+  SendWr wr = ud_send_wr(rc.a, sg, rc.b.ip, rc.b.qp->qpn(), 0, rc.a.ip);
   ASSERT_EQ(rc.a.eng->post_send(ud, wr), 0);
   rc.net.run_until([] { return false; }, 20'000'000);
   Wc wc[4];

@@ -24,6 +24,17 @@ def preflight():
     return None
 
 
+def begin():
+    """(vsfabric, harness, Checks()) with stale fabrics removed, or None
+    when the test must be skipped (preflight said why)."""
+    if preflight():
+        return None
+    import vsfabric
+    from vsfabric import harness
+    vsfabric.cleanup_stale()
+    return vsfabric, harness, Checks()
+
+
 class Checks:
     def __init__(self):
         self.fails = []

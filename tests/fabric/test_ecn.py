@@ -53,13 +53,10 @@ def udp_tos_check(fab, vsfabric, n=20):
 
 
 def main():
-    skip = fabtest.preflight()
-    if skip:
-        return skip
-    import vsfabric
-    from vsfabric import harness
-    vsfabric.cleanup_stale()
-    check = fabtest.Checks()
+    env = fabtest.begin()
+    if env is None:
+        return fabtest.SKIP
+    vsfabric, harness, check = env
 
     A, K = 2, 20_000
     args = ["--paths", 1, "--path-algo", "single", "--size", "64K", "--depth", 16,

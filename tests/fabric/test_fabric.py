@@ -16,13 +16,10 @@ import fabtest
 
 
 def main():
-    skip = fabtest.preflight()
-    if skip:
-        return skip
-    import vsfabric
-    from vsfabric import harness
-    vsfabric.cleanup_stale()
-    check = fabtest.Checks()
+    env = fabtest.begin()
+    if env is None:
+        return fabtest.SKIP
+    vsfabric, harness, check = env
 
     A = 4
     with vsfabric.Fabric(tors=2, hosts=1, aggs=A) as fab:

@@ -334,7 +334,8 @@ class DataPath : public ::testing::Test {
     if (!d_) t_.join();
     ASSERT_TRUE(d_) << err;
   }
-  void TwoGuests() {
+  // Two devices (frontends) and their guests, nothing set up yet.
+  void TwoDevices() {
     for (auto* f : {&fa_, &fb_}) {
       *f = std::make_unique<Frontend>();
       std::string err;
@@ -343,6 +344,10 @@ class DataPath : public ::testing::Test {
     }
     a_ = std::make_unique<Guest>(Guest{*fa_});
     b_ = std::make_unique<Guest>(Guest{*fb_});
+  }
+  // ... each with a user context, PD, CQ and MR.
+  void TwoGuests() {
+    TwoDevices();
     a_->Setup();
     b_->Setup();
   }
@@ -816,14 +821,7 @@ TEST_F(DataPath, FullCqRaisesCqErr) {
 // lkey. QP 1 is found by destination GID; receives start with the GRH area.
 TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   StartDaemon();
-  for (auto* f : {&fa_, &fb_}) {
-    *f = std::make_unique<Frontend>();
-    std::string err;
-    ASSERT_TRUE((*f)->Connect(sock_, &err)) << err;
-    ASSERT_TRUE((*f)->StartQueues(&err)) << err;
-  }
-  a_ = std::make_unique<Guest>(Guest{*fa_});
-  b_ = std::make_unique<Guest>(Guest{*fb_});
+  TwoDevices();
   Guest& A = *a_;
   Guest& B = *b_;
   A.SetupKernel(1);
