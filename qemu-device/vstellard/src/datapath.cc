@@ -24,6 +24,8 @@ using vstellar::WcStatus;
 using vstellar::WrOpcode;
 
 constexpr uint32_t kMaxStride = 1u << 12;
+static_assert(offsetof(vstellar_send_wqe, wr_id) == 0 && offsetof(vstellar_recv_wqe, wr_id) == 0,
+              "ServiceWq reads wr_id at offset 0 of both WQE kinds");
 
 uint32_t LoadLe32(const uint8_t* p) {
   return le32toh(__atomic_load_n(reinterpret_cast<const uint32_t*>(p), __ATOMIC_ACQUIRE));
@@ -113,8 +115,8 @@ bool Device::ScanDoorbells() {
     uint8_t* page = DbPage(q.owner);
     if (!page) continue;
     uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
-    work |= ServiceRq(q, slot);
-    work |= ServiceSq(q, slot);
+    work |= ServiceWq(q, slot, /*send=*/false);
+    work |= ServiceWq(q, slot, /*send=*/true);
   }
   return work;
 }
@@ -293,11 +295,18 @@ uint8_t Device::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
   return St(WcStatus::SUCCESS);
 }
 
-bool Device::ServiceSq(QpObj& q, uint8_t* slot) {
+// The SQ or the RQ of one QP: fetch every WQE the doorbell record announces,
+// copy it out, check it and hand it to the engine. The two queues differ
+// only in their ring, their index, their check and when they are served
+// (sends from RTS on, receives from INIT on).
+bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
   if (q.broken) return false;
-  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, sq_pi));
-  const uint32_t size = 1u << q.sq.log_n;
-  const uint32_t pending = pi - q.sq_ci;
+  RingGeom& ring = send ? q.sq : q.rq;
+  uint32_t& ci = send ? q.sq_ci : q.rq_ci;
+  std::vector<uint64_t>& wrids = send ? q.sq_wrid : q.rq_wrid;
+  const uint32_t pi = LoadLe32(slot + (send ? offsetof(vstellar_db_qp, sq_pi) : offsetof(vstellar_db_qp, rq_pi)));
+  const uint32_t size = 1u << ring.log_n;
+  const uint32_t pending = pi - ci;
   if (pending == 0) return false;
   if (pending > size) {
     // The provider claims more WQEs than the ring holds.
@@ -307,102 +316,54 @@ bool Device::ServiceSq(QpObj& q, uint8_t* slot) {
   }
   using S = vstellar::QpState;
   const S st0 = q.qp->state();
-  if (st0 == S::RESET || st0 == S::INIT || st0 == S::RTR) return false;  // served from RTS on
+  if (st0 == S::RESET || (send && (st0 == S::INIT || st0 == S::RTR))) return false;
   alignas(16) uint8_t buf[kMaxStride];
-  const uint32_t stride = 1u << q.sq.log_stride;
+  const uint32_t stride = 1u << ring.log_stride;
   bool work = false;
-  while (q.sq_ci != pi && !q.broken) {
+  while (ci != pi && !q.broken) {
     vstellar::Qp* e = q.qp;
-    if (e->sq_tail - e->sq_head >= e->sq.size()) {  // engine full: retried after completions
+    const bool engine_full = send ? e->sq_tail - e->sq_head >= e->sq.size() : e->rq_tail - e->rq_head >= e->rq.size();
+    if (engine_full) {  // retried after completions
       q.blocked = true;
       break;
     }
-    const uint32_t idx = q.sq_ci;
+    const uint32_t idx = ci;
     work = true;
     wqes_++;
-    if (!RingRead(q.sq, idx, buf)) {
+    if (!RingRead(ring, idx, buf)) {
       q.broken = true;
       QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
       break;
     }
-    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), true, idx);
-    vstellar_send_wqe w;
-    std::memcpy(&w, buf, sizeof(w));
-    const uint64_t wr_id = le64toh(w.wr_id);
-    q.sq_wrid[idx & (size - 1)] = wr_id;
-    q.sq_op[idx & (size - 1)] = w.opcode;
-    q.sq_ci++;
+    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), send, idx);
+    uint64_t wr_id;  // the first field of both WQE kinds
+    std::memcpy(&wr_id, buf, sizeof(wr_id));
+    wr_id = le64toh(wr_id);
+    const uint8_t op = send ? buf[offsetof(vstellar_send_wqe, opcode)] : 0;
+    wrids[idx & (size - 1)] = wr_id;
+    if (send) q.sq_op[idx & (size - 1)] = op;
+    ci++;
     if (e->state() == S::ERR) {
-      CompleteDirect(q, true, idx, wr_id, w.opcode, St(WcStatus::WR_FLUSH_ERR));
+      CompleteDirect(q, send, idx, wr_id, op, St(WcStatus::WR_FLUSH_ERR));
       continue;
     }
-    vstellar::SendWr wr;
+    uint8_t status;
     vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
-    uint8_t status = CheckSendWqe(q, buf, stride, &wr, sges);
-    if (status == St(WcStatus::SUCCESS)) {
+    if (send) {
+      vstellar::SendWr wr;
+      status = CheckSendWqe(q, buf, stride, &wr, sges);
+      wr.wr_id = idx;  // the engine's wr_id is the WQE index
+      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+    } else {
+      vstellar::RecvWr wr;
+      status = CheckRecvWqe(q, buf, stride, &wr, sges);
       wr.wr_id = idx;
-      if (sh_.engine->post_send(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
     }
     if (status != St(WcStatus::SUCCESS)) {
       bad_wqes_++;
       QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
-      CompleteDirect(q, true, idx, wr_id, w.opcode, status);
-    }
-  }
-  return work;
-}
-
-bool Device::ServiceRq(QpObj& q, uint8_t* slot) {
-  if (q.broken) return false;
-  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, rq_pi));
-  const uint32_t size = 1u << q.rq.log_n;
-  const uint32_t pending = pi - q.rq_ci;
-  if (pending == 0) return false;
-  if (pending > size) {
-    q.broken = true;
-    QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_FIELD);
-    return true;
-  }
-  using S = vstellar::QpState;
-  if (q.qp->state() == S::RESET) return false;
-  alignas(16) uint8_t buf[kMaxStride];
-  const uint32_t stride = 1u << q.rq.log_stride;
-  bool work = false;
-  while (q.rq_ci != pi && !q.broken) {
-    vstellar::Qp* e = q.qp;
-    if (e->rq_tail - e->rq_head >= e->rq.size()) {
-      q.blocked = true;
-      break;
-    }
-    const uint32_t idx = q.rq_ci;
-    work = true;
-    wqes_++;
-    if (!RingRead(q.rq, idx, buf)) {
-      q.broken = true;
-      QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
-      break;
-    }
-    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), false, idx);
-    vstellar_recv_wqe w;
-    std::memcpy(&w, buf, sizeof(w));
-    const uint64_t wr_id = le64toh(w.wr_id);
-    q.rq_wrid[idx & (size - 1)] = wr_id;
-    q.rq_ci++;
-    if (e->state() == S::ERR) {
-      CompleteDirect(q, false, idx, wr_id, 0, St(WcStatus::WR_FLUSH_ERR));
-      continue;
-    }
-    vstellar::RecvWr wr;
-    vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
-    uint8_t status = CheckRecvWqe(q, buf, stride, &wr, sges);
-    if (status == St(WcStatus::SUCCESS)) {
-      wr.wr_id = idx;
-      if (sh_.engine->post_recv(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
-    }
-    if (status != St(WcStatus::SUCCESS)) {
-      bad_wqes_++;
-      QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
-      CompleteDirect(q, false, idx, wr_id, 0, status);
+      CompleteDirect(q, send, idx, wr_id, op, status);
     }
   }
   return work;

@@ -176,8 +176,7 @@ class Device {
   void ResetDbSlot(uint32_t uctx, uint32_t slot);
   void SetNeedKick(uint32_t v);
   bool ScanDoorbells();
-  bool ServiceSq(QpObj& q, uint8_t* slot);
-  bool ServiceRq(QpObj& q, uint8_t* slot);
+  bool ServiceWq(QpObj& q, uint8_t* slot, bool send);
   uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
   uint8_t CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges);
   uint8_t CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out);
