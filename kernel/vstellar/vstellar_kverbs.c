@@ -67,6 +67,12 @@ void vstellar_kernel_db_fini(struct vstellar_dev *dev)
 	dev->kdb = NULL;
 }
 
+/* A slot the device handed out must be a doorbell slot of the page. */
+static bool vstellar_kdb_slot_ok(u32 slot)
+{
+	return slot >= VSTELLAR_DB_FIRST_SLOT && slot < VSTELLAR_DB_SLOTS_PER_PAGE;
+}
+
 static __le32 *vstellar_kdb_word(struct vstellar_dev *dev, u32 slot, u32 off)
 {
 	return dev->kdb + slot * VSTELLAR_DB_SLOT_SIZE + off;
@@ -154,8 +160,7 @@ int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
 		goto err_ring;
 	cq->cqn = le32_to_cpu(resp.cqn);
 	cq->db_slot = le32_to_cpu(resp.db_slot);
-	if (cq->db_slot < VSTELLAR_DB_FIRST_SLOT ||
-	    cq->db_slot >= VSTELLAR_DB_SLOTS_PER_PAGE) {
+	if (!vstellar_kdb_slot_ok(cq->db_slot)) {
 		err = -EIO;
 		goto err_destroy;
 	}
@@ -356,8 +361,7 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 		goto err_rq;
 	qp->qpn = le32_to_cpu(resp.qpn);
 	qp->db_slot = le32_to_cpu(resp.db_slot);
-	if (qp->db_slot < VSTELLAR_DB_FIRST_SLOT ||
-	    qp->db_slot >= VSTELLAR_DB_SLOTS_PER_PAGE) {
+	if (!vstellar_kdb_slot_ok(qp->db_slot)) {
 		err = -EIO;
 		goto err_destroy;
 	}
