@@ -72,21 +72,8 @@ void Engine::resp_receive(Qp& qp, const wire::Packet& p, bool ce, uint64_t now) 
           resp_read(qp, p);  // a re-request of (part of) a READ: reads are idempotent
         } else {
           // A duplicate atomic must not execute twice: answer from the replay cache.
-          for (auto& r : qp.atomic_replay) {
-            if (r.valid && r.psn == psn) {
-              wire::Base b;
-              b.op = wire::Op::ATOMIC_RESP;
-              b.dst_qpn = qp.attr.dest_qp_num;
-              b.src_qpn = qp.qpn_;
-              b.psn = psn;
-              b.path = qp.paths.pick(8);
-              b.ts = p.base.ts;
-              wire::AtomicRespExt e{r.orig};
-              uint8_t hdr[wire::kMaxHeaderLen];
-              size_t hl = wire::encode(b, e, hdr);
-              xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
-            }
-          }
+          for (auto& r : qp.atomic_replay)
+            if (r.valid && r.psn == psn) send_atomic_resp(qp, psn, p.base.ts, r.orig);
           stats_.dup_pkts++;
         }
         return;
@@ -305,18 +292,23 @@ bool Engine::resp_atomic(Qp& qp, const wire::Packet& p) {
   }
   auto& slot = qp.atomic_replay[qp.atomic_replay_next++ % 32];
   slot = {psn, orig, true};
+  send_atomic_resp(qp, psn, p.base.ts, orig);
+  return true;
+}
+
+// The original value for the atomic at psn (first execution or replay).
+void Engine::send_atomic_resp(Qp& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig) {
   wire::Base b;
   b.op = wire::Op::ATOMIC_RESP;
   b.dst_qpn = qp.attr.dest_qp_num;
   b.src_qpn = qp.qpn_;
   b.psn = psn;
   b.path = qp.paths.pick(8);
-  b.ts = p.base.ts;
+  b.ts = echo_ts;
   wire::AtomicRespExt x{orig};
   uint8_t hdr[wire::kMaxHeaderLen];
   size_t hl = wire::encode(b, x, hdr);
   xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
-  return true;
 }
 
 void Engine::resp_complete_recvs(Qp& qp) {

@@ -124,6 +124,7 @@ class Engine {
   void resp_data(Qp& qp, const wire::Packet& p);
   bool resp_read(Qp& qp, const wire::Packet& p);
   bool resp_atomic(Qp& qp, const wire::Packet& p);
+  void send_atomic_resp(Qp& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig);
   void resp_mark(Qp& qp, uint32_t psn, uint32_t n);
   void resp_advance(Qp& qp);
   void resp_complete_recvs(Qp& qp);
