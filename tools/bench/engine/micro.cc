@@ -43,6 +43,22 @@ BENCHMARK(BM_PathPick)->Arg(int(PathAlgo::OBS))->Arg(int(PathAlgo::RR))->Arg(int
 
 // Two engines over the simulated network (no loss): engine CPU per byte for
 // a 1 MiB WRITE, both sides, including the simulator's copies.
+// RESET -> RTS for an RC QP whose peer engine is at `ip` (both benchmarks).
+static void connect_rc(Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
+  QpAttr at;
+  at.qp_state = QpState::INIT;
+  at.qp_access_flags = ACCESS_REMOTE_WRITE;
+  e.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
+  at.qp_state = QpState::RTR;
+  at.dest_qp_num = peer->qpn();
+  at.ah = {ip, 1};
+  e.modify_qp(qp, at, QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
+                          QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER);
+  at.qp_state = QpState::RTS;
+  e.modify_qp(qp, at, QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
+                          QP_MAX_QP_RD_ATOMIC);
+}
+
 static void BM_SimWrite1M(benchmark::State& st) {
   SimNet net;
   EngineConfig cfg;
@@ -66,22 +82,8 @@ static void BM_SimWrite1M(benchmark::State& st) {
   Cq *ca, *cb;
   mk(a, ba, qa, ma, ca);
   mk(b, bb, qb, mb, cb);
-  auto conn = [&](Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
-    QpAttr at;
-    at.qp_state = QpState::INIT;
-    at.qp_access_flags = ACCESS_REMOTE_WRITE;
-    e.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
-    at.qp_state = QpState::RTR;
-    at.dest_qp_num = peer->qpn();
-    at.ah = {ip, 1};
-    e.modify_qp(qp, at, QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
-                            QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER);
-    at.qp_state = QpState::RTS;
-    e.modify_qp(qp, at, QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
-                            QP_MAX_QP_RD_ATOMIC);
-  };
-  conn(a, qa, qb, 2);
-  conn(b, qb, qa, 1);
+  connect_rc(a, qa, qb, 2);
+  connect_rc(b, qb, qa, 1);
   Sge sg{uint64_t(uintptr_t(ba.data())), 1 << 20, ma->lkey()};
   SendWr wr;
   wr.opcode = WrOpcode::RDMA_WRITE;
@@ -144,22 +146,8 @@ static void BM_SimLossGoodput(benchmark::State& st) {
     Qp* qa = a.create_qp(pa, ia);
     ia.send_cq = ia.recv_cq = cb;
     Qp* qb = b.create_qp(pb, ia);
-    auto conn = [&](Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
-      QpAttr at;
-      at.qp_state = QpState::INIT;
-      at.qp_access_flags = ACCESS_REMOTE_WRITE;
-      e.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS);
-      at.qp_state = QpState::RTR;
-      at.dest_qp_num = peer->qpn();
-      at.ah = {ip, 1};
-      e.modify_qp(qp, at, QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
-                              QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER);
-      at.qp_state = QpState::RTS;
-      e.modify_qp(qp, at, QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
-                              QP_MAX_QP_RD_ATOMIC);
-    };
-    conn(a, qa, qb, 2);
-    conn(b, qb, qa, 1);
+    connect_rc(a, qa, qb, 2);
+    connect_rc(b, qb, qa, 1);
     Sge sg{uint64_t(uintptr_t(ba.data())), 1 << 20, ma->lkey()};
     SendWr wr;
     wr.opcode = WrOpcode::RDMA_WRITE;
