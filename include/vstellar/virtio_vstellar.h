@@ -146,30 +146,88 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
 /* Control queue: command header, status codes                          */
 /* ------------------------------------------------------------------ */
 
+/*
+ * Every control command, described once:
+ *   X(name, opcode, request body, response body, flags)
+ * A body is VSTELLAR_BODY(struct tag) or VSTELLAR_NO_BODY. Flags:
+ *   VSTELLAR_CMDF_PAGES     __le64 page addresses follow the body, so the
+ *                           body length is a minimum, not exact;
+ *   VSTELLAR_CMDF_RESERVED  the opcode is reserved: a device answers
+ *                           UNSUPPORTED and a driver never sends it.
+ * The opcode enum, vstellar_cmd_name(), vstellar_cmd_info() (the length
+ * checks) and the device's dispatch all expand this list, so a command
+ * added here reaches the driver, the provider and vstellard together.
+ * Opcodes are dense from 1 (asserted below).
+ */
+#define VSTELLAR_NO_BODY	0
+#define VSTELLAR_BODY(tag)	sizeof(struct tag)
+#define VSTELLAR_CMDF_PAGES	(1u << 0)
+#define VSTELLAR_CMDF_RESERVED	(1u << 1)
+
+#define VSTELLAR_CMD_LIST(X)						\
+	X(QUERY_DEVICE,	    0x01, VSTELLAR_NO_BODY,				\
+	  VSTELLAR_BODY(vstellar_resp_query_device), 0)			\
+	X(QUERY_PORT,	    0x02, VSTELLAR_BODY(vstellar_cmd_query_port),	\
+	  VSTELLAR_BODY(vstellar_resp_query_port), 0)			\
+	X(ALLOC_UCONTEXT,   0x03, VSTELLAR_NO_BODY,				\
+	  VSTELLAR_BODY(vstellar_resp_alloc_ucontext), 0)		\
+	X(DEALLOC_UCONTEXT, 0x04, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(ALLOC_PD,	    0x05, VSTELLAR_NO_BODY,				\
+	  VSTELLAR_BODY(vstellar_resp_alloc_pd), 0)			\
+	X(DEALLOC_PD,	    0x06, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(CREATE_CQ,	    0x07, VSTELLAR_BODY(vstellar_cmd_create_cq),	\
+	  VSTELLAR_BODY(vstellar_resp_create_cq), VSTELLAR_CMDF_PAGES)	\
+	X(RESIZE_CQ,	    0x08, VSTELLAR_BODY(vstellar_cmd_resize_cq),	\
+	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES | VSTELLAR_CMDF_RESERVED)	\
+	X(DESTROY_CQ,	    0x09, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(REQ_NOTIFY_CQ,    0x0a, VSTELLAR_BODY(vstellar_cmd_req_notify_cq), \
+	  VSTELLAR_NO_BODY, 0)						\
+	X(CREATE_QP,	    0x0b, VSTELLAR_BODY(vstellar_cmd_create_qp),	\
+	  VSTELLAR_BODY(vstellar_resp_create_qp), VSTELLAR_CMDF_PAGES)	\
+	X(MODIFY_QP,	    0x0c, VSTELLAR_BODY(vstellar_cmd_modify_qp),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(QUERY_QP,	    0x0d, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_BODY(vstellar_resp_query_qp), 0)			\
+	X(DESTROY_QP,	    0x0e, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(REG_MR,	    0x0f, VSTELLAR_BODY(vstellar_cmd_reg_mr),	\
+	  VSTELLAR_BODY(vstellar_resp_reg_mr), VSTELLAR_CMDF_PAGES)	\
+	X(DEREG_MR,	    0x10, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(ADD_GID,	    0x11, VSTELLAR_BODY(vstellar_cmd_gid),		\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(DEL_GID,	    0x12, VSTELLAR_BODY(vstellar_cmd_gid),		\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(CREATE_AH,	    0x13, VSTELLAR_BODY(vstellar_cmd_create_ah),	\
+	  VSTELLAR_BODY(vstellar_resp_create_ah), VSTELLAR_CMDF_RESERVED) \
+	X(DESTROY_AH,	    0x14, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_RESERVED)			\
+	/* minor 1, VIRTIO_VSTELLAR_F_UD */					\
+	X(KERNEL_DB,	    0x15, VSTELLAR_NO_BODY,				\
+	  VSTELLAR_BODY(vstellar_resp_kernel_db), 0)
+
 enum vstellar_cmd_opcode {
-	VSTELLAR_CMD_QUERY_DEVICE	= 0x01,
-	VSTELLAR_CMD_QUERY_PORT		= 0x02,
-	VSTELLAR_CMD_ALLOC_UCONTEXT	= 0x03,
-	VSTELLAR_CMD_DEALLOC_UCONTEXT	= 0x04,
-	VSTELLAR_CMD_ALLOC_PD		= 0x05,
-	VSTELLAR_CMD_DEALLOC_PD		= 0x06,
-	VSTELLAR_CMD_CREATE_CQ		= 0x07,
-	VSTELLAR_CMD_RESIZE_CQ		= 0x08,
-	VSTELLAR_CMD_DESTROY_CQ		= 0x09,
-	VSTELLAR_CMD_REQ_NOTIFY_CQ	= 0x0a,
-	VSTELLAR_CMD_CREATE_QP		= 0x0b,
-	VSTELLAR_CMD_MODIFY_QP		= 0x0c,
-	VSTELLAR_CMD_QUERY_QP		= 0x0d,
-	VSTELLAR_CMD_DESTROY_QP		= 0x0e,
-	VSTELLAR_CMD_REG_MR		= 0x0f,
-	VSTELLAR_CMD_DEREG_MR		= 0x10,
-	VSTELLAR_CMD_ADD_GID		= 0x11,
-	VSTELLAR_CMD_DEL_GID		= 0x12,
-	VSTELLAR_CMD_CREATE_AH		= 0x13,
-	VSTELLAR_CMD_DESTROY_AH		= 0x14,
-	VSTELLAR_CMD_KERNEL_DB		= 0x15,	/* minor 1, VIRTIO_VSTELLAR_F_UD */
-	VSTELLAR_CMD_MAX		= 0x15,
+#define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
+	VSTELLAR_CMD_LIST(VSTELLAR_CMD_ENUM_)
+#undef VSTELLAR_CMD_ENUM_
 };
+
+/* Dense opcodes: the n-th entry of the list has opcode n + 1. */
+enum vstellar_cmd_index_ {
+#define VSTELLAR_CMD_INDEX_(name, op, req, resp, flags) VSTELLAR_CMD_INDEX_##name,
+	VSTELLAR_CMD_LIST(VSTELLAR_CMD_INDEX_)
+#undef VSTELLAR_CMD_INDEX_
+	VSTELLAR_CMD_COUNT_
+};
+#define VSTELLAR_CMD_MAX	VSTELLAR_CMD_COUNT_
+#define VSTELLAR_CMD_DENSE_(name, op, req, resp, flags)		\
+	VSTELLAR_ABI_ASSERT(VSTELLAR_CMD_INDEX_##name + 1 == (op),	\
+			    "opcode " #name " out of order");
+VSTELLAR_CMD_LIST(VSTELLAR_CMD_DENSE_)
+#undef VSTELLAR_CMD_DENSE_
 
 /*
  * A request is one descriptor chain: device-readable part = cmd_hdr + the
@@ -366,6 +424,20 @@ VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
 #define VSTELLAR_GRH_BYTES		40
 
 /*
+ * Ring limits, the same for every layer. A device's config.max_qp_wr and
+ * config.max_cqe never exceed 1 << VSTELLAR_MAX_LOG_WQE and
+ * 1 << VSTELLAR_MAX_LOG_CQE; within those bounds the config is the limit.
+ * A WQE slot is 1 << log_stride bytes, with log_stride between the minimum
+ * of its queue (a send WQE header is 64 bytes, a receive WQE 16) and
+ * VSTELLAR_MAX_LOG_STRIDE (one 4 KiB page).
+ */
+#define VSTELLAR_MAX_LOG_WQE		16
+#define VSTELLAR_MAX_LOG_CQE		20
+#define VSTELLAR_MIN_SQ_LOG_STRIDE	6
+#define VSTELLAR_MIN_RQ_LOG_STRIDE	4
+#define VSTELLAR_MAX_LOG_STRIDE		12
+
+/*
  * CREATE_QP, followed by sq_pages + rq_pages addresses (SQ ring first).
  * A WQE slot is 1 << log_stride bytes; a WQE never spans slots.
  */
@@ -376,9 +448,9 @@ struct vstellar_cmd_create_qp {
 	__u8 qp_type;		/* VSTELLAR_QPT_* */
 	__u8 sq_sig_all;
 	__u8 sq_log_wqe;	/* SQ entries = 1 << sq_log_wqe */
-	__u8 sq_log_stride;	/* >= 6 */
+	__u8 sq_log_stride;	/* VSTELLAR_MIN_SQ_LOG_STRIDE .. MAX */
 	__u8 rq_log_wqe;
-	__u8 rq_log_stride;	/* >= 4 */
+	__u8 rq_log_stride;	/* VSTELLAR_MIN_RQ_LOG_STRIDE .. MAX */
 	__u8 page_shift;
 	__u8 reserved0;
 	__le32 max_send_sge;
@@ -556,6 +628,35 @@ VSTELLAR_ABI_SIZE(vstellar_resp_kernel_db, 8);
  * Never valid for a user QP. No MR key ever has this value.
  */
 #define VSTELLAR_LOCAL_DMA_LKEY		0
+
+/* What a command's request and response look like (from VSTELLAR_CMD_LIST). */
+struct vstellar_cmd_info {
+	const char *name;	/* "CREATE_QP" */
+	__u32 req_len;		/* body bytes; a minimum with VSTELLAR_CMDF_PAGES */
+	__u32 resp_len;		/* response body bytes */
+	__u32 flags;		/* VSTELLAR_CMDF_* */
+};
+
+/* The description of opcode op, or NULL if no command has it. */
+static inline const struct vstellar_cmd_info *vstellar_cmd_info(unsigned int op)
+{
+	static const struct vstellar_cmd_info table[VSTELLAR_CMD_MAX] = {
+#define VSTELLAR_CMD_INFO_(name, op, req, resp, flags) \
+		{ #name, (__u32)(req), (__u32)(resp), (flags) },
+		VSTELLAR_CMD_LIST(VSTELLAR_CMD_INFO_)
+#undef VSTELLAR_CMD_INFO_
+	};
+
+	return (op >= 1 && op <= VSTELLAR_CMD_MAX) ? &table[op - 1] : (const struct vstellar_cmd_info *)0;
+}
+
+/* A command's name for messages ("CREATE_QP"), "UNKNOWN" for a bad opcode. */
+static inline const char *vstellar_cmd_name(unsigned int op)
+{
+	const struct vstellar_cmd_info *info = vstellar_cmd_info(op);
+
+	return info ? info->name : "UNKNOWN";
+}
 
 /* ------------------------------------------------------------------ */
 /* Event queue and CQ notification queues                               */
