@@ -427,6 +427,8 @@ VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
  * Ring limits, the same for every layer. A device's config.max_qp_wr and
  * config.max_cqe never exceed 1 << VSTELLAR_MAX_LOG_WQE and
  * 1 << VSTELLAR_MAX_LOG_CQE; within those bounds the config is the limit.
+ * WQE rings stop at 2^16 entries because a CQE names its WQE in the 16-bit
+ * wqe_idx.
  * A WQE slot is 1 << log_stride bytes, with log_stride between the minimum
  * of its queue (a send WQE header is 64 bytes, a receive WQE 16) and
  * VSTELLAR_MAX_LOG_STRIDE (one 4 KiB page).

@@ -102,7 +102,12 @@ struct vstellar_create_qp_resp {
 	__u32 reserved;
 };
 
-/* create_ah (UD): the device's AH handle goes into send WQEs (u.ud.ah). */
+/*
+ * create_ah (UD): the driver writes nothing here (ah stays 0). The device
+ * keeps no AHs: the provider builds the address vector from the attributes
+ * and every UD send WQE carries it (struct vstellar_send_wqe, u.ud.av).
+ * The struct keeps the response's size stable for old providers.
+ */
 struct vstellar_create_ah_resp {
 	__u32 ah;
 	__u32 reserved;

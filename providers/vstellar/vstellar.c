@@ -29,10 +29,6 @@
 
 #include "vstellar.h"
 
-/* 16 bits of wqe_idx in a CQE name the WQE: rings may not be larger */
-#define VSTELLAR_MAX_LOG_WQE	16
-#define VSTELLAR_MAX_LOG_STRIDE	12	/* kernel/vstellar's limit */
-
 static const struct verbs_match_ent vstellar_match_table[] = {
 	/* the ib_device's parent is the virtio device, ID 42 ("RDMA device") */
 	VERBS_MODALIAS_MATCH("virtio:d0000002Av*", NULL),
