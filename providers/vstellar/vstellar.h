@@ -160,4 +160,65 @@ static inline struct vstellar_ah *to_vah(struct ibv_ah *ibah)
 	return container_of(ibah, struct vstellar_ah, ibv_ah);
 }
 
+/*
+ * What the provider's files share: vstellar.c (device, context, the ops
+ * table), verbs.c (control verbs), cq.c (polling), qp.c (posting).
+ */
+#define VSTELLAR_SEND_OPS                                                      \
+	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |      \
+	 IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |                  \
+	 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |        \
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+
+/* Ring slot @idx of a work queue (any index: rings wrap). */
+static inline void *vstellar_wq_slot(struct vstellar_wq *wq, uint32_t idx)
+{
+	return (char *)wq->ring +
+	       ((size_t)(idx & ((1U << wq->log_wqe) - 1)) << wq->log_stride);
+}
+
+/* No free slot: every slot holds a WQE that has not completed yet. */
+static inline bool vstellar_wq_full(struct vstellar_wq *wq)
+{
+	uint32_t ci = atomic_load_explicit((_Atomic(uint32_t) *)&wq->ci,
+					   memory_order_relaxed);
+
+	return wq->pi - ci >= (1U << wq->log_wqe);
+}
+
+/* verbs.c */
+struct ibv_pd *vstellar_alloc_pd(struct ibv_context *context);
+int vstellar_dealloc_pd(struct ibv_pd *pd);
+struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+			       uint64_t hca_va, int access);
+int vstellar_dereg_mr(struct verbs_mr *vmr);
+struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
+				  struct ibv_comp_channel *channel,
+				  int comp_vector);
+int vstellar_destroy_cq(struct ibv_cq *ibcq);
+struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
+				  struct ibv_qp_init_attr *attr);
+struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
+				     struct ibv_qp_init_attr_ex *attr);
+int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		      int attr_mask, struct ibv_qp_init_attr *init_attr);
+int vstellar_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		       int attr_mask);
+int vstellar_destroy_qp(struct ibv_qp *ibqp);
+struct ibv_ah *vstellar_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+int vstellar_destroy_ah(struct ibv_ah *ibah);
+struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
+				     uint32_t qpn);
+
+/* cq.c */
+int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
+int vstellar_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
+
+/* qp.c */
+int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		       struct ibv_send_wr **bad_wr);
+int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+		       struct ibv_recv_wr **bad_wr);
+void vstellar_qp_ex_init(struct vstellar_qp *qp, uint64_t ops);
+
 #endif /* VSTELLAR_PROVIDER_H */

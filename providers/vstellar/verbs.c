@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * vStellar provider: the control verbs (PD, MR, CQ, QP, AH). Each goes
+ * through the kernel (vstellar.ko) with the udata of
+ * include/vstellar/vstellar-abi.h; CQ and QP rings are allocated here, in
+ * this process's memory, and pinned by the kernel.
+ */
+#include <config.h>
+
+#include <endian.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <ccan/minmax.h>
+#include <util/util.h>
+
+#include "vstellar.h"
+
+static unsigned int log2_up(uint32_t n)
+{
+	unsigned int l = 0;
+
+	while (l < 31 && (1U << l) < n)
+		l++;
+	return l;
+}
+
+/* ------------------------------------------------------------------ */
+/* Rings in our memory                                                  */
+/* ------------------------------------------------------------------ */
+
+static void *vstellar_ring_alloc(size_t bytes, size_t *alloc_size)
+{
+	size_t pg = sysconf(_SC_PAGESIZE);
+	size_t size = align(bytes, pg);
+	void *buf;
+
+	if (posix_memalign(&buf, pg, size)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	memset(buf, 0, size);
+	/* the kernel pins these pages: a forked child must not COW them */
+	if (ibv_dontfork_range(buf, size)) {
+		free(buf);
+		errno = ENOMEM;
+		return NULL;
+	}
+	*alloc_size = size;
+	return buf;
+}
+
+static void vstellar_ring_free(void *buf, size_t size)
+{
+	if (!buf)
+		return;
+	ibv_dofork_range(buf, size);
+	free(buf);
+}
+
+/* ------------------------------------------------------------------ */
+/* Doorbells                                                            */
+/* ------------------------------------------------------------------ */
+
+static void *vstellar_db_slot(struct vstellar_context *ctx, uint32_t slot)
+{
+	return (char *)ctx->db_page + (size_t)slot * VSTELLAR_DB_SLOT_SIZE;
+}
+
+static bool vstellar_db_slot_ok(struct vstellar_context *ctx, uint32_t slot)
+{
+	return slot >= VSTELLAR_DB_FIRST_SLOT && slot < ctx->db_slots &&
+	       (size_t)(slot + 1) * VSTELLAR_DB_SLOT_SIZE <= ctx->db_page_size;
+}
+
+/* ------------------------------------------------------------------ */
+/* PD, MR                                                               */
+/* ------------------------------------------------------------------ */
+
+struct ibv_pd *vstellar_alloc_pd(struct ibv_context *context)
+{
+	struct ib_uverbs_alloc_pd_resp resp;
+	struct ibv_alloc_pd cmd;
+	struct vstellar_pd *pd;
+	int ret;
+
+	pd = calloc(1, sizeof(*pd));
+	if (!pd)
+		return NULL;
+	ret = ibv_cmd_alloc_pd(context, &pd->ibv_pd, &cmd, sizeof(cmd), &resp,
+			       sizeof(resp));
+	if (ret) {
+		free(pd);
+		errno = ret;
+		return NULL;
+	}
+	return &pd->ibv_pd;
+}
+
+int vstellar_dealloc_pd(struct ibv_pd *pd)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_pd(pd);
+	if (ret)
+		return ret;
+	free(pd);
+	return 0;
+}
+
+struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr,
+				      size_t length, uint64_t hca_va,
+				      int access)
+{
+	struct ib_uverbs_reg_mr_resp resp;
+	struct ibv_reg_mr cmd;
+	struct verbs_mr *vmr;
+	int ret;
+
+	vmr = calloc(1, sizeof(*vmr));
+	if (!vmr)
+		return NULL;
+	ret = ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr, &cmd,
+			     sizeof(cmd), &resp, sizeof(resp));
+	if (ret) {
+		free(vmr);
+		errno = ret;
+		return NULL;
+	}
+	return &vmr->ibv_mr;
+}
+
+int vstellar_dereg_mr(struct verbs_mr *vmr)
+{
+	int ret;
+
+	ret = ibv_cmd_dereg_mr(vmr);
+	if (ret)
+		return ret;
+	free(vmr);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* QP table (CQEs name their QP by QPN)                                 */
+/* ------------------------------------------------------------------ */
+
+static void vstellar_qp_table_add(struct vstellar_context *ctx,
+				  struct vstellar_qp *qp)
+{
+	struct vstellar_qp **head =
+		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	qp->hash_next = *head;
+	*head = qp;
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+}
+
+static void vstellar_qp_table_del(struct vstellar_context *ctx,
+				  struct vstellar_qp *qp)
+{
+	struct vstellar_qp **p =
+		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	for (; *p; p = &(*p)->hash_next) {
+		if (*p == qp) {
+			*p = qp->hash_next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+}
+
+struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
+					    uint32_t qpn)
+{
+	struct vstellar_qp *qp;
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	for (qp = ctx->qp_table[qpn % VSTELLAR_QP_TABLE_SIZE]; qp;
+	     qp = qp->hash_next)
+		if (qp->qpn == qpn)
+			break;
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+	return qp;
+}
+/* ------------------------------------------------------------------ */
+/* CQ                                                                   */
+/* ------------------------------------------------------------------ */
+
+struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
+					 struct ibv_comp_channel *channel,
+					 int comp_vector)
+{
+	struct vstellar_context *ctx = to_vctx(context);
+	struct vstellar_create_cq_cmd_resp resp = {};
+	struct vstellar_create_cq_cmd cmd = {};
+	struct vstellar_cq *cq;
+	uint32_t log_cqe;
+	int ret;
+
+	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe) {
+		errno = EINVAL;
+		return NULL;
+	}
+	cq = calloc(1, sizeof(*cq));
+	if (!cq)
+		return NULL;
+	if (pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE))
+		goto err_free;
+
+	log_cqe = log2_up(cqe);
+	cq->ring = vstellar_ring_alloc(sizeof(struct vstellar_cqe) << log_cqe,
+				       &cq->ring_size);
+	if (!cq->ring)
+		goto err_lock;
+
+	cmd.drv.buf_addr = (uintptr_t)cq->ring;
+	cmd.drv.log_cqe = log_cqe;
+	ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector,
+				&cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_ring;
+	}
+	if (resp.drv.log_cqe != log_cqe ||
+	    !vstellar_db_slot_ok(ctx, resp.drv.db_slot)) {
+		verbs_err(&ctx->ibv_ctx, "vstellar: bad create_cq response\n");
+		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		errno = EPROTO;
+		goto err_ring;
+	}
+	cq->log_cqe = log_cqe;
+	cq->cqn = resp.drv.cqn;
+	cq->db = vstellar_db_slot(ctx, resp.drv.db_slot);
+	cq->ci = 0;
+	cq->arm_seq = le32toh(atomic_load_explicit(
+		(_Atomic(uint32_t) *)&cq->db->arm, memory_order_relaxed)) &
+		~VSTELLAR_CQ_ARM_SOLICITED;
+	return &cq->vcq.cq;
+
+err_ring:
+	vstellar_ring_free(cq->ring, cq->ring_size);
+err_lock:
+	pthread_spin_destroy(&cq->lock);
+err_free:
+	free(cq);
+	return NULL;
+}
+
+int vstellar_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	int ret;
+
+	ret = ibv_cmd_destroy_cq(ibcq);
+	if (ret)
+		return ret;
+	vstellar_ring_free(cq->ring, cq->ring_size);
+	pthread_spin_destroy(&cq->lock);
+	free(cq);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* QP                                                                   */
+/* ------------------------------------------------------------------ */
+
+struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
+					    struct ibv_qp_init_attr_ex *attr)
+{
+	struct vstellar_context *ctx = to_vctx(context);
+	struct vstellar_create_qp_cmd_resp resp = {};
+	struct vstellar_create_qp_cmd cmd = {};
+	struct ibv_qp_cap *cap = &attr->cap;
+	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
+				1U << VSTELLAR_MAX_LOG_WQE);
+	uint32_t sq_log_wqe, rq_log_wqe, sq_log_stride, rq_log_stride;
+	uint32_t send_bytes, recv_bytes, fit;
+	struct vstellar_qp *qp;
+	int ret;
+
+	if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD |
+				IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ||
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	    (attr->send_ops_flags & ~VSTELLAR_SEND_OPS)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) ||
+	    attr->srq) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (cap->max_send_wr > max_wr || cap->max_recv_wr > max_wr ||
+	    cap->max_send_sge > ctx->max_send_sge ||
+	    cap->max_recv_sge > ctx->max_recv_sge ||
+	    cap->max_inline_data > ctx->max_inline_data) {
+		errno = EINVAL;
+		return NULL;
+	}
+
+	sq_log_wqe = log2_up(max_t(uint32_t, cap->max_send_wr, 1));
+	rq_log_wqe = log2_up(max_t(uint32_t, cap->max_recv_wr, 1));
+	fit = max_t(uint32_t, cap->max_send_sge, 1) *
+	      sizeof(struct vstellar_sge);
+	send_bytes = sizeof(struct vstellar_send_wqe) +
+		     max_t(uint32_t, fit, cap->max_inline_data);
+	recv_bytes = sizeof(struct vstellar_recv_wqe) +
+		     max_t(uint32_t, cap->max_recv_sge, 1) *
+			     sizeof(struct vstellar_sge);
+	sq_log_stride = max_t(uint32_t, log2_up(send_bytes),
+			      ctx->min_sq_log_stride);
+	rq_log_stride = max_t(uint32_t, log2_up(recv_bytes),
+			      ctx->min_rq_log_stride);
+	if (sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+	    rq_log_stride > VSTELLAR_MAX_LOG_STRIDE) {
+		errno = EINVAL;
+		return NULL;
+	}
+
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return NULL;
+	if (pthread_spin_init(&qp->sq.lock, PTHREAD_PROCESS_PRIVATE))
+		goto err_free;
+	if (pthread_spin_init(&qp->rq.lock, PTHREAD_PROCESS_PRIVATE))
+		goto err_sqlock;
+	qp->sq.log_wqe = sq_log_wqe;
+	qp->sq.log_stride = sq_log_stride;
+	qp->rq.log_wqe = rq_log_wqe;
+	qp->rq.log_stride = rq_log_stride;
+	qp->sq.ring = vstellar_ring_alloc((size_t)1 << (sq_log_wqe + sq_log_stride),
+					  &qp->sq.ring_size);
+	if (!qp->sq.ring)
+		goto err_rqlock;
+	qp->rq.ring = vstellar_ring_alloc((size_t)1 << (rq_log_wqe + rq_log_stride),
+					  &qp->rq.ring_size);
+	if (!qp->rq.ring)
+		goto err_sq;
+
+	cmd.drv.sq_buf_addr = (uintptr_t)qp->sq.ring;
+	cmd.drv.rq_buf_addr = (uintptr_t)qp->rq.ring;
+	cmd.drv.sq_log_wqe = sq_log_wqe;
+	cmd.drv.sq_log_stride = sq_log_stride;
+	cmd.drv.rq_log_wqe = rq_log_wqe;
+	cmd.drv.rq_log_stride = rq_log_stride;
+	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd.ibv_cmd,
+				   sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_rq;
+	}
+	if (!vstellar_db_slot_ok(ctx, resp.drv.db_slot)) {
+		verbs_err(&ctx->ibv_ctx, "vstellar: bad create_qp response\n");
+		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		errno = EPROTO;
+		goto err_rq;
+	}
+	qp->qpn = resp.drv.qpn;
+	qp->db = vstellar_db_slot(ctx, resp.drv.db_slot);
+	qp->sq_sig_all = attr->sq_sig_all;
+
+	/* what the device granted, within what our slots hold */
+	fit = ((1U << sq_log_stride) - sizeof(struct vstellar_send_wqe)) /
+	      sizeof(struct vstellar_sge);
+	qp->sq.max_sge = min_t(uint32_t, resp.drv.max_send_sge, fit);
+	fit = ((1U << rq_log_stride) - sizeof(struct vstellar_recv_wqe)) /
+	      sizeof(struct vstellar_sge);
+	qp->rq.max_sge = min_t(uint32_t, resp.drv.max_recv_sge, fit);
+	qp->max_inline_data = min_t(uint32_t, resp.drv.max_inline_data,
+				    (1U << sq_log_stride) -
+					    sizeof(struct vstellar_send_wqe));
+	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_INLINE)))
+		qp->max_inline_data = 0;
+	cap->max_send_wr = 1U << sq_log_wqe;
+	cap->max_recv_wr = 1U << rq_log_wqe;
+	cap->max_send_sge = qp->sq.max_sge;
+	cap->max_recv_sge = qp->rq.max_sge;
+	cap->max_inline_data = qp->max_inline_data;
+
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		vstellar_qp_ex_init(qp, attr->send_ops_flags);
+	vstellar_qp_table_add(ctx, qp);
+	return &qp->vqp.qp;
+
+err_rq:
+	vstellar_ring_free(qp->rq.ring, qp->rq.ring_size);
+err_sq:
+	vstellar_ring_free(qp->sq.ring, qp->sq.ring_size);
+err_rqlock:
+	pthread_spin_destroy(&qp->rq.lock);
+err_sqlock:
+	pthread_spin_destroy(&qp->sq.lock);
+err_free:
+	free(qp);
+	return NULL;
+}
+
+struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
+					 struct ibv_qp_init_attr *attr)
+{
+	struct ibv_qp_init_attr_ex attr_ex = {};
+	struct ibv_qp *qp;
+
+	memcpy(&attr_ex, attr, sizeof(*attr));
+	attr_ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	attr_ex.pd = pd;
+	qp = vstellar_create_qp_ex(pd->context, &attr_ex);
+	if (qp)
+		memcpy(attr, &attr_ex, sizeof(*attr));
+	return qp;
+}
+
+int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+			     int attr_mask, struct ibv_qp_init_attr *init_attr)
+{
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct ibv_query_qp cmd;
+	int ret;
+
+	ret = ibv_cmd_query_qp(ibqp, attr, attr_mask, init_attr, &cmd,
+			       sizeof(cmd));
+	if (ret)
+		return ret;
+	attr->cap.max_send_wr = 1U << qp->sq.log_wqe;
+	attr->cap.max_recv_wr = 1U << qp->rq.log_wqe;
+	attr->cap.max_send_sge = qp->sq.max_sge;
+	attr->cap.max_recv_sge = qp->rq.max_sge;
+	attr->cap.max_inline_data = qp->max_inline_data;
+	init_attr->cap = attr->cap;
+	return 0;
+}
+
+int vstellar_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+			      int attr_mask)
+{
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct ibv_modify_qp cmd;
+	int ret;
+
+	ret = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+	if (ret)
+		return ret;
+	/*
+	 * RESET forgets every WQE: the device zeroes the QP's doorbell slot
+	 * and both sides restart at index 0 (docs/provider.md).
+	 */
+	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		pthread_spin_lock(&qp->sq.lock);
+		qp->sq.pi = 0;
+		atomic_store_explicit((_Atomic(uint32_t) *)&qp->sq.ci, 0,
+				      memory_order_relaxed);
+		pthread_spin_unlock(&qp->sq.lock);
+		pthread_spin_lock(&qp->rq.lock);
+		qp->rq.pi = 0;
+		atomic_store_explicit((_Atomic(uint32_t) *)&qp->rq.ci, 0,
+				      memory_order_relaxed);
+		pthread_spin_unlock(&qp->rq.lock);
+	}
+	return 0;
+}
+
+int vstellar_destroy_qp(struct ibv_qp *ibqp)
+{
+	struct vstellar_context *ctx = to_vctx(ibqp->context);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct vstellar_cq *cq;
+	int ret;
+
+	ret = ibv_cmd_destroy_qp(ibqp);
+	if (ret)
+		return ret;
+	vstellar_qp_table_del(ctx, qp);
+	/* drop the poll caches that may still point at it */
+	cq = to_vcq(ibqp->send_cq);
+	pthread_spin_lock(&cq->lock);
+	if (cq->last_qp == qp)
+		cq->last_qp = NULL;
+	pthread_spin_unlock(&cq->lock);
+	cq = to_vcq(ibqp->recv_cq);
+	pthread_spin_lock(&cq->lock);
+	if (cq->last_qp == qp)
+		cq->last_qp = NULL;
+	pthread_spin_unlock(&cq->lock);
+
+	vstellar_ring_free(qp->rq.ring, qp->rq.ring_size);
+	vstellar_ring_free(qp->sq.ring, qp->sq.ring_size);
+	pthread_spin_destroy(&qp->rq.lock);
+	pthread_spin_destroy(&qp->sq.lock);
+	free(qp);
+	return 0;
+}
+/* ------------------------------------------------------------------ */
+/* AH (UD)                                                              */
+/* ------------------------------------------------------------------ */
+
+struct ibv_ah *vstellar_create_ah(struct ibv_pd *pd,
+					 struct ibv_ah_attr *attr)
+{
+	struct vstellar_create_ah_cmd_resp resp = {};
+	struct vstellar_ah *ah;
+	int ret;
+
+	ah = calloc(1, sizeof(*ah));
+	if (!ah)
+		return NULL;
+	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp.ibv_resp,
+				sizeof(resp));
+	if (ret) {
+		free(ah);
+		errno = ret;
+		return NULL;
+	}
+	/* the device keeps no AH: UD WQEs carry the address vector itself */
+	memcpy(ah->av.dgid, attr->grh.dgid.raw, sizeof(ah->av.dgid));
+	ah->av.flow_label = htobe32(attr->grh.flow_label & 0xfffff);
+	ah->av.sgid_index = attr->grh.sgid_index;
+	ah->av.hop_limit = attr->grh.hop_limit;
+	ah->av.traffic_class = attr->grh.traffic_class;
+	ah->av.sl = attr->sl;
+	return &ah->ibv_ah;
+}
+
+int vstellar_destroy_ah(struct ibv_ah *ibah)
+{
+	int ret;
+
+	ret = ibv_cmd_destroy_ah(ibah);
+	if (ret)
+		return ret;
+	free(to_vah(ibah));
+	return 0;
+}
