@@ -29,28 +29,16 @@ static void vstellar_wq_retire(struct vstellar_wq *wq, uint16_t idx16)
 			      memory_order_relaxed);
 }
 
-static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
-			       const struct vstellar_cqe *cqe,
-			       struct ibv_wc *wc)
+/*
+ * A CQE was read: the WQE it names (and, for a QP's own rings, every
+ * earlier one) is done, so its ring slot may be posted again.
+ */
+static void vstellar_cqe_retire(struct vstellar_cq *cq,
+				const struct vstellar_cqe *cqe)
 {
 	struct vstellar_context *ctx = to_vctx(cq->vcq.cq.context);
 	uint32_t qpn = le32toh(cqe->qpn);
 	struct vstellar_qp *qp = cq->last_qp;
-
-	memset(wc, 0, sizeof(*wc));
-	wc->wr_id = le64toh(cqe->wr_id);
-	wc->status = cqe->status;
-	wc->opcode = cqe->opcode;
-	wc->vendor_err = cqe->vendor_err;
-	wc->byte_len = le32toh(cqe->byte_len);
-	wc->qp_num = qpn;
-	wc->src_qp = le32toh(cqe->src_qp);
-	if (cqe->wc_flags & VSTELLAR_CQE_WITH_IMM) {
-		wc->wc_flags |= IBV_WC_WITH_IMM;
-		wc->imm_data = cqe->imm_data;
-	}
-	if (cqe->wc_flags & VSTELLAR_CQE_GRH)
-		wc->wc_flags |= IBV_WC_GRH;
 
 	if (!qp || qp->qpn != qpn) {
 		qp = vstellar_qp_find(ctx, qpn);
@@ -64,33 +52,212 @@ static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
 		vstellar_wq_retire(&qp->sq, le16toh(cqe->wqe_idx));
 }
 
+static unsigned int vstellar_cqe_wc_flags(const struct vstellar_cqe *cqe)
+{
+	unsigned int flags = 0;
+
+	if (cqe->wc_flags & VSTELLAR_CQE_WITH_IMM)
+		flags |= IBV_WC_WITH_IMM;
+	if (cqe->wc_flags & VSTELLAR_CQE_GRH)
+		flags |= IBV_WC_GRH;
+	return flags;
+}
+
+static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
+			       const struct vstellar_cqe *cqe,
+			       struct ibv_wc *wc)
+{
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = le64toh(cqe->wr_id);
+	wc->status = cqe->status;
+	wc->opcode = cqe->opcode;
+	wc->vendor_err = cqe->vendor_err;
+	wc->byte_len = le32toh(cqe->byte_len);
+	wc->qp_num = le32toh(cqe->qpn);
+	wc->src_qp = le32toh(cqe->src_qp);
+	wc->wc_flags = vstellar_cqe_wc_flags(cqe);
+	if (wc->wc_flags & IBV_WC_WITH_IMM)
+		wc->imm_data = cqe->imm_data;
+	vstellar_cqe_retire(cq, cqe);
+}
+
+/* The CQE at the consumer index if the device has written it, else NULL. */
+static struct vstellar_cqe *vstellar_cq_next_cqe(struct vstellar_cq *cq)
+{
+	struct vstellar_cqe *cqe =
+		&cq->ring[cq->ci & ((1U << cq->log_cqe) - 1)];
+	uint8_t want = !((cq->ci >> cq->log_cqe) & 1);
+	uint8_t owner;
+
+	owner = atomic_load_explicit((_Atomic(uint8_t) *)&cqe->owner,
+				     memory_order_relaxed);
+	if ((owner & VSTELLAR_CQE_OWNER) != want)
+		return NULL;
+	/* the CQE's body is read only after its owner byte */
+	udma_from_device_barrier();
+	return cqe;
+}
+
+/* CQEs are read before the device may reuse their slots (release). */
+static void vstellar_cq_update_ci(struct vstellar_cq *cq)
+{
+	atomic_store_explicit((_Atomic(uint32_t) *)&cq->db->ci,
+			      htole32(cq->ci), memory_order_release);
+}
+
 int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 {
 	struct vstellar_cq *cq = to_vcq(ibcq);
-	uint32_t mask = (1U << cq->log_cqe) - 1;
+	struct vstellar_cqe *cqe;
 	int n;
 
 	pthread_spin_lock(&cq->lock);
 	for (n = 0; n < ne; n++) {
-		struct vstellar_cqe *cqe = &cq->ring[cq->ci & mask];
-		uint8_t want = !((cq->ci >> cq->log_cqe) & 1);
-		uint8_t owner;
-
-		owner = atomic_load_explicit((_Atomic(uint8_t) *)&cqe->owner,
-					     memory_order_relaxed);
-		if ((owner & VSTELLAR_CQE_OWNER) != want)
+		cqe = vstellar_cq_next_cqe(cq);
+		if (!cqe)
 			break;
-		/* the CQE's body is read only after its owner byte */
-		udma_from_device_barrier();
 		vstellar_cqe_to_wc(cq, cqe, &wc[n]);
 		cq->ci++;
 	}
 	if (n)
-		/* CQEs are read before the device may reuse their slots */
-		atomic_store_explicit((_Atomic(uint32_t) *)&cq->db->ci,
-				      htole32(cq->ci), memory_order_release);
+		vstellar_cq_update_ci(cq);
 	pthread_spin_unlock(&cq->lock);
 	return n;
+}
+
+/*
+ * The extended poll API (ibv_start_poll/next_poll/end_poll): cq->cur is
+ * the CQE the caller reads through the read_* functions. It is consumed
+ * by next_poll or end_poll; the lock is held from start to end.
+ */
+static int vstellar_cq_take(struct vstellar_cq *cq)
+{
+	struct vstellar_cqe *cqe = vstellar_cq_next_cqe(cq);
+
+	cq->cur = cqe;
+	if (!cqe)
+		return ENOENT;
+	cq->vcq.cq_ex.wr_id = le64toh(cqe->wr_id);
+	cq->vcq.cq_ex.status = cqe->status;
+	vstellar_cqe_retire(cq, cqe);
+	return 0;
+}
+
+static int vstellar_start_poll(struct ibv_cq_ex *ibcq,
+			       struct ibv_poll_cq_attr *attr)
+{
+	struct vstellar_cq *cq = to_vcq(ibv_cq_ex_to_cq(ibcq));
+	int ret;
+
+	if (attr->comp_mask)
+		return EINVAL;
+	pthread_spin_lock(&cq->lock);
+	ret = vstellar_cq_take(cq);
+	if (ret)
+		pthread_spin_unlock(&cq->lock);
+	return ret;
+}
+
+static int vstellar_next_poll(struct ibv_cq_ex *ibcq)
+{
+	struct vstellar_cq *cq = to_vcq(ibv_cq_ex_to_cq(ibcq));
+
+	cq->ci++;
+	return vstellar_cq_take(cq);
+}
+
+static void vstellar_end_poll(struct ibv_cq_ex *ibcq)
+{
+	struct vstellar_cq *cq = to_vcq(ibv_cq_ex_to_cq(ibcq));
+
+	if (cq->cur) {
+		cq->ci++;
+		cq->cur = NULL;
+	}
+	vstellar_cq_update_ci(cq);
+	pthread_spin_unlock(&cq->lock);
+}
+
+static struct vstellar_cqe *vstellar_cur_cqe(struct ibv_cq_ex *ibcq)
+{
+	return to_vcq(ibv_cq_ex_to_cq(ibcq))->cur;
+}
+
+static enum ibv_wc_opcode vstellar_read_opcode(struct ibv_cq_ex *ibcq)
+{
+	return vstellar_cur_cqe(ibcq)->opcode;
+}
+
+static uint32_t vstellar_read_vendor_err(struct ibv_cq_ex *ibcq)
+{
+	return vstellar_cur_cqe(ibcq)->vendor_err;
+}
+
+static uint32_t vstellar_read_byte_len(struct ibv_cq_ex *ibcq)
+{
+	return le32toh(vstellar_cur_cqe(ibcq)->byte_len);
+}
+
+static __be32 vstellar_read_imm_data(struct ibv_cq_ex *ibcq)
+{
+	return vstellar_cur_cqe(ibcq)->imm_data;
+}
+
+static uint32_t vstellar_read_qp_num(struct ibv_cq_ex *ibcq)
+{
+	return le32toh(vstellar_cur_cqe(ibcq)->qpn);
+}
+
+static uint32_t vstellar_read_src_qp(struct ibv_cq_ex *ibcq)
+{
+	return le32toh(vstellar_cur_cqe(ibcq)->src_qp);
+}
+
+static unsigned int vstellar_read_wc_flags(struct ibv_cq_ex *ibcq)
+{
+	return vstellar_cqe_wc_flags(vstellar_cur_cqe(ibcq));
+}
+
+/* RoCE has no LIDs, and the device uses one service level. */
+static uint32_t vstellar_read_slid(struct ibv_cq_ex *ibcq)
+{
+	return 0;
+}
+
+static uint8_t vstellar_read_sl(struct ibv_cq_ex *ibcq)
+{
+	return 0;
+}
+
+static uint8_t vstellar_read_dlid_path_bits(struct ibv_cq_ex *ibcq)
+{
+	return 0;
+}
+
+void vstellar_cq_ex_init(struct vstellar_cq *cq, uint64_t wc_flags)
+{
+	struct ibv_cq_ex *cqex = &cq->vcq.cq_ex;
+
+	cqex->start_poll = vstellar_start_poll;
+	cqex->next_poll = vstellar_next_poll;
+	cqex->end_poll = vstellar_end_poll;
+	cqex->read_opcode = vstellar_read_opcode;
+	cqex->read_vendor_err = vstellar_read_vendor_err;
+	cqex->read_wc_flags = vstellar_read_wc_flags;
+	if (wc_flags & IBV_WC_EX_WITH_BYTE_LEN)
+		cqex->read_byte_len = vstellar_read_byte_len;
+	if (wc_flags & IBV_WC_EX_WITH_IMM)
+		cqex->read_imm_data = vstellar_read_imm_data;
+	if (wc_flags & IBV_WC_EX_WITH_QP_NUM)
+		cqex->read_qp_num = vstellar_read_qp_num;
+	if (wc_flags & IBV_WC_EX_WITH_SRC_QP)
+		cqex->read_src_qp = vstellar_read_src_qp;
+	if (wc_flags & IBV_WC_EX_WITH_SLID)
+		cqex->read_slid = vstellar_read_slid;
+	if (wc_flags & IBV_WC_EX_WITH_SL)
+		cqex->read_sl = vstellar_read_sl;
+	if (wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS)
+		cqex->read_dlid_path_bits = vstellar_read_dlid_path_bits;
 }
 
 /*

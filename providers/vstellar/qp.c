@@ -211,7 +211,7 @@ static bool vstellar_sq_open(struct ibv_qp *ibqp)
 }
 
 int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
-			      struct ibv_send_wr **bad_wr)
+		       struct ibv_send_wr **bad_wr)
 {
 	struct vstellar_context *ctx = to_vctx(ibqp->context);
 	struct vstellar_qp *qp = to_vqp(ibqp);
@@ -244,7 +244,7 @@ int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 }
 
 int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
-			      struct ibv_recv_wr **bad_wr)
+		       struct ibv_recv_wr **bad_wr)
 {
 	struct vstellar_context *ctx = to_vctx(ibqp->context);
 	struct vstellar_qp *qp = to_vqp(ibqp);

@@ -113,8 +113,8 @@ int vstellar_dealloc_pd(struct ibv_pd *pd)
 }
 
 struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr,
-				      size_t length, uint64_t hca_va,
-				      int access)
+			       size_t length, uint64_t hca_va,
+			       int access)
 {
 	struct ib_uverbs_reg_mr_resp resp;
 	struct ibv_reg_mr cmd;
@@ -178,7 +178,7 @@ static void vstellar_qp_table_del(struct vstellar_context *ctx,
 }
 
 struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
-					    uint32_t qpn)
+				     uint32_t qpn)
 {
 	struct vstellar_qp *qp;
 
@@ -194,18 +194,26 @@ struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
 /* CQ                                                                   */
 /* ------------------------------------------------------------------ */
 
-struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
-					 struct ibv_comp_channel *channel,
-					 int comp_vector)
+/*
+ * Both ibv_create_cq and ibv_create_cq_ex end here: the ring in our memory,
+ * then the uverbs command (legacy or extended) with our udata.
+ */
+static struct vstellar_cq *
+vstellar_cq_create(struct ibv_context *context,
+		   struct ibv_cq_init_attr_ex *attr, bool ex)
 {
 	struct vstellar_context *ctx = to_vctx(context);
+	struct vstellar_create_cq_ex_cmd_resp resp_ex = {};
 	struct vstellar_create_cq_cmd_resp resp = {};
+	struct vstellar_create_cq_ex_cmd cmd_ex = {};
 	struct vstellar_create_cq_cmd cmd = {};
+	struct vstellar_create_cq_resp *drv_resp;
+	struct vstellar_create_cq *drv_cmd;
 	struct vstellar_cq *cq;
 	uint32_t log_cqe;
 	int ret;
 
-	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe) {
+	if (attr->cqe < 1 || attr->cqe > ctx->max_cqe) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -215,36 +223,45 @@ struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
 	if (pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE))
 		goto err_free;
 
-	log_cqe = log2_up(cqe);
+	log_cqe = log2_up(attr->cqe);
 	cq->ring = vstellar_ring_alloc(sizeof(struct vstellar_cqe) << log_cqe,
 				       &cq->ring_size);
 	if (!cq->ring)
 		goto err_lock;
 
-	cmd.drv.buf_addr = (uintptr_t)cq->ring;
-	cmd.drv.log_cqe = log_cqe;
-	ret = ibv_cmd_create_cq(context, cqe, channel, comp_vector,
-				&cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
-				&resp.ibv_resp, sizeof(resp));
+	drv_cmd = ex ? &cmd_ex.drv : &cmd.drv;
+	drv_resp = ex ? &resp_ex.drv : &resp.drv;
+	drv_cmd->buf_addr = (uintptr_t)cq->ring;
+	drv_cmd->log_cqe = log_cqe;
+	if (ex)
+		ret = ibv_cmd_create_cq_ex(context, attr, &cq->vcq,
+					   &cmd_ex.ibv_cmd, sizeof(cmd_ex),
+					   &resp_ex.ibv_resp, sizeof(resp_ex),
+					   0);
+	else
+		ret = ibv_cmd_create_cq(context, attr->cqe, attr->channel,
+					attr->comp_vector, &cq->vcq.cq,
+					&cmd.ibv_cmd, sizeof(cmd),
+					&resp.ibv_resp, sizeof(resp));
 	if (ret) {
 		errno = ret;
 		goto err_ring;
 	}
-	if (resp.drv.log_cqe != log_cqe ||
-	    !vstellar_db_slot_ok(ctx, resp.drv.db_slot)) {
+	if (drv_resp->log_cqe != log_cqe ||
+	    !vstellar_db_slot_ok(ctx, drv_resp->db_slot)) {
 		verbs_err(&ctx->ibv_ctx, "vstellar: bad create_cq response\n");
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
 		errno = EPROTO;
 		goto err_ring;
 	}
 	cq->log_cqe = log_cqe;
-	cq->cqn = resp.drv.cqn;
-	cq->db = vstellar_db_slot(ctx, resp.drv.db_slot);
+	cq->cqn = drv_resp->cqn;
+	cq->db = vstellar_db_slot(ctx, drv_resp->db_slot);
 	cq->ci = 0;
 	cq->arm_seq = le32toh(atomic_load_explicit(
 		(_Atomic(uint32_t) *)&cq->db->arm, memory_order_relaxed)) &
 		~VSTELLAR_CQ_ARM_SOLICITED;
-	return &cq->vcq.cq;
+	return cq;
 
 err_ring:
 	vstellar_ring_free(cq->ring, cq->ring_size);
@@ -253,6 +270,40 @@ err_lock:
 err_free:
 	free(cq);
 	return NULL;
+}
+
+struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
+				  struct ibv_comp_channel *channel,
+				  int comp_vector)
+{
+	struct ibv_cq_init_attr_ex attr = {
+		.cqe = cqe < 0 ? 0 : cqe,
+		.channel = channel,
+		.comp_vector = comp_vector,
+	};
+	struct vstellar_cq *cq = vstellar_cq_create(context, &attr, false);
+
+	return cq ? &cq->vcq.cq : NULL;
+}
+
+struct ibv_cq_ex *vstellar_create_cq_ex(struct ibv_context *context,
+					struct ibv_cq_init_attr_ex *attr)
+{
+	struct vstellar_cq *cq;
+
+	if (attr->wc_flags & ~VSTELLAR_CQ_EX_WC_FLAGS ||
+	    attr->comp_mask & ~(IBV_CQ_INIT_ATTR_MASK_FLAGS |
+				IBV_CQ_INIT_ATTR_MASK_PD) ||
+	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+	     attr->flags & ~IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	cq = vstellar_cq_create(context, attr, true);
+	if (!cq)
+		return NULL;
+	vstellar_cq_ex_init(cq, attr->wc_flags);
+	return &cq->vcq.cq_ex;
 }
 
 int vstellar_destroy_cq(struct ibv_cq *ibcq)
@@ -274,7 +325,7 @@ int vstellar_destroy_cq(struct ibv_cq *ibcq)
 /* ------------------------------------------------------------------ */
 
 struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
-					    struct ibv_qp_init_attr_ex *attr)
+				     struct ibv_qp_init_attr_ex *attr)
 {
 	struct vstellar_context *ctx = to_vctx(context);
 	struct vstellar_create_qp_cmd_resp resp = {};
@@ -409,7 +460,7 @@ err_free:
 }
 
 struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
-					 struct ibv_qp_init_attr *attr)
+				  struct ibv_qp_init_attr *attr)
 {
 	struct ibv_qp_init_attr_ex attr_ex = {};
 	struct ibv_qp *qp;
@@ -424,7 +475,7 @@ struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
 }
 
 int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
-			     int attr_mask, struct ibv_qp_init_attr *init_attr)
+		      int attr_mask, struct ibv_qp_init_attr *init_attr)
 {
 	struct vstellar_qp *qp = to_vqp(ibqp);
 	struct ibv_query_qp cmd;
@@ -444,7 +495,7 @@ int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 }
 
 int vstellar_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
-			      int attr_mask)
+		       int attr_mask)
 {
 	struct vstellar_qp *qp = to_vqp(ibqp);
 	struct ibv_modify_qp cmd;
@@ -507,7 +558,7 @@ int vstellar_destroy_qp(struct ibv_qp *ibqp)
 /* ------------------------------------------------------------------ */
 
 struct ibv_ah *vstellar_create_ah(struct ibv_pd *pd,
-					 struct ibv_ah_attr *attr)
+				  struct ibv_ah_attr *attr)
 {
 	struct vstellar_create_ah_cmd_resp resp = {};
 	struct vstellar_ah *ah;

@@ -75,6 +75,7 @@ static const struct verbs_context_ops vstellar_ctx_ops = {
 	.alloc_pd = vstellar_alloc_pd,
 	.create_ah = vstellar_create_ah,
 	.create_cq = vstellar_create_cq,
+	.create_cq_ex = vstellar_create_cq_ex,
 	.create_qp = vstellar_create_qp,
 	.create_qp_ex = vstellar_create_qp_ex,
 	.dealloc_pd = vstellar_dealloc_pd,

@@ -42,6 +42,16 @@ struct vstellar_create_cq_cmd_resp {
 	struct vstellar_create_cq_resp drv;
 };
 
+struct vstellar_create_cq_ex_cmd {
+	struct ibv_create_cq_ex ibv_cmd;
+	struct vstellar_create_cq drv;
+};
+
+struct vstellar_create_cq_ex_cmd_resp {
+	struct ib_uverbs_ex_create_cq_resp ibv_resp;
+	struct vstellar_create_cq_resp drv;
+};
+
 struct vstellar_create_qp_cmd {
 	struct ibv_create_qp ibv_cmd;
 	struct vstellar_create_qp drv;
@@ -102,6 +112,7 @@ struct vstellar_cq {
 	uint32_t arm_seq;		/* bits 0..30 of the last arm */
 	struct vstellar_db_cq *db;	/* slot in the doorbell page */
 	struct vstellar_qp *last_qp;	/* lookup cache for poll */
+	struct vstellar_cqe *cur;	/* extended poll: the CQE being read */
 };
 
 struct vstellar_wq {
@@ -186,6 +197,13 @@ static inline bool vstellar_wq_full(struct vstellar_wq *wq)
 	return wq->pi - ci >= (1U << wq->log_wqe);
 }
 
+/* The ibv_wc_flags_ex an extended CQ can report (no timestamps). */
+#define VSTELLAR_CQ_EX_WC_FLAGS                                                \
+	(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |                        \
+	 IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |                       \
+	 IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |                             \
+	 IBV_WC_EX_WITH_DLID_PATH_BITS)
+
 /* verbs.c */
 struct ibv_pd *vstellar_alloc_pd(struct ibv_context *context);
 int vstellar_dealloc_pd(struct ibv_pd *pd);
@@ -195,6 +213,8 @@ int vstellar_dereg_mr(struct verbs_mr *vmr);
 struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
 				  struct ibv_comp_channel *channel,
 				  int comp_vector);
+struct ibv_cq_ex *vstellar_create_cq_ex(struct ibv_context *context,
+					struct ibv_cq_init_attr_ex *attr);
 int vstellar_destroy_cq(struct ibv_cq *ibcq);
 struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
 				  struct ibv_qp_init_attr *attr);
@@ -213,6 +233,7 @@ struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
 /* cq.c */
 int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
 int vstellar_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
+void vstellar_cq_ex_init(struct vstellar_cq *cq, uint64_t wc_flags);
 
 /* qp.c */
 int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
