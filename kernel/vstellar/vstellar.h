@@ -14,6 +14,7 @@
 #include <vstellar/virtio_vstellar.h>
 #include <vstellar/vstellar-abi.h>
 
+#include "vstellar_cmd.h"
 #include "vstellar_com.h"
 
 #define DRV_MODULE_NAME		"vstellar"
@@ -178,9 +179,19 @@ static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
 	return container_of(ah, struct vstellar_ah, ibah);
 }
 
+/*
+ * The driver's files, top down; each calls only the ones below it:
+ *   vstellar_main.c    probe, queues, events, ib_device ops (picks the
+ *                      user or the kernel path for create_cq/create_qp)
+ *   vstellar_verbs.c   control verbs; user CQs and QPs
+ *   vstellar_kverbs.c  kernel CQs and QPs and their data path
+ *   vstellar_cmd.c     one typed function per device command
+ *   vstellar_ring.c    kernel rings (DMA-coherent)
+ *   vstellar_com.c     the control-queue transport
+ *   vstellar_pci.c     the virtio-PCI function: DMA device, kick page
+ */
+
 /* vstellar_verbs.c */
-int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode, u32 uctx,
-			    u32 handle);
 int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 			  struct ib_udata *udata);
 int vstellar_query_port(struct ib_device *ibdev, u32 port,
@@ -201,12 +212,13 @@ int vstellar_mmap(struct ib_ucontext *uctx, struct vm_area_struct *vma);
 void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry);
 int vstellar_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
 int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
-int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		       struct ib_udata *udata);
-int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
+int vstellar_create_user_cq(struct ib_cq *ibcq,
+			    const struct ib_cq_init_attr *attr,
+			    struct ib_udata *udata);
 int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
-int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
-		       struct ib_udata *udata);
+int vstellar_create_user_qp(struct ib_qp *ibqp,
+			    struct ib_qp_init_attr *init_attr,
+			    struct ib_udata *udata);
 int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		       int attr_mask, struct ib_udata *udata);
 int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
@@ -223,12 +235,9 @@ int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
 /* vstellar_kverbs.c */
 int vstellar_kernel_db_init(struct vstellar_dev *dev);
 void vstellar_kernel_db_fini(struct vstellar_dev *dev);
-void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r);
-int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
+int vstellar_create_kernel_cq(struct ib_cq *ibcq,
 			      const struct ib_cq_init_attr *attr);
-int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
-			      struct ib_qp_init_attr *init);
-void vstellar_kqp_reset(struct vstellar_qp *qp);
+int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init);
 struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags);
 int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
@@ -236,7 +245,15 @@ int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		       const struct ib_send_wr **bad_wr);
 int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		       const struct ib_recv_wr **bad_wr);
-void vstellar_av_from_ah_attr(struct vstellar_av *av,
-			      const struct rdma_ah_attr *ah);
+
+/* vstellar_ring.c */
+int vstellar_kring_alloc(struct vstellar_dev *dev, struct vstellar_kring *r,
+			 size_t size);
+void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r);
+void vstellar_kqp_reset(struct vstellar_qp *qp);
+
+/* vstellar_pci.c */
+struct device *vstellar_dma_device(struct virtio_device *vdev);
+u64 vstellar_find_kick_page(struct virtio_device *vdev);
 
 #endif /* _VSTELLAR_H_ */

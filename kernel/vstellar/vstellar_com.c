@@ -50,36 +50,6 @@ static int vstellar_status_to_errno(u16 status)
 	return -EIO;
 }
 
-static const char *vstellar_opcode_name(u16 opcode)
-{
-	static const char * const names[] = {
-		[VSTELLAR_CMD_QUERY_DEVICE] = "QUERY_DEVICE",
-		[VSTELLAR_CMD_QUERY_PORT] = "QUERY_PORT",
-		[VSTELLAR_CMD_ALLOC_UCONTEXT] = "ALLOC_UCONTEXT",
-		[VSTELLAR_CMD_DEALLOC_UCONTEXT] = "DEALLOC_UCONTEXT",
-		[VSTELLAR_CMD_ALLOC_PD] = "ALLOC_PD",
-		[VSTELLAR_CMD_DEALLOC_PD] = "DEALLOC_PD",
-		[VSTELLAR_CMD_CREATE_CQ] = "CREATE_CQ",
-		[VSTELLAR_CMD_RESIZE_CQ] = "RESIZE_CQ",
-		[VSTELLAR_CMD_DESTROY_CQ] = "DESTROY_CQ",
-		[VSTELLAR_CMD_REQ_NOTIFY_CQ] = "REQ_NOTIFY_CQ",
-		[VSTELLAR_CMD_CREATE_QP] = "CREATE_QP",
-		[VSTELLAR_CMD_MODIFY_QP] = "MODIFY_QP",
-		[VSTELLAR_CMD_QUERY_QP] = "QUERY_QP",
-		[VSTELLAR_CMD_DESTROY_QP] = "DESTROY_QP",
-		[VSTELLAR_CMD_REG_MR] = "REG_MR",
-		[VSTELLAR_CMD_DEREG_MR] = "DEREG_MR",
-		[VSTELLAR_CMD_ADD_GID] = "ADD_GID",
-		[VSTELLAR_CMD_DEL_GID] = "DEL_GID",
-		[VSTELLAR_CMD_CREATE_AH] = "CREATE_AH",
-		[VSTELLAR_CMD_DESTROY_AH] = "DESTROY_AH",
-	};
-
-	if (opcode < ARRAY_SIZE(names) && names[opcode])
-		return names[opcode];
-	return "UNKNOWN";
-}
-
 static void vstellar_cmd_ctx_free(struct kref *ref)
 {
 	struct vstellar_cmd_ctx *ctx =
@@ -124,7 +94,7 @@ static int vstellar_cmd_result(struct vstellar_com *com,
 	    le16_to_cpu(rhdr->opcode) != le16_to_cpu(ctx->hdr->opcode)) {
 		dev_err_ratelimited(&com->vdev->dev,
 				    "malformed response to %s (used %u)\n",
-				    vstellar_opcode_name(le16_to_cpu(ctx->hdr->opcode)),
+				    vstellar_cmd_name(le16_to_cpu(ctx->hdr->opcode)),
 				    ctx->used_len);
 		return -EIO;
 	}
@@ -135,7 +105,7 @@ static int vstellar_cmd_result(struct vstellar_com *com,
 	    ctx->used_len < sizeof(*rhdr) + ctx->resp_len) {
 		dev_err_ratelimited(&com->vdev->dev,
 				    "%s: response of %u bytes, expected %zu\n",
-				    vstellar_opcode_name(le16_to_cpu(ctx->hdr->opcode)),
+				    vstellar_cmd_name(le16_to_cpu(ctx->hdr->opcode)),
 				    le32_to_cpu(rhdr->length), ctx->resp_len);
 		return -EIO;
 	}
@@ -278,6 +248,21 @@ static bool vstellar_com_wait(struct vstellar_com *com,
 	}
 }
 
+/*
+ * A request the device would refuse for its shape alone is a driver bug:
+ * the sizes must be the interface's (VSTELLAR_CMD_LIST), a page list only
+ * where the command takes one, and no reserved opcode.
+ */
+static bool vstellar_com_request_ok(u16 opcode, size_t body_len,
+				    u32 num_pages, size_t resp_len)
+{
+	const struct vstellar_cmd_info *info = vstellar_cmd_info(opcode);
+
+	return info && !(info->flags & VSTELLAR_CMDF_RESERVED) &&
+	       body_len == info->req_len && resp_len == info->resp_len &&
+	       (!num_pages || (info->flags & VSTELLAR_CMDF_PAGES));
+}
+
 int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		      const void *body, size_t body_len,
 		      __le64 *pages, u32 num_pages,
@@ -288,6 +273,13 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 	unsigned long flags;
 	int err;
 
+	if (WARN_ONCE(!vstellar_com_request_ok(opcode, body_len, num_pages,
+					       resp_len),
+		      "vstellar: malformed %s request\n",
+		      vstellar_cmd_name(opcode))) {
+		kfree(pages);
+		return -EINVAL;
+	}
 	ctx = kzalloc(struct_size(ctx, buf, sizeof(struct vstellar_cmd_hdr) +
 				  body_len + sizeof(struct vstellar_resp_hdr) +
 				  resp_len), GFP_KERNEL);
@@ -333,7 +325,7 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		if (ctx->result == -ETIMEDOUT)
 			dev_err(&com->vdev->dev,
 				"command %s (id %u) timed out after %u ms (virtio status %#x, device_status %#x); device disabled\n",
-				vstellar_opcode_name(opcode),
+				vstellar_cmd_name(opcode),
 				le32_to_cpu(ctx->hdr->cmd_id), com->timeout_ms,
 				com->vdev->config->get_status(com->vdev),
 				virtio_cread32(com->vdev,
@@ -345,7 +337,7 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		memcpy(resp, ctx->rhdr + 1, resp_len);
 	else if (err && !vstellar_com_is_dead_err(err))
 		dev_dbg(&com->vdev->dev, "command %s failed: %d\n",
-			vstellar_opcode_name(opcode), err);
+			vstellar_cmd_name(opcode), err);
 out:
 	vstellar_cmd_ctx_put(ctx);
 	return err;

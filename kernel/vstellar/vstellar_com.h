@@ -39,7 +39,9 @@ bool vstellar_com_device_lost(struct vstellar_com *com);
  * page list @pages (@num_pages guest-physical addresses, a kmalloc buffer
  * that this function always frees) are copied or owned by the command, so
  * they may live on the stack. @resp receives exactly @resp_len bytes of
- * response body on success.
+ * response body on success. The lengths are the interface's for @opcode
+ * (vstellar_cmd_info()); a request of another shape is refused (-EINVAL)
+ * before it reaches the device.
  *
  * Returns 0, the errno of the device status, -ETIMEDOUT when the device
  * did not answer in time, -ENODEV or -EIO when the device is lost.

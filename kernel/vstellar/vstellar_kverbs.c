@@ -9,7 +9,6 @@
  * plus, when the device asks for it, one store to the kick page, so they
  * work in any context.
  */
-#include <linux/dma-mapping.h>
 #include <linux/io.h>
 #include <linux/log2.h>
 #include <rdma/ib_verbs.h>
@@ -18,29 +17,21 @@
 
 #define VSTELLAR_KQP_MAX_SGE	4
 
-static struct device *vstellar_dma_dev(struct vstellar_dev *dev)
-{
-	return dev->vdev->dev.parent;
-}
-
 /* ---------------------------------------------------------------- */
 /* The kernel's doorbell page                                        */
 /* ---------------------------------------------------------------- */
 
 int vstellar_kernel_db_init(struct vstellar_dev *dev)
 {
-	struct vstellar_resp_kernel_db resp;
 	u32 page;
 	int err;
 
 	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)) || !dev->db_len ||
 	    !dev->kick_addr || PAGE_SIZE != VSTELLAR_DB_PAGE_SIZE)
 		return -EOPNOTSUPP;
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_KERNEL_DB, 0, NULL, 0,
-				NULL, 0, &resp, sizeof(resp));
+	err = vstellar_cmd_kernel_db(dev, &page);
 	if (err)
 		return err;
-	page = le32_to_cpu(resp.db_page);
 	if (page >= dev->db_len / VSTELLAR_DB_PAGE_SIZE)
 		return -EIO;
 	/* RAM in the host (a shared memfd), so cacheable, as for user space */
@@ -94,72 +85,36 @@ static void vstellar_kdb_ring(struct vstellar_dev *dev, __le32 *word, u32 val)
 }
 
 /* ---------------------------------------------------------------- */
-/* Rings                                                             */
-/* ---------------------------------------------------------------- */
-
-static int vstellar_kring_alloc(struct vstellar_dev *dev,
-				struct vstellar_kring *r, size_t size)
-{
-	r->size = PAGE_ALIGN(size);
-	r->buf = dma_alloc_coherent(vstellar_dma_dev(dev), r->size, &r->dma,
-				    GFP_KERNEL);
-	return r->buf ? 0 : -ENOMEM;
-}
-
-void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r)
-{
-	if (r->buf)
-		dma_free_coherent(vstellar_dma_dev(dev), r->size, r->buf, r->dma);
-	r->buf = NULL;
-}
-
-static void vstellar_kring_pages(const struct vstellar_kring *r, __le64 *list)
-{
-	size_t i;
-
-	for (i = 0; i < r->size / PAGE_SIZE; i++)
-		list[i] = cpu_to_le64(r->dma + i * PAGE_SIZE);
-}
-
-/* ---------------------------------------------------------------- */
 /* CQs                                                               */
 /* ---------------------------------------------------------------- */
 
-int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
+int vstellar_create_kernel_cq(struct ib_cq *ibcq,
 			      const struct ib_cq_init_attr *attr)
 {
-	struct vstellar_cmd_create_cq cmd = {};
-	struct vstellar_resp_create_cq resp;
-	size_t npages;
-	__le64 *pages;
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_create_cq_params params = {};
+	struct vstellar_create_cq_result res;
 	int err;
 
 	if (!dev->kdb)
 		return -EOPNOTSUPP;
 	cq->log_cqe = order_base_2(max(attr->cqe, 2));
-	if ((1U << cq->log_cqe) > le32_to_cpu(dev->attr.max_cqe))
+	if (cq->log_cqe > VSTELLAR_MAX_LOG_CQE ||
+	    (1U << cq->log_cqe) > le32_to_cpu(dev->attr.max_cqe))
 		return -EINVAL;
 	err = vstellar_kring_alloc(dev, &cq->kring,
 				   sizeof(struct vstellar_cqe) << cq->log_cqe);
 	if (err)
 		return err;
-	npages = cq->kring.size / PAGE_SIZE;
-	pages = kmalloc_array(npages, sizeof(*pages), GFP_KERNEL);
-	if (!pages) {
-		err = -ENOMEM;
-		goto err_ring;
-	}
-	vstellar_kring_pages(&cq->kring, pages);
-	cmd.log_cqe = cpu_to_le32(cq->log_cqe);
-	cmd.cq_queue = cpu_to_le32(attr->comp_vector % dev->num_cqnq);
-	cmd.page_shift = cpu_to_le32(PAGE_SHIFT);
-	cmd.num_pages = cpu_to_le32(npages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_CQ, 0, &cmd,
-				sizeof(cmd), pages, npages, &resp, sizeof(resp));
+	params.log_cqe = cq->log_cqe;
+	params.cq_queue = attr->comp_vector % dev->num_cqnq;
+	vstellar_pages_of_kring(&params.ring, &cq->kring);
+	err = vstellar_cmd_create_cq(dev, 0, &params, &res);
 	if (err)
 		goto err_ring;
-	cq->cqn = le32_to_cpu(resp.cqn);
-	cq->db_slot = le32_to_cpu(resp.db_slot);
+	cq->cqn = res.cqn;
+	cq->db_slot = res.db_slot;
 	if (!vstellar_kdb_slot_ok(cq->db_slot)) {
 		err = -EIO;
 		goto err_destroy;
@@ -174,7 +129,7 @@ int vstellar_create_kernel_cq(struct vstellar_dev *dev, struct vstellar_cq *cq,
 	return 0;
 
 err_destroy:
-	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ, 0, cq->cqn);
+	vstellar_cmd_destroy_cq(dev, 0, cq->cqn);
 err_ring:
 	vstellar_kring_free(dev, &cq->kring);
 	return err;
@@ -249,10 +204,11 @@ int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 		cq->ci++;
 	}
 	if (cq->ci != start) {
+		__le32 *ci = vstellar_kdb_word(dev, cq->db_slot,
+					       offsetof(struct vstellar_db_cq, ci));
+
 		/* the CQEs are read before the device may reuse their slots */
-		smp_store_release(vstellar_kdb_word(dev, cq->db_slot,
-				  offsetof(struct vstellar_db_cq, ci)),
-				  cpu_to_le32(cq->ci));
+		smp_store_release(ci, cpu_to_le32(cq->ci));
 	}
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return n;
@@ -292,14 +248,14 @@ int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 /* QPs                                                               */
 /* ---------------------------------------------------------------- */
 
-int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
-			      struct ib_qp_init_attr *init)
+int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 {
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
 	u32 max_wr = le32_to_cpu(dev->attr.max_qp_wr);
-	struct vstellar_cmd_create_qp cmd = {};
-	struct vstellar_resp_create_qp resp;
-	u32 ssge, rsge, sq_n, rq_n;
-	__le64 *pages;
+	struct vstellar_create_qp_params params = {};
+	struct vstellar_create_qp_result res;
+	u32 ssge, rsge;
 	int err;
 
 	if (!dev->kdb)
@@ -317,8 +273,9 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 	qp->rq_log_wqe = order_base_2(max(init->cap.max_recv_wr, 1U));
 	qp->sq_log_stride = order_base_2(sizeof(struct vstellar_send_wqe) +
 					 sizeof(struct vstellar_sge) * ssge);
-	qp->rq_log_stride = max(4, order_base_2(sizeof(struct vstellar_recv_wqe) +
-						 sizeof(struct vstellar_sge) * rsge));
+	qp->rq_log_stride = max(VSTELLAR_MIN_RQ_LOG_STRIDE,
+				order_base_2(sizeof(struct vstellar_recv_wqe) +
+					     sizeof(struct vstellar_sge) * rsge));
 
 	err = vstellar_kring_alloc(dev, &qp->sq,
 				   (size_t)1 << (qp->sq_log_wqe + qp->sq_log_stride));
@@ -328,39 +285,27 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 				   (size_t)1 << (qp->rq_log_wqe + qp->rq_log_stride));
 	if (err)
 		goto err_sq;
-	sq_n = qp->sq.size / PAGE_SIZE;
-	rq_n = qp->rq.size / PAGE_SIZE;
-	pages = kmalloc_array(sq_n + rq_n, sizeof(*pages), GFP_KERNEL);
-	if (!pages) {
-		err = -ENOMEM;
-		goto err_rq;
-	}
-	vstellar_kring_pages(&qp->sq, pages);
-	vstellar_kring_pages(&qp->rq, pages + sq_n);
 
 	qp->sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
-	cmd.pdn = cpu_to_le32(to_vpd(qp->ibqp.pd)->pdn);
-	cmd.send_cqn = cpu_to_le32(to_vcq(init->send_cq)->cqn);
-	cmd.recv_cqn = cpu_to_le32(to_vcq(init->recv_cq)->cqn);
-	cmd.qp_type = init->qp_type == IB_QPT_GSI ? VSTELLAR_QPT_GSI :
-						    VSTELLAR_QPT_UD;
-	cmd.sq_sig_all = qp->sq_sig_all;
-	cmd.sq_log_wqe = qp->sq_log_wqe;
-	cmd.sq_log_stride = qp->sq_log_stride;
-	cmd.rq_log_wqe = qp->rq_log_wqe;
-	cmd.rq_log_stride = qp->rq_log_stride;
-	cmd.page_shift = PAGE_SHIFT;
-	cmd.max_send_sge = cpu_to_le32(ssge);
-	cmd.max_recv_sge = cpu_to_le32(rsge);
-	cmd.sq_pages = cpu_to_le32(sq_n);
-	cmd.rq_pages = cpu_to_le32(rq_n);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, 0, &cmd,
-				sizeof(cmd), pages, sq_n + rq_n,
-				&resp, sizeof(resp));
+	params.pdn = to_vpd(ibqp->pd)->pdn;
+	params.send_cqn = to_vcq(init->send_cq)->cqn;
+	params.recv_cqn = to_vcq(init->recv_cq)->cqn;
+	params.qp_type = init->qp_type == IB_QPT_GSI ? VSTELLAR_QPT_GSI :
+						       VSTELLAR_QPT_UD;
+	params.sq_sig_all = qp->sq_sig_all;
+	params.sq_log_wqe = qp->sq_log_wqe;
+	params.sq_log_stride = qp->sq_log_stride;
+	params.rq_log_wqe = qp->rq_log_wqe;
+	params.rq_log_stride = qp->rq_log_stride;
+	params.max_send_sge = ssge;
+	params.max_recv_sge = rsge;
+	vstellar_pages_of_kring(&params.sq, &qp->sq);
+	vstellar_pages_of_kring(&params.rq, &qp->rq);
+	err = vstellar_cmd_create_qp(dev, 0, &params, &res);
 	if (err)
 		goto err_rq;
-	qp->qpn = le32_to_cpu(resp.qpn);
-	qp->db_slot = le32_to_cpu(resp.db_slot);
+	qp->qpn = res.qpn;
+	qp->db_slot = res.db_slot;
 	if (!vstellar_kdb_slot_ok(qp->db_slot)) {
 		err = -EIO;
 		goto err_destroy;
@@ -369,7 +314,7 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 	spin_lock_init(&qp->rq_lock);
 	vstellar_kqp_reset(qp);
 	/* the device answers to QP 1 for the GSI QP, whatever its own QPN */
-	qp->ibqp.qp_num = init->qp_type == IB_QPT_GSI ? 1 : qp->qpn;
+	ibqp->qp_num = init->qp_type == IB_QPT_GSI ? 1 : qp->qpn;
 	init->cap.max_send_wr = 1U << qp->sq_log_wqe;
 	init->cap.max_recv_wr = 1U << qp->rq_log_wqe;
 	qp->cap = init->cap;
@@ -379,21 +324,12 @@ int vstellar_create_kernel_qp(struct vstellar_dev *dev, struct vstellar_qp *qp,
 	return 0;
 
 err_destroy:
-	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP, 0, qp->qpn);
+	vstellar_cmd_destroy_qp(dev, 0, qp->qpn);
 err_rq:
 	vstellar_kring_free(dev, &qp->rq);
 err_sq:
 	vstellar_kring_free(dev, &qp->sq);
 	return err;
-}
-
-/* RESET forgets every WQE, on both sides: indices restart at 0. */
-void vstellar_kqp_reset(struct vstellar_qp *qp)
-{
-	qp->sq_pi = 0;
-	qp->rq_pi = 0;
-	WRITE_ONCE(qp->sq_done, 0);
-	WRITE_ONCE(qp->rq_done, 0);
 }
 
 static void vstellar_put_sges(struct vstellar_sge *dst,
@@ -467,10 +403,11 @@ int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		qp->sq_pi++;
 	}
 	if (qp->sq_pi != start) {
+		__le32 *pi = vstellar_kdb_word(dev, qp->db_slot,
+					       offsetof(struct vstellar_db_qp, sq_pi));
+
 		dma_wmb();	/* WQEs before the index that publishes them */
-		vstellar_kdb_ring(dev, vstellar_kdb_word(dev, qp->db_slot,
-				  offsetof(struct vstellar_db_qp, sq_pi)),
-				  qp->sq_pi);
+		vstellar_kdb_ring(dev, pi, qp->sq_pi);
 	}
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
 	if (err)
@@ -513,10 +450,11 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		qp->rq_pi++;
 	}
 	if (qp->rq_pi != start) {
-		dma_wmb();
-		vstellar_kdb_ring(dev, vstellar_kdb_word(dev, qp->db_slot,
-				  offsetof(struct vstellar_db_qp, rq_pi)),
-				  qp->rq_pi);
+		__le32 *pi = vstellar_kdb_word(dev, qp->db_slot,
+					       offsetof(struct vstellar_db_qp, rq_pi));
+
+		dma_wmb();	/* WQEs before the index that publishes them */
+		vstellar_kdb_ring(dev, pi, qp->rq_pi);
 	}
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
 	if (err)
@@ -547,24 +485,4 @@ struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags)
 	mr->dma = true;
 	mr->ibmr.lkey = VSTELLAR_LOCAL_DMA_LKEY;
 	return &mr->ibmr;
-}
-
-/* ---------------------------------------------------------------- */
-/* Address handles                                                   */
-/* ---------------------------------------------------------------- */
-
-/* Kernel AHs are the address vector alone: no command, so no sleeping. */
-void vstellar_av_from_ah_attr(struct vstellar_av *av,
-			      const struct rdma_ah_attr *ah)
-{
-	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
-
-	memset(av, 0, sizeof(*av));
-	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
-	av->flow_label = cpu_to_be32(grh->flow_label & 0xfffff);
-	av->sgid_index = grh->sgid_index;
-	av->hop_limit = grh->hop_limit;
-	av->traffic_class = grh->traffic_class;
-	av->sl = rdma_ah_get_sl(ah);
-	memcpy(av->dmac, ah->roce.dmac, sizeof(av->dmac));
 }

@@ -6,10 +6,8 @@
 #include <linux/delay.h>
 #include <linux/if_arp.h>
 #include <linux/module.h>
-#include <linux/pci.h>
 #include <linux/rtnetlink.h>
 #include <linux/virtio_config.h>
-#include <linux/virtio_pci.h>
 #include <rdma/ib_cache.h>
 
 #include "vstellar.h"
@@ -414,6 +412,36 @@ static struct net_device *vstellar_find_netdev(void)
 /* ib_device                                                         */
 /* ---------------------------------------------------------------- */
 
+/*
+ * User CQs and QPs have their rings in the process's memory and their
+ * data path in the provider (vstellar_verbs.c); the kernel's have DMA
+ * rings and their data path in the driver (vstellar_kverbs.c). Every
+ * other verb serves both.
+ */
+static int vstellar_create_cq(struct ib_cq *ibcq,
+			      const struct ib_cq_init_attr *attr,
+			      struct ib_udata *udata)
+{
+	if (attr->flags)
+		return -EOPNOTSUPP;
+	if (attr->cqe < 1)
+		return -EINVAL;
+	if (udata)
+		return vstellar_create_user_cq(ibcq, attr, udata);
+	return vstellar_create_kernel_cq(ibcq, attr);
+}
+
+static int vstellar_create_qp(struct ib_qp *ibqp,
+			      struct ib_qp_init_attr *init_attr,
+			      struct ib_udata *udata)
+{
+	if (init_attr->srq || init_attr->create_flags)
+		return -EOPNOTSUPP;
+	if (udata)
+		return vstellar_create_user_qp(ibqp, init_attr, udata);
+	return vstellar_create_kernel_qp(ibqp, init_attr);
+}
+
 static const struct ib_device_ops vstellar_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
@@ -450,7 +478,6 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.query_qp = vstellar_query_qp,
 	.reg_user_mr = vstellar_reg_user_mr,
 	.req_notify_cq = vstellar_req_notify_cq,
-	.resize_cq = vstellar_resize_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vstellar_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vstellar_cq, ibcq),
@@ -458,49 +485,6 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_qp, vstellar_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vstellar_ucontext, ibucontext),
 };
-
-/*
- * The kick page: the kick queue's notify address. The device runs with
- * page-per-vq, so it sits alone in its page; QEMU places queue i's notify
- * address at notify_off_multiplier * i in the notify capability's window.
- */
-static u64 vstellar_find_kick_page(struct vstellar_dev *dev)
-{
-	struct pci_dev *pdev;
-	u32 offset, mult;
-	u8 type, bar;
-	u64 addr;
-	int pos;
-
-	if (!dev_is_pci(dev->vdev->dev.parent))
-		return 0;
-	pdev = to_pci_dev(dev->vdev->dev.parent);
-	for (pos = pci_find_capability(pdev, PCI_CAP_ID_VNDR); pos;
-	     pos = pci_find_next_capability(pdev, pos, PCI_CAP_ID_VNDR)) {
-		pci_read_config_byte(pdev, pos +
-				     offsetof(struct virtio_pci_cap, cfg_type),
-				     &type);
-		if (type != VIRTIO_PCI_CAP_NOTIFY_CFG)
-			continue;
-		pci_read_config_byte(pdev, pos +
-				     offsetof(struct virtio_pci_cap, bar), &bar);
-		pci_read_config_dword(pdev, pos +
-				      offsetof(struct virtio_pci_cap, offset),
-				      &offset);
-		pci_read_config_dword(pdev, pos +
-				      offsetof(struct virtio_pci_notify_cap,
-					       notify_off_multiplier), &mult);
-		if (bar > PCI_STD_RESOURCE_END || mult < PAGE_SIZE)
-			return 0;
-		addr = pci_resource_start(pdev, bar) + offset +
-		       (u64)mult * VSTELLAR_VQ_KICK;
-		if (!PAGE_ALIGNED(addr) ||
-		    addr + PAGE_SIZE > pci_resource_end(pdev, bar) + 1)
-			return 0;
-		return addr;
-	}
-	return 0;
-}
 
 static int vstellar_find_vqs(struct vstellar_dev *dev)
 {
@@ -657,8 +641,7 @@ static int vstellar_probe(struct virtio_device *vdev)
 	virtio_device_ready(vdev);
 
 	/* The first command: tells whether anybody serves the device. */
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_QUERY_DEVICE, 0, NULL, 0,
-				NULL, 0, &dev->attr, sizeof(dev->attr));
+	err = vstellar_cmd_query_device(dev, &dev->attr);
 	if (err) {
 		dev_err(&vdev->dev, "QUERY_DEVICE failed: %d%s\n", err,
 			err == -ETIMEDOUT ?
@@ -672,7 +655,7 @@ static int vstellar_probe(struct virtio_device *vdev)
 	} else {
 		dev_warn(&vdev->dev, "no doorbell region: user contexts unavailable\n");
 	}
-	dev->kick_addr = vstellar_find_kick_page(dev);
+	dev->kick_addr = vstellar_find_kick_page(vdev);
 	/* kernel verbs: the MAD layer's QP1, and so the CM and rdma_cm */
 	err = vstellar_kernel_db_init(dev);
 	if (err)
@@ -684,7 +667,8 @@ static int vstellar_probe(struct virtio_device *vdev)
 	vstellar_bind_netdev(dev, vstellar_find_netdev());
 	rtnl_unlock();
 
-	err = ib_register_device(&dev->ibdev, "vstellar%d", vdev->dev.parent);
+	err = ib_register_device(&dev->ibdev, "vstellar%d",
+				 vstellar_dma_device(vdev));
 	if (err) {
 		dev_err(&vdev->dev, "ib_register_device failed: %d\n", err);
 		goto err_netdev;

@@ -1,24 +1,19 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * vStellar verbs: each one is a control-queue command. The data path
- * (posting WQEs, polling CQEs, arming CQs) runs in user space on rings in
- * the process's memory and the context's doorbell page; kernel users get
- * theirs in vstellar_kverbs.c. See docs/driver.md.
+ * vStellar verbs: the control path, each verb one or two device commands
+ * (vstellar_cmd.c), and the CQs and QPs of user space, whose rings are in
+ * the process's memory. The data path (posting WQEs, polling CQEs, arming
+ * CQs) runs in user space on those rings and the context's doorbell page;
+ * kernel CQs and QPs and their data path are in vstellar_kverbs.c.
+ * See docs/driver.md.
  */
-#include <linux/log2.h>
 #include <rdma/ib_addr.h>
 #include <rdma/ib_mad.h>
 #include <rdma/ib_umem.h>
 #include <rdma/ib_user_verbs.h>
-#include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
 
 #include "vstellar.h"
-
-#define VSTELLAR_MIN_SQ_LOG_STRIDE	6
-#define VSTELLAR_MIN_RQ_LOG_STRIDE	4
-#define VSTELLAR_MAX_LOG_STRIDE		12
-#define VSTELLAR_MAX_LOG_ENTRIES	24
 
 static u32 vstellar_uctx_handle(struct ib_udata *udata)
 {
@@ -28,54 +23,11 @@ static u32 vstellar_uctx_handle(struct ib_udata *udata)
 	return uctx ? uctx->handle : 0;
 }
 
-static int vstellar_exec(struct vstellar_dev *dev, u16 opcode, u32 uctx,
-			 const void *body, size_t body_len,
-			 void *resp, size_t resp_len)
-{
-	return vstellar_com_exec(&dev->com, opcode, uctx, body, body_len,
-				 NULL, 0, resp, resp_len);
-}
-
-/*
- * Destroy-type commands: a device that is gone took its objects with it,
- * so the kernel side is released anyway. Only a live device's refusal
- * (BUSY and the like) is passed on.
- */
-int vstellar_destroy_handle(struct vstellar_dev *dev, u16 opcode, u32 uctx,
-			    u32 handle)
-{
-	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(handle) };
-	int err;
-
-	err = vstellar_exec(dev, opcode, uctx, &cmd, sizeof(cmd), NULL, 0);
-	if (vstellar_com_is_dead_err(err))
-		return 0;
-	return err;
-}
-
 /* Page sizes the device takes for rings and MRs, as a bitmap. */
 static unsigned long vstellar_pgsz_bitmap(struct vstellar_dev *dev)
 {
 	return le64_to_cpu(dev->attr.page_size_cap) &
 	       GENMASK_ULL(30, PAGE_SHIFT);
-}
-
-/* Guest-physical page list of @umem in pages of @pgsz, into @list. */
-static void vstellar_fill_pages(struct ib_umem *umem, unsigned long pgsz,
-				__le64 *list)
-{
-	struct ib_block_iter biter;
-	unsigned int i = 0;
-
-	rdma_umem_for_each_dma_block(umem, &biter, pgsz)
-		list[i++] = cpu_to_le64(rdma_block_iter_dma_address(&biter));
-}
-
-static __le64 *vstellar_alloc_pages(struct vstellar_dev *dev, size_t n)
-{
-	if (!n || n > le32_to_cpu(dev->cfg.max_cmd_pages))
-		return NULL;
-	return kmalloc_array(n, sizeof(__le64), GFP_KERNEL | __GFP_NOWARN);
 }
 
 /* ---------------------------------------------------------------- */
@@ -132,8 +84,6 @@ int vstellar_query_port(struct ib_device *ibdev, u32 port,
 			struct ib_port_attr *props)
 {
 	struct vstellar_dev *dev = to_vdev(ibdev);
-	struct vstellar_cmd_query_port cmd = { .port = cpu_to_le32(port) };
-	struct vstellar_resp_query_port resp;
 	struct net_device *ndev;
 	int err;
 
@@ -141,10 +91,9 @@ int vstellar_query_port(struct ib_device *ibdev, u32 port,
 	props->pkey_tbl_len = 1;
 	props->ip_gids = true;
 	props->max_msg_sz = le32_to_cpu(dev->cfg.max_msg_size);
-	props->port_cap_flags = IB_PORT_CM_SUP;
 
-	err = vstellar_exec(dev, VSTELLAR_CMD_QUERY_PORT, 0, &cmd, sizeof(cmd),
-			    &resp, sizeof(resp));
+	err = vstellar_cmd_query_port(dev, port, props);
+	props->port_cap_flags |= IB_PORT_CM_SUP;
 	if (vstellar_com_is_dead_err(err)) {
 		/* a lost device still answers queries: its port is down */
 		props->state = IB_PORT_DOWN;
@@ -157,16 +106,6 @@ int vstellar_query_port(struct ib_device *ibdev, u32 port,
 	}
 	if (err)
 		return err;
-
-	props->state = resp.state;
-	props->phys_state = resp.phys_state;
-	props->max_mtu = resp.max_mtu;
-	props->active_mtu = resp.active_mtu;
-	props->active_speed = resp.active_speed;
-	props->active_width = resp.active_width;
-	props->gid_tbl_len = le32_to_cpu(resp.gid_table_len);
-	props->port_cap_flags |= le32_to_cpu(resp.port_cap_flags);
-	props->max_msg_sz = le32_to_cpu(resp.max_msg_size);
 
 	/* RoCE: the path MTU also fits the net device's MTU */
 	rcu_read_lock();
@@ -215,32 +154,21 @@ void vstellar_get_dev_fw_str(struct ib_device *ibdev, char *str)
 		 (u32)fw & 0xffff);
 }
 
-static int vstellar_gid_cmd(const struct ib_gid_attr *attr, u16 opcode)
-{
-	struct vstellar_dev *dev = to_vdev(attr->device);
-	struct vstellar_cmd_gid cmd = {
-		.port = cpu_to_le32(attr->port_num),
-		.index = cpu_to_le32(attr->index),
-		.gid_type = cpu_to_le32(VSTELLAR_GID_TYPE_ROCE_V2),
-	};
-
-	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
-		return -EINVAL;
-	if (opcode == VSTELLAR_CMD_ADD_GID)
-		memcpy(cmd.gid, attr->gid.raw, sizeof(cmd.gid));
-	return vstellar_exec(dev, opcode, 0, &cmd, sizeof(cmd), NULL, 0);
-}
-
+/* GIDs are RoCE v2 only: the core's cache fills them from the netdev. */
 int vstellar_add_gid(const struct ib_gid_attr *attr, void **context)
 {
-	return vstellar_gid_cmd(attr, VSTELLAR_CMD_ADD_GID);
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+		return -EINVAL;
+	return vstellar_cmd_add_gid(to_vdev(attr->device), attr->port_num,
+				    attr->index, &attr->gid);
 }
 
 int vstellar_del_gid(const struct ib_gid_attr *attr, void **context)
 {
-	int err = vstellar_gid_cmd(attr, VSTELLAR_CMD_DEL_GID);
-
-	return vstellar_com_is_dead_err(err) ? 0 : err;
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+		return -EINVAL;
+	return vstellar_cmd_del_gid(to_vdev(attr->device), attr->port_num,
+				    attr->index);
 }
 
 /* ---------------------------------------------------------------- */
@@ -273,19 +201,18 @@ int vstellar_alloc_ucontext(struct ib_ucontext *ibuctx, struct ib_udata *udata)
 	struct vstellar_ucontext *uctx = to_vuctx(ibuctx);
 	struct vstellar_dev *dev = to_vdev(ibuctx->device);
 	struct vstellar_alloc_ucontext_resp uresp = {};
-	struct vstellar_resp_alloc_ucontext resp;
+	struct vstellar_alloc_ucontext_result res;
 	u64 db_pages = dev->db_len / VSTELLAR_DB_PAGE_SIZE;
 	u64 db_addr;
 	int err;
 
 	if (!db_pages || PAGE_SIZE != VSTELLAR_DB_PAGE_SIZE)
 		return -EOPNOTSUPP;
-	err = vstellar_exec(dev, VSTELLAR_CMD_ALLOC_UCONTEXT, 0, NULL, 0,
-			    &resp, sizeof(resp));
+	err = vstellar_cmd_alloc_ucontext(dev, &res);
 	if (err)
 		return err;
-	uctx->handle = le32_to_cpu(resp.ucontext);
-	uctx->db_page = le32_to_cpu(resp.db_page);
+	uctx->handle = res.ucontext;
+	uctx->db_page = res.db_page;
 	if (!uctx->handle || uctx->db_page >= db_pages) {
 		dev_err_ratelimited(&dev->vdev->dev,
 				    "ALLOC_UCONTEXT: bad handle %u or doorbell page %u\n",
@@ -335,8 +262,7 @@ err_remove:
 	rdma_user_mmap_entry_remove(uctx->kick_entry);
 	rdma_user_mmap_entry_remove(uctx->db_entry);
 err_dealloc:
-	vstellar_destroy_handle(dev, VSTELLAR_CMD_DEALLOC_UCONTEXT, 0,
-				uctx->handle);
+	vstellar_cmd_dealloc_ucontext(dev, uctx->handle);
 	return err;
 }
 
@@ -348,8 +274,7 @@ void vstellar_dealloc_ucontext(struct ib_ucontext *ibuctx)
 
 	rdma_user_mmap_entry_remove(uctx->kick_entry);
 	rdma_user_mmap_entry_remove(uctx->db_entry);
-	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DEALLOC_UCONTEXT, 0,
-				      uctx->handle);
+	err = vstellar_cmd_dealloc_ucontext(dev, uctx->handle);
 	if (err)
 		dev_warn_ratelimited(&dev->vdev->dev,
 				     "DEALLOC_UCONTEXT %u failed: %d\n",
@@ -400,23 +325,14 @@ void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry)
 
 int vstellar_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
-	struct vstellar_dev *dev = to_vdev(ibpd->device);
-	struct vstellar_resp_alloc_pd resp;
-	int err;
-
-	err = vstellar_exec(dev, VSTELLAR_CMD_ALLOC_PD,
-			    vstellar_uctx_handle(udata), NULL, 0,
-			    &resp, sizeof(resp));
-	if (err)
-		return err;
-	to_vpd(ibpd)->pdn = le32_to_cpu(resp.pdn);
-	return 0;
+	return vstellar_cmd_alloc_pd(to_vdev(ibpd->device),
+				     vstellar_uctx_handle(udata),
+				     &to_vpd(ibpd)->pdn);
 }
 
 int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
-	return vstellar_destroy_handle(to_vdev(ibpd->device),
-				       VSTELLAR_CMD_DEALLOC_PD,
+	return vstellar_cmd_dealloc_pd(to_vdev(ibpd->device),
 				       vstellar_uctx_handle(udata),
 				       to_vpd(ibpd)->pdn);
 }
@@ -425,10 +341,10 @@ int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 /* CQs                                                               */
 /* ---------------------------------------------------------------- */
 
+/* A user ring: pinned process memory and the page size it is sent in. */
 struct vstellar_ring {
 	struct ib_umem *umem;
 	unsigned long pgsz;
-	size_t npages;
 };
 
 static int vstellar_ring_get(struct vstellar_dev *dev, struct vstellar_ring *r,
@@ -448,11 +364,17 @@ static int vstellar_ring_get(struct vstellar_dev *dev, struct vstellar_ring *r,
 	return 0;
 }
 
-static int vstellar_cq_ring(struct vstellar_dev *dev, struct ib_udata *udata,
-			    int min_cqe, struct vstellar_ring *r, u32 *log_cqe,
-			    __le64 **pages)
+int vstellar_create_user_cq(struct ib_cq *ibcq,
+			    const struct ib_cq_init_attr *attr,
+			    struct ib_udata *udata)
 {
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_create_cq_resp uresp = {};
+	struct vstellar_create_cq_params params = {};
+	struct vstellar_create_cq_result res;
 	struct vstellar_create_cq ucmd;
+	struct vstellar_ring r;
 	int err;
 
 	if (udata->inlen < offsetofend(typeof(ucmd), log_cqe))
@@ -460,60 +382,25 @@ static int vstellar_cq_ring(struct vstellar_dev *dev, struct ib_udata *udata,
 	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
 	if (err)
 		return err;
-	if (ucmd.comp_mask || ucmd.log_cqe > VSTELLAR_MAX_LOG_ENTRIES ||
-	    (1U << ucmd.log_cqe) < min_cqe ||
+	if (ucmd.comp_mask || ucmd.log_cqe > VSTELLAR_MAX_LOG_CQE ||
+	    (1U << ucmd.log_cqe) < attr->cqe ||
 	    (1U << ucmd.log_cqe) > le32_to_cpu(dev->attr.max_cqe))
 		return -EINVAL;
-	err = vstellar_ring_get(dev, r, ucmd.buf_addr,
+	err = vstellar_ring_get(dev, &r, ucmd.buf_addr,
 				sizeof(struct vstellar_cqe) << ucmd.log_cqe);
-	if (err)
-		return err;
-	r->npages = ib_umem_num_dma_blocks(r->umem, r->pgsz);
-	*pages = vstellar_alloc_pages(dev, r->npages);
-	if (!*pages) {
-		ib_umem_release(r->umem);
-		return -EINVAL;
-	}
-	vstellar_fill_pages(r->umem, r->pgsz, *pages);
-	*log_cqe = ucmd.log_cqe;
-	return 0;
-}
-
-int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		       struct ib_udata *udata)
-{
-	struct vstellar_dev *dev = to_vdev(ibcq->device);
-	struct vstellar_cq *cq = to_vcq(ibcq);
-	struct vstellar_create_cq_resp uresp = {};
-	struct vstellar_cmd_create_cq cmd = {};
-	struct vstellar_resp_create_cq resp;
-	struct vstellar_ring r;
-	__le64 *pages;
-	int err;
-
-	if (attr->flags)
-		return -EOPNOTSUPP;
-	if (attr->cqe < 1)
-		return -EINVAL;
-	if (!udata)
-		return vstellar_create_kernel_cq(dev, cq, attr);
-	err = vstellar_cq_ring(dev, udata, attr->cqe, &r, &cq->log_cqe, &pages);
 	if (err)
 		return err;
 
 	cq->ucontext = vstellar_uctx_handle(udata);
-	cmd.log_cqe = cpu_to_le32(cq->log_cqe);
-	cmd.cq_queue = cpu_to_le32(attr->comp_vector % dev->num_cqnq);
-	cmd.page_shift = cpu_to_le32(__ffs(r.pgsz));
-	cmd.num_pages = cpu_to_le32(r.npages);
-	cmd.ring_offset = cpu_to_le64(ib_umem_dma_offset(r.umem, r.pgsz));
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_CQ, cq->ucontext,
-				&cmd, sizeof(cmd), pages, r.npages,
-				&resp, sizeof(resp));
+	cq->log_cqe = ucmd.log_cqe;
+	params.log_cqe = cq->log_cqe;
+	params.cq_queue = attr->comp_vector % dev->num_cqnq;
+	vstellar_pages_of_umem(&params.ring, r.umem, r.pgsz);
+	err = vstellar_cmd_create_cq(dev, cq->ucontext, &params, &res);
 	if (err)
 		goto err_umem;
-	cq->cqn = le32_to_cpu(resp.cqn);
-	cq->db_slot = le32_to_cpu(resp.db_slot);
+	cq->cqn = res.cqn;
+	cq->db_slot = res.db_slot;
 	cq->umem = r.umem;
 	ibcq->cqe = 1 << cq->log_cqe;
 
@@ -534,55 +421,21 @@ int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
 err_xa:
 	xa_erase_irq(&dev->cqs, cq->cqn);
 err_destroy:
-	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ, cq->ucontext,
-				cq->cqn);
+	vstellar_cmd_destroy_cq(dev, cq->ucontext, cq->cqn);
 	err = err == -EBUSY ? -EIO : err;
 err_umem:
 	ib_umem_release(r.umem);
 	return err;
 }
 
-int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
-{
-	struct vstellar_dev *dev = to_vdev(ibcq->device);
-	struct vstellar_cq *cq = to_vcq(ibcq);
-	struct vstellar_cmd_resize_cq cmd = {};
-	struct vstellar_ring r;
-	__le64 *pages;
-	u32 log_cqe;
-	int err;
-
-	if (!udata)
-		return -EOPNOTSUPP;
-	err = vstellar_cq_ring(dev, udata, cqe, &r, &log_cqe, &pages);
-	if (err)
-		return err;
-	cmd.cqn = cpu_to_le32(cq->cqn);
-	cmd.log_cqe = cpu_to_le32(log_cqe);
-	cmd.page_shift = cpu_to_le32(__ffs(r.pgsz));
-	cmd.num_pages = cpu_to_le32(r.npages);
-	cmd.ring_offset = cpu_to_le64(ib_umem_dma_offset(r.umem, r.pgsz));
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_CQ, cq->ucontext,
-				&cmd, sizeof(cmd), pages, r.npages, NULL, 0);
-	if (err) {
-		ib_umem_release(r.umem);
-		return err;
-	}
-	ib_umem_release(cq->umem);
-	cq->umem = r.umem;
-	cq->log_cqe = log_cqe;
-	ibcq->cqe = 1 << log_cqe;
-	return 0;
-}
-
+/* User and kernel CQs: whichever memory the CQ has is freed. */
 int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibcq->device);
 	struct vstellar_cq *cq = to_vcq(ibcq);
 	int err;
 
-	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_CQ,
-				      cq->ucontext, cq->cqn);
+	err = vstellar_cmd_destroy_cq(dev, cq->ucontext, cq->cqn);
 	if (err)
 		return err;
 	/* after this, no notification still queued runs the CQ's handler */
@@ -604,8 +457,8 @@ static int vstellar_check_qp_ucmd(struct vstellar_dev *dev,
 
 	if (u->comp_mask)
 		return -EINVAL;
-	if (u->sq_log_wqe > VSTELLAR_MAX_LOG_ENTRIES ||
-	    u->rq_log_wqe > VSTELLAR_MAX_LOG_ENTRIES ||
+	if (u->sq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
+	    u->rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
 	    (1U << u->sq_log_wqe) > max_wr || (1U << u->rq_log_wqe) > max_wr ||
 	    (1U << u->sq_log_wqe) < init_attr->cap.max_send_wr ||
 	    (1U << u->rq_log_wqe) < init_attr->cap.max_recv_wr)
@@ -618,33 +471,30 @@ static int vstellar_check_qp_ucmd(struct vstellar_dev *dev,
 	return 0;
 }
 
-int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
-		       struct ib_udata *udata)
+int vstellar_create_user_qp(struct ib_qp *ibqp,
+			    struct ib_qp_init_attr *init_attr,
+			    struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibqp->device);
 	struct vstellar_qp *qp = to_vqp(ibqp);
 	struct vstellar_create_qp_resp uresp = {};
-	struct vstellar_cmd_create_qp cmd = {};
-	struct vstellar_resp_create_qp resp;
+	struct vstellar_create_qp_params params = {};
+	struct vstellar_create_qp_result res;
 	struct vstellar_create_qp ucmd;
 	struct vstellar_ring sq, rq;
-	size_t sq_n, rq_n;
 	unsigned long pgsz;
-	__le64 *pages;
 	int err;
 
-	if (init_attr->srq || init_attr->create_flags)
-		return -EOPNOTSUPP;
-	if (!udata)
-		return vstellar_create_kernel_qp(dev, qp, init_attr);
 	switch (init_attr->qp_type) {
 	case IB_QPT_RC:
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
 			return -EOPNOTSUPP;
+		params.qp_type = VSTELLAR_QPT_RC;
 		break;
 	case IB_QPT_UD:
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
 			return -EOPNOTSUPP;
+		params.qp_type = VSTELLAR_QPT_UD;
 		break;
 	default:
 		return -EOPNOTSUPP;
@@ -666,54 +516,38 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 				(size_t)1 << (ucmd.rq_log_wqe + ucmd.rq_log_stride));
 	if (err)
 		goto err_sq;
-	/* one page size for both rings: the smaller one fits both */
-	pgsz = min(sq.pgsz, rq.pgsz);
-	sq_n = ib_umem_num_dma_blocks(sq.umem, pgsz);
-	rq_n = ib_umem_num_dma_blocks(rq.umem, pgsz);
-	pages = vstellar_alloc_pages(dev, sq_n + rq_n);
-	if (!pages) {
-		err = -EINVAL;
-		goto err_rq;
-	}
-	vstellar_fill_pages(sq.umem, pgsz, pages);
-	vstellar_fill_pages(rq.umem, pgsz, pages + sq_n);
 
 	qp->ucontext = vstellar_uctx_handle(udata);
 	qp->sq_sig_all = init_attr->sq_sig_type == IB_SIGNAL_ALL_WR;
-	cmd.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
-	cmd.send_cqn = cpu_to_le32(to_vcq(init_attr->send_cq)->cqn);
-	cmd.recv_cqn = cpu_to_le32(to_vcq(init_attr->recv_cq)->cqn);
-	cmd.qp_type = init_attr->qp_type == IB_QPT_RC ? VSTELLAR_QPT_RC :
-						      VSTELLAR_QPT_UD;
-	cmd.sq_sig_all = qp->sq_sig_all;
-	cmd.sq_log_wqe = ucmd.sq_log_wqe;
-	cmd.sq_log_stride = ucmd.sq_log_stride;
-	cmd.rq_log_wqe = ucmd.rq_log_wqe;
-	cmd.rq_log_stride = ucmd.rq_log_stride;
-	cmd.page_shift = __ffs(pgsz);
-	cmd.max_send_sge = cpu_to_le32(init_attr->cap.max_send_sge);
-	cmd.max_recv_sge = cpu_to_le32(init_attr->cap.max_recv_sge);
-	cmd.max_inline_data = cpu_to_le32(init_attr->cap.max_inline_data);
-	cmd.sq_pages = cpu_to_le32(sq_n);
-	cmd.rq_pages = cpu_to_le32(rq_n);
-	cmd.sq_offset = cpu_to_le64(ib_umem_dma_offset(sq.umem, pgsz));
-	cmd.rq_offset = cpu_to_le64(ib_umem_dma_offset(rq.umem, pgsz));
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, qp->ucontext,
-				&cmd, sizeof(cmd), pages, sq_n + rq_n,
-				&resp, sizeof(resp));
+	params.pdn = to_vpd(ibqp->pd)->pdn;
+	params.send_cqn = to_vcq(init_attr->send_cq)->cqn;
+	params.recv_cqn = to_vcq(init_attr->recv_cq)->cqn;
+	params.sq_sig_all = qp->sq_sig_all;
+	params.sq_log_wqe = ucmd.sq_log_wqe;
+	params.sq_log_stride = ucmd.sq_log_stride;
+	params.rq_log_wqe = ucmd.rq_log_wqe;
+	params.rq_log_stride = ucmd.rq_log_stride;
+	params.max_send_sge = init_attr->cap.max_send_sge;
+	params.max_recv_sge = init_attr->cap.max_recv_sge;
+	params.max_inline_data = init_attr->cap.max_inline_data;
+	/* one page size for both rings: the smaller one fits both */
+	pgsz = min(sq.pgsz, rq.pgsz);
+	vstellar_pages_of_umem(&params.sq, sq.umem, pgsz);
+	vstellar_pages_of_umem(&params.rq, rq.umem, pgsz);
+	err = vstellar_cmd_create_qp(dev, qp->ucontext, &params, &res);
 	if (err)
 		goto err_rq;
 
-	qp->qpn = le32_to_cpu(resp.qpn);
-	qp->db_slot = le32_to_cpu(resp.db_slot);
+	qp->qpn = res.qpn;
+	qp->db_slot = res.db_slot;
 	qp->sq_umem = sq.umem;
 	qp->rq_umem = rq.umem;
 	ibqp->qp_num = qp->qpn;
 	init_attr->cap.max_send_wr = 1U << ucmd.sq_log_wqe;
 	init_attr->cap.max_recv_wr = 1U << ucmd.rq_log_wqe;
-	init_attr->cap.max_send_sge = le32_to_cpu(resp.max_send_sge);
-	init_attr->cap.max_recv_sge = le32_to_cpu(resp.max_recv_sge);
-	init_attr->cap.max_inline_data = le32_to_cpu(resp.max_inline_data);
+	init_attr->cap.max_send_sge = res.max_send_sge;
+	init_attr->cap.max_recv_sge = res.max_recv_sge;
+	init_attr->cap.max_inline_data = res.max_inline_data;
 	qp->cap = init_attr->cap;
 
 	err = xa_insert_irq(&dev->qps, qp->qpn, qp, GFP_KERNEL);
@@ -736,8 +570,7 @@ int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init_attr,
 err_xa:
 	xa_erase_irq(&dev->qps, qp->qpn);
 err_destroy:
-	vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP, qp->ucontext,
-				qp->qpn);
+	vstellar_cmd_destroy_qp(dev, qp->ucontext, qp->qpn);
 err_rq:
 	ib_umem_release(rq.umem);
 err_sq:
@@ -745,29 +578,12 @@ err_sq:
 	return err;
 }
 
-static void vstellar_av_to_ah_attr(struct ib_device *ibdev,
-				   struct rdma_ah_attr *ah,
-				   const struct vstellar_av *av)
-{
-	union ib_gid dgid;
-
-	memset(ah, 0, sizeof(*ah));
-	ah->type = RDMA_AH_ATTR_TYPE_ROCE;
-	memcpy(dgid.raw, av->dgid, sizeof(dgid.raw));
-	rdma_ah_set_grh(ah, &dgid, be32_to_cpu(av->flow_label),
-			av->sgid_index, av->hop_limit, av->traffic_class);
-	rdma_ah_set_sl(ah, av->sl);
-	rdma_ah_set_port_num(ah, VSTELLAR_PORT);
-	memcpy(ah->roce.dmac, av->dmac, sizeof(ah->roce.dmac));
-}
-
+/* User and kernel QPs; a kernel QP's ring indices follow a RESET. */
 int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		       int attr_mask, struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibqp->device);
 	struct vstellar_qp *qp = to_vqp(ibqp);
-	struct vstellar_cmd_modify_qp cmd = {};
-	struct vstellar_qp_attr *a = &cmd.attr;
 	int err;
 
 	if (attr_mask & ~VSTELLAR_QP_ATTR_MASK_VALID)
@@ -775,33 +591,8 @@ int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	if (udata && udata->inlen &&
 	    !ib_is_udata_cleared(udata, 0, udata->inlen))
 		return -EINVAL;
-
-	cmd.qpn = cpu_to_le32(qp->qpn);
-	a->attr_mask = cpu_to_le32(attr_mask);
-	a->qp_state = attr->qp_state;
-	a->cur_qp_state = attr->cur_qp_state;
-	a->path_mtu = attr->path_mtu;
-	a->port = attr->port_num;
-	a->qkey = cpu_to_le32(attr->qkey);
-	a->rq_psn = cpu_to_le32(attr->rq_psn & 0xffffff);
-	a->sq_psn = cpu_to_le32(attr->sq_psn & 0xffffff);
-	a->dest_qpn = cpu_to_le32(attr->dest_qp_num & 0xffffff);
-	a->access_flags = cpu_to_le32(attr->qp_access_flags &
-				      VSTELLAR_ACCESS_VALID);
-	a->pkey_index = cpu_to_le16(attr->pkey_index);
-	a->max_rd_atomic = attr->max_rd_atomic;
-	a->max_dest_rd_atomic = attr->max_dest_rd_atomic;
-	a->min_rnr_timer = attr->min_rnr_timer;
-	a->timeout = attr->timeout;
-	a->retry_cnt = attr->retry_cnt;
-	a->rnr_retry = attr->rnr_retry;
-	if (attr_mask & IB_QP_AV) {
-		if (!(rdma_ah_get_ah_flags(&attr->ah_attr) & IB_AH_GRH))
-			return -EINVAL;
-		vstellar_av_from_ah_attr(&a->av, &attr->ah_attr);
-	}
-	err = vstellar_exec(dev, VSTELLAR_CMD_MODIFY_QP, qp->ucontext,
-			    &cmd, sizeof(cmd), NULL, 0);
+	err = vstellar_cmd_modify_qp(dev, qp->ucontext, qp->qpn, attr,
+				     attr_mask);
 	if (!err && qp->sq.buf && (attr_mask & IB_QP_STATE) &&
 	    attr->qp_state == IB_QPS_RESET)
 		vstellar_kqp_reset(qp);
@@ -813,40 +604,15 @@ int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 {
 	struct vstellar_dev *dev = to_vdev(ibqp->device);
 	struct vstellar_qp *qp = to_vqp(ibqp);
-	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(qp->qpn) };
-	struct vstellar_resp_query_qp resp;
-	const struct vstellar_qp_attr *a = &resp.attr;
 	int err;
 
-	err = vstellar_exec(dev, VSTELLAR_CMD_QUERY_QP, qp->ucontext,
-			    &cmd, sizeof(cmd), &resp, sizeof(resp));
+	err = vstellar_cmd_query_qp(dev, qp->ucontext, qp->qpn,
+				    ibqp->qp_type == IB_QPT_RC, attr);
 	if (err)
 		return err;
-
-	memset(attr, 0, sizeof(*attr));
-	memset(init_attr, 0, sizeof(*init_attr));
-	attr->qp_state = a->qp_state;
-	attr->cur_qp_state = a->qp_state;
-	attr->path_mtu = a->path_mtu;
-	attr->path_mig_state = IB_MIG_MIGRATED;
-	attr->qkey = le32_to_cpu(a->qkey);
-	attr->rq_psn = le32_to_cpu(a->rq_psn);
-	attr->sq_psn = le32_to_cpu(a->sq_psn);
-	attr->dest_qp_num = le32_to_cpu(a->dest_qpn);
-	attr->qp_access_flags = le32_to_cpu(a->access_flags);
-	attr->pkey_index = le16_to_cpu(a->pkey_index);
-	attr->port_num = VSTELLAR_PORT;
-	attr->max_rd_atomic = a->max_rd_atomic;
-	attr->max_dest_rd_atomic = a->max_dest_rd_atomic;
-	attr->min_rnr_timer = a->min_rnr_timer;
-	attr->timeout = a->timeout;
-	attr->retry_cnt = a->retry_cnt;
-	attr->rnr_retry = a->rnr_retry;
-	attr->sq_draining = !!le32_to_cpu(resp.sq_draining);
-	if (ibqp->qp_type == IB_QPT_RC)
-		vstellar_av_to_ah_attr(ibqp->device, &attr->ah_attr, &a->av);
 	attr->cap = qp->cap;
 
+	memset(init_attr, 0, sizeof(*init_attr));
 	init_attr->qp_type = ibqp->qp_type;
 	init_attr->send_cq = ibqp->send_cq;
 	init_attr->recv_cq = ibqp->recv_cq;
@@ -856,14 +622,14 @@ int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	return 0;
 }
 
+/* User and kernel QPs: whichever memory the QP has is freed. */
 int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibqp->device);
 	struct vstellar_qp *qp = to_vqp(ibqp);
 	int err;
 
-	err = vstellar_destroy_handle(dev, VSTELLAR_CMD_DESTROY_QP,
-				      qp->ucontext, qp->qpn);
+	err = vstellar_cmd_destroy_qp(dev, qp->ucontext, qp->qpn);
 	if (err)
 		return err;
 	xa_erase_irq(&dev->qps, qp->qpn);
@@ -883,12 +649,10 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibpd->device);
-	struct vstellar_cmd_reg_mr cmd = {};
-	struct vstellar_resp_reg_mr resp;
+	struct vstellar_reg_mr_params params = {};
+	struct vstellar_reg_mr_result res;
 	struct vstellar_mr *mr;
 	unsigned long pgsz;
-	__le64 *pages;
-	size_t npages;
 	int err;
 
 	access_flags &= ~IB_ACCESS_OPTIONAL;
@@ -912,30 +676,18 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 		err = -EINVAL;
 		goto err_umem;
 	}
-	npages = ib_umem_num_dma_blocks(mr->umem, pgsz);
-	pages = vstellar_alloc_pages(dev, npages);
-	if (!pages) {
-		dev_dbg(&dev->vdev->dev, "MR of %zu pages of %lu bytes: too many\n",
-			npages, pgsz);
-		err = -EINVAL;
-		goto err_umem;
-	}
-	vstellar_fill_pages(mr->umem, pgsz, pages);
 
-	cmd.pdn = cpu_to_le32(to_vpd(ibpd)->pdn);
-	cmd.access_flags = cpu_to_le32(access_flags);
-	cmd.iova = cpu_to_le64(virt_addr);
-	cmd.length = cpu_to_le64(length);
-	cmd.page_shift = cpu_to_le32(__ffs(pgsz));
-	cmd.num_pages = cpu_to_le32(npages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_REG_MR, mr->ucontext,
-				&cmd, sizeof(cmd), pages, npages,
-				&resp, sizeof(resp));
+	params.pdn = to_vpd(ibpd)->pdn;
+	params.access_flags = access_flags;
+	params.iova = virt_addr;
+	params.length = length;
+	vstellar_pages_of_umem(&params.pages, mr->umem, pgsz);
+	err = vstellar_cmd_reg_mr(dev, mr->ucontext, &params, &res);
 	if (err)
 		goto err_umem;
-	mr->mrn = le32_to_cpu(resp.mrn);
-	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
-	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	mr->mrn = res.mrn;
+	mr->ibmr.lkey = res.lkey;
+	mr->ibmr.rkey = res.rkey;
 	return &mr->ibmr;
 
 err_umem:
@@ -954,9 +706,8 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 		kfree(mr);
 		return 0;
 	}
-	err = vstellar_destroy_handle(to_vdev(ibmr->device),
-				      VSTELLAR_CMD_DEREG_MR, mr->ucontext,
-				      mr->mrn);
+	err = vstellar_cmd_dereg_mr(to_vdev(ibmr->device), mr->ucontext,
+				    mr->mrn);
 	if (err)
 		return err;
 	ib_umem_release(mr->umem);

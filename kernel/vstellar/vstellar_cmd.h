@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
+/*
+ * vStellar device commands: one typed function per control-queue command
+ * the driver sends. Each one encodes its request (the wire structure and,
+ * where the command has one, the page list), runs it through the
+ * transport (vstellar_com.c) and decodes the answer into CPU-endian
+ * results. Nothing above this file builds a vstellar_cmd_* structure.
+ *
+ * Commands the driver never sends have no function: RESIZE_CQ, CREATE_AH
+ * and DESTROY_AH are reserved (the device answers UNSUPPORTED), and
+ * kernel CQs arm through their doorbell slot instead of REQ_NOTIFY_CQ.
+ */
+#ifndef _VSTELLAR_CMD_H_
+#define _VSTELLAR_CMD_H_
+
+#include <linux/types.h>
+#include <rdma/ib_verbs.h>
+
+#include <vstellar/virtio_vstellar.h>
+
+struct ib_umem;
+struct vstellar_dev;
+struct vstellar_kring;
+
+/*
+ * The guest memory of one ring or MR as a command names it: npages pages
+ * of pgsz bytes, the first byte at offset in the first page. Either pinned
+ * user memory (umem) or one DMA-contiguous kernel ring (dma).
+ */
+struct vstellar_pages {
+	struct ib_umem *umem;
+	dma_addr_t dma;
+	unsigned long pgsz;
+	size_t npages;
+	u64 offset;
+};
+
+/* Describe a ring or MR; the commands below turn it into a page list. */
+void vstellar_pages_of_umem(struct vstellar_pages *p, struct ib_umem *umem,
+			    unsigned long pgsz);
+void vstellar_pages_of_kring(struct vstellar_pages *p,
+			     const struct vstellar_kring *r);
+
+/* ---------------------------------------------------------------- */
+/* Device, port, GIDs                                                */
+/* ---------------------------------------------------------------- */
+
+/* The answer is kept as the device wrote it (dev->attr). */
+int vstellar_cmd_query_device(struct vstellar_dev *dev,
+			      struct vstellar_resp_query_device *attr);
+
+/*
+ * Fills the fields of @props the device knows (state, MTUs, speed, width,
+ * GID table length, capability flags, maximum message size); on error
+ * @props is untouched.
+ */
+int vstellar_cmd_query_port(struct vstellar_dev *dev, u32 port,
+			    struct ib_port_attr *props);
+
+int vstellar_cmd_add_gid(struct vstellar_dev *dev, u32 port, u32 index,
+			 const union ib_gid *gid);
+int vstellar_cmd_del_gid(struct vstellar_dev *dev, u32 port, u32 index);
+
+/* The kernel's doorbell page (minor 1): its index in the region. */
+int vstellar_cmd_kernel_db(struct vstellar_dev *dev, u32 *db_page);
+
+/* ---------------------------------------------------------------- */
+/* User contexts and PDs                                             */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_alloc_ucontext_result {
+	u32 ucontext;		/* device handle */
+	u32 db_page;		/* its page in the doorbell region */
+};
+
+int vstellar_cmd_alloc_ucontext(struct vstellar_dev *dev,
+				struct vstellar_alloc_ucontext_result *res);
+int vstellar_cmd_dealloc_ucontext(struct vstellar_dev *dev, u32 ucontext);
+
+int vstellar_cmd_alloc_pd(struct vstellar_dev *dev, u32 uctx, u32 *pdn);
+int vstellar_cmd_dealloc_pd(struct vstellar_dev *dev, u32 uctx, u32 pdn);
+
+/* ---------------------------------------------------------------- */
+/* CQs                                                               */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_create_cq_params {
+	u32 log_cqe;			/* 1 << log_cqe CQEs */
+	u32 cq_queue;			/* CQ notification queue */
+	struct vstellar_pages ring;
+};
+
+struct vstellar_create_cq_result {
+	u32 cqn;
+	u32 db_slot;
+};
+
+int vstellar_cmd_create_cq(struct vstellar_dev *dev, u32 uctx,
+			   const struct vstellar_create_cq_params *params,
+			   struct vstellar_create_cq_result *res);
+int vstellar_cmd_destroy_cq(struct vstellar_dev *dev, u32 uctx, u32 cqn);
+
+/* ---------------------------------------------------------------- */
+/* QPs                                                               */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_create_qp_params {
+	u32 pdn;
+	u32 send_cqn;
+	u32 recv_cqn;
+	u8 qp_type;			/* VSTELLAR_QPT_* */
+	bool sq_sig_all;
+	u8 sq_log_wqe;
+	u8 sq_log_stride;
+	u8 rq_log_wqe;
+	u8 rq_log_stride;
+	u32 max_send_sge;
+	u32 max_recv_sge;
+	u32 max_inline_data;
+	/* one page size for both rings: sq.pgsz == rq.pgsz */
+	struct vstellar_pages sq;
+	struct vstellar_pages rq;
+};
+
+/* What the device granted. */
+struct vstellar_create_qp_result {
+	u32 qpn;
+	u32 db_slot;
+	u32 max_send_sge;
+	u32 max_recv_sge;
+	u32 max_inline_data;
+};
+
+int vstellar_cmd_create_qp(struct vstellar_dev *dev, u32 uctx,
+			   const struct vstellar_create_qp_params *params,
+			   struct vstellar_create_qp_result *res);
+
+/* The fields of @attr that @attr_mask names (IB numbering both sides). */
+int vstellar_cmd_modify_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn,
+			   const struct ib_qp_attr *attr, int attr_mask);
+
+/*
+ * Fills @attr with the device's view of the QP (state, PSNs, keys,
+ * timers, address vector when @has_av); the caller adds the capabilities
+ * it keeps itself. On error @attr is untouched.
+ */
+int vstellar_cmd_query_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn,
+			  bool has_av, struct ib_qp_attr *attr);
+int vstellar_cmd_destroy_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn);
+
+/* ---------------------------------------------------------------- */
+/* MRs                                                               */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_reg_mr_params {
+	u32 pdn;
+	u32 access_flags;		/* VSTELLAR_ACCESS_* */
+	u64 iova;
+	u64 length;
+	struct vstellar_pages pages;	/* offset unused: iova carries it */
+};
+
+struct vstellar_reg_mr_result {
+	u32 mrn;
+	u32 lkey;
+	u32 rkey;
+};
+
+int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
+			const struct vstellar_reg_mr_params *params,
+			struct vstellar_reg_mr_result *res);
+int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn);
+
+/* ---------------------------------------------------------------- */
+/* Address vectors (in MODIFY_QP, QUERY_QP and UD send WQEs)          */
+/* ---------------------------------------------------------------- */
+
+void vstellar_av_from_ah_attr(struct vstellar_av *av,
+			      const struct rdma_ah_attr *ah);
+
+#endif /* _VSTELLAR_CMD_H_ */
