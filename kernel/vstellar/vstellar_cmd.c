@@ -156,7 +156,7 @@ int vstellar_cmd_query_port(struct vstellar_dev *dev, u32 port,
 	props->active_speed = resp.active_speed;
 	props->active_width = resp.active_width;
 	props->gid_tbl_len = le32_to_cpu(resp.gid_table_len);
-	props->port_cap_flags = le32_to_cpu(resp.port_cap_flags);
+	props->port_cap_flags |= le32_to_cpu(resp.port_cap_flags);
 	props->max_msg_sz = le32_to_cpu(resp.max_msg_size);
 	return 0;
 }

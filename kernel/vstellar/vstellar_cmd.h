@@ -51,8 +51,8 @@ int vstellar_cmd_query_device(struct vstellar_dev *dev,
 
 /*
  * Fills the fields of @props the device knows (state, MTUs, speed, width,
- * GID table length, capability flags, maximum message size); on error
- * @props is untouched.
+ * GID table length, maximum message size) and adds its capability flags
+ * to port_cap_flags; on error @props is untouched.
  */
 int vstellar_cmd_query_port(struct vstellar_dev *dev, u32 port,
 			    struct ib_port_attr *props);

@@ -91,9 +91,9 @@ int vstellar_query_port(struct ib_device *ibdev, u32 port,
 	props->pkey_tbl_len = 1;
 	props->ip_gids = true;
 	props->max_msg_sz = le32_to_cpu(dev->cfg.max_msg_size);
+	props->port_cap_flags = IB_PORT_CM_SUP;
 
 	err = vstellar_cmd_query_port(dev, port, props);
-	props->port_cap_flags |= IB_PORT_CM_SUP;
 	if (vstellar_com_is_dead_err(err)) {
 		/* a lost device still answers queries: its port is down */
 		props->state = IB_PORT_DOWN;
