@@ -1,5 +1,6 @@
 // PVDMA (lazy 2 MiB pinning, map cache, eager baseline) and the MR
 // translators (eMTT, ATC), including WRITEs through the engine.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -129,7 +130,7 @@ TEST(Pvdma, EagerPinsEverythingAtAttach) {
   EXPECT_EQ(pv.stats().blocks_pinned, 8u);
 }
 
-TEST(Pvdma, NewTableKeepsIdenticalRegionsAndRetiresOthers) {
+TEST(Pvdma, NewTableKeepsIdenticalRegionsAndReleasesOthers) {
   Guest g(8 * MiB);
   Pvdma pv;
   std::string err;
@@ -137,12 +138,44 @@ TEST(Pvdma, NewTableKeepsIdenticalRegionsAndRetiresOthers) {
   uint64_t c;
   uint8_t* p = pv.Map(0, &c);
   ASSERT_NE(p, nullptr);
+  const uint64_t gen = pv.generation();
   ASSERT_TRUE(pv.Attach(g.Table(), &err));  // same region again
   EXPECT_EQ(pv.Map(0, &c), p);              // same mapping, no new pin
   EXPECT_EQ(pv.stats().blocks_pinned, 1u);
-  ASSERT_TRUE(pv.Attach(g.Table(0, 0, 4 * MiB), &err));  // shrunk: old mapping retired
-  p[0] = 1;  // still mapped (an eMTT MR could still point here)
+  EXPECT_EQ(pv.generation(), gen);  // nothing left the table
+  EXPECT_EQ(pv.stats().regions_released, 0u);
+  // Shrunk: the old region leaves the table; a hold keeps it mapped.
+  std::shared_ptr<const void> hold = pv.Hold(0);
+  ASSERT_TRUE(hold);
+  ASSERT_TRUE(pv.Attach(g.Table(0, 0, 4 * MiB), &err));
+  EXPECT_NE(pv.generation(), gen);
+  p[0] = 1;  // still mapped: held
+  EXPECT_EQ(g.mem[0], 1);
   EXPECT_EQ(pv.Map(5 * MiB, &c), nullptr);
+  EXPECT_EQ(pv.stats().blocks_pinned, 1u);
+  hold.reset();  // now it goes, with its pinned block
+  EXPECT_EQ(pv.stats().regions_released, 1u);
+  EXPECT_EQ(pv.stats().blocks_pinned, 0u);
+  EXPECT_EQ(pv.Hold(5 * MiB), nullptr);
+}
+
+TEST(Pvdma, SealingIsCountedPerRegion) {
+  // The test's memfd cannot be sealed (no MFD_ALLOW_SEALING); one that
+  // allows sealing is sealed at attach, as QEMU's seal=on RAM already is.
+  Guest g(4 * MiB);
+  Pvdma pv;
+  std::string err;
+  ASSERT_TRUE(pv.Attach(g.Table(), &err));
+  EXPECT_EQ(pv.stats().unsealed_regions, 1u);
+  int fd = memfd_create("sealable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, off_t(4 * MiB)), 0);
+  std::vector<MemRegion> t(1);
+  t[0].size = 4 * MiB;
+  t[0].qemu_va = 0x7f0000000000ull;
+  t[0].fd = Fd(fd);
+  ASSERT_TRUE(pv.Attach(t, &err)) << err;
+  EXPECT_EQ(pv.stats().unsealed_regions, 0u);
+  EXPECT_NE(fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK, 0);
 }
 
 MrLayout Layout(uint64_t iova, uint64_t len, uint32_t shift, const std::vector<uint64_t>& pages) {

@@ -1,6 +1,7 @@
 // PVDMA: see include/vstellard/pvdma.h.
 #include "vstellard/pvdma.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,21 +23,55 @@ uint64_t NowNs() {
 
 Pvdma::Pvdma(PinMode mode) : mode_(mode), id_(next_id++) {}
 
-Pvdma::~Pvdma() {
-  for (auto& r : regions_) Release(*r);
-  for (auto& r : retired_) Release(*r);
+// Dropping the table releases every region nobody else holds.
+Pvdma::~Pvdma() = default;
+
+Pvdma::Region::~Region() {
+  for (auto& [p, n] : maps) munmap(p, n);
+  if (counters) {
+    counters->blocks -= blocks_mapped;
+    counters->bytes -= bytes_mapped;
+    counters->released++;
+  }
 }
 
-void Pvdma::Release(Region& r) {
-  for (auto& [p, n] : r.maps) munmap(p, n);
-  r.maps.clear();
-  std::fill(r.blocks.begin(), r.blocks.end(), nullptr);
+namespace {
+// Makes the file of fd unable to shrink, if it is not already: true if it
+// is sealed against shrinking when this returns. Files that cannot carry
+// seals (not a memfd, or a memfd made without MFD_ALLOW_SEALING, which
+// has F_SEAL_SEAL from birth) stay as they are.
+bool SealAgainstShrink(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return false;  // EINVAL: this file type has no seals
+  if (seals & F_SEAL_SHRINK) return true;
+  if (seals & F_SEAL_SEAL) return false;
+  return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0;
 }
+
+// Whether the file of fd holds [offset, offset + size).
+bool Covers(int fd, uint64_t offset, uint64_t size, std::string* why) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    if (why) *why = std::string("fstat: ") + std::strerror(errno);
+    return false;
+  }
+  const uint64_t file = st.st_size > 0 ? uint64_t(st.st_size) : 0;
+  if (offset > file || size > file - offset) {
+    if (why)
+      *why = "file of " + std::to_string(file) + " bytes does not hold [" + std::to_string(offset) + ", +" +
+             std::to_string(size) + ")";
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool Pvdma::FileCovers(const Region& r) const { return r.sealed || Covers(r.fd.get(), r.offset, r.size, nullptr); }
 
 bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
   const uint64_t t0 = NowNs();
-  std::vector<std::unique_ptr<Region>> next;
-  uint64_t total = 0;
+  std::vector<std::shared_ptr<Region>> next;
+  uint64_t total = 0, unsealed = 0;
   for (const MemRegion& m : table) {
     struct stat st;
     if (fstat(m.fd.get(), &st) != 0) {
@@ -44,12 +79,13 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
       return false;
     }
     // Same file, offset and ranges as a region we already have: keep it.
-    auto same = std::find_if(regions_.begin(), regions_.end(), [&](const std::unique_ptr<Region>& o) {
-      return o && o->gpa == m.gpa && o->size == m.size && o->qemu_va == m.qemu_va && o->offset == m.offset &&
+    auto same = std::find_if(regions_.begin(), regions_.end(), [&](const std::shared_ptr<Region>& o) {
+      return o->gpa == m.gpa && o->size == m.size && o->qemu_va == m.qemu_va && o->offset == m.offset &&
              o->dev == st.st_dev && o->ino == st.st_ino;
     });
     if (same != regions_.end()) {
-      next.push_back(std::move(*same));
+      if (!(*same)->sealed) unsealed++;
+      next.push_back(*same);
       total += m.size;
       continue;
     }
@@ -58,7 +94,17 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
       *err = std::string("pvdma: dup: ") + std::strerror(errno);
       return false;
     }
-    auto r = std::make_unique<Region>();
+    auto r = std::make_shared<Region>();
+    r->fd = Fd(fd);
+    // Seal first, then check the size: a shrink between the two cannot
+    // slip through.
+    r->sealed = SealAgainstShrink(fd);
+    std::string why;
+    if (!Covers(fd, m.offset, m.size, &why)) {
+      *err = "pvdma: region at gpa " + std::to_string(m.gpa) + " refused: " + why;
+      return false;
+    }
+    if (!r->sealed) unsealed++;
     r->gpa = m.gpa;
     r->size = m.size;
     r->qemu_va = m.qemu_va;
@@ -66,20 +112,25 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
     r->dev = st.st_dev;
     r->ino = st.st_ino;
     r->doorbell = m.doorbell;
-    r->fd = Fd(fd);
+    r->counters = pins_;
     r->first_block = m.gpa >> kBlockShift;
     const uint64_t last_block = (m.gpa + m.size - 1) >> kBlockShift;
     r->blocks.assign(last_block - r->first_block + 1, nullptr);
     next.push_back(std::move(r));
     total += m.size;
   }
-  // Whatever was not carried over is retired (kept mapped, never used).
+  // A region of the old table that is not in the new one goes now (unless
+  // an MR holds it); host pointers into it that caches kept are stale.
   for (auto& r : regions_)
-    if (r) retired_.push_back(std::move(r));
+    if (std::find(next.begin(), next.end(), r) == next.end()) {
+      generation_++;
+      break;
+    }
   regions_ = std::move(next);
   last_ = nullptr;
   regions_n_ = regions_.size();
   guest_bytes_ = total;
+  unsealed_ = unsealed;
   if (mode_ == PinMode::kEager) {
     for (auto& r : regions_)
       if (!MapAll(*r, err)) {
@@ -89,6 +140,12 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
   }
   attach_ns_ = NowNs() - t0;
   return true;
+}
+
+std::shared_ptr<const void> Pvdma::Hold(uint64_t gpa) const {
+  for (const auto& r : regions_)
+    if (gpa - r->gpa < r->size) return r;
+  return nullptr;
 }
 
 bool Pvdma::MapAll(Region& r, std::string* err) {
@@ -107,10 +164,12 @@ bool Pvdma::MapAll(Region& r, std::string* err) {
     const uint64_t bstart = std::max(r.gpa, (r.first_block + i) << kBlockShift);
     if (!r.blocks[i]) {
       r.blocks[i] = base + (bstart - r.gpa);
-      blocks_++;
+      r.blocks_mapped++;
+      pins_->blocks++;
     }
   }
-  bytes_ += r.size;
+  r.bytes_mapped += r.size;
+  pins_->bytes += r.size;
   return true;
 }
 
@@ -118,6 +177,12 @@ uint8_t* Pvdma::MapBlock(Region& r, uint64_t bi) {
   const uint64_t bstart = std::max(r.gpa, (r.first_block + bi) << kBlockShift);
   const uint64_t bend = std::min(r.gpa + r.size, (r.first_block + bi + 1) << kBlockShift);
   const size_t len = size_t(bend - bstart);
+  // A file that can shrink is checked before each block is mapped: mapping
+  // past its end would fault (SIGBUS) on the first access.
+  if (!FileCovers(r)) {
+    map_errors_++;
+    return nullptr;
+  }
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd.get(),
                  off_t(r.offset + (bstart - r.gpa)));
   if (p == MAP_FAILED) {
@@ -127,8 +192,10 @@ uint8_t* Pvdma::MapBlock(Region& r, uint64_t bi) {
   if (mlock(p, len) != 0) lock_errors_++;
   r.maps.emplace_back(p, len);
   r.blocks[bi] = static_cast<uint8_t*>(p);
-  blocks_++;
-  bytes_ += len;
+  r.blocks_mapped++;
+  r.bytes_mapped += len;
+  pins_->blocks++;
+  pins_->bytes += len;
   return r.blocks[bi];
 }
 
@@ -222,8 +289,10 @@ PvdmaStats Pvdma::stats() const {
   PvdmaStats s;
   s.regions = regions_n_.load();
   s.guest_bytes = guest_bytes_.load();
-  s.blocks_pinned = blocks_.load();
-  s.bytes_pinned = bytes_.load();
+  s.blocks_pinned = pins_->blocks.load();
+  s.bytes_pinned = pins_->bytes.load();
+  s.regions_released = pins_->released.load();
+  s.unsealed_regions = unsealed_.load();
   s.misses = misses_.load();
   s.hits = hits_.load();
   s.faults = faults_.load();

@@ -31,6 +31,19 @@ bool Emit(vstellar::TranslateResult& r, vstellar::HostSpan* out, size_t max_out,
 }
 }  // namespace
 
+size_t AtcKeyHash::operator()(const AtcKey& k) const {
+  // Mixes all 192 bits (splitmix64 finaliser on a combination); equality
+  // compares every field, so a hash collision costs a probe, never an alias.
+  auto mix = [](uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  return size_t(mix(k.frame ^ mix(k.owner ^ mix(k.generation))));
+}
+
 Atc::Atc(size_t entries, uint64_t miss_ns) : slots_(entries ? entries : 1), miss_ns_(miss_ns) {
   index_.reserve(slots_.size() * 2);
 }
@@ -38,7 +51,7 @@ Atc::Atc(size_t entries, uint64_t miss_ns) : slots_(entries ? entries : 1), miss
 uint8_t* Atc::Lookup(Pvdma& pv, uint64_t gpa) {
   stats_.lookups++;
   const uint64_t frame = gpa & ~(kFrame - 1);
-  const uint64_t key = (pv.id() << 52) ^ (frame >> 12);
+  const AtcKey key{pv.id(), pv.generation(), frame >> 12};
   auto it = index_.find(key);
   if (it != index_.end()) {
     Slot& s = slots_[it->second];
@@ -76,7 +89,7 @@ uint8_t* Atc::Lookup(Pvdma& pv, uint64_t gpa) {
 void Atc::Invalidate(uint64_t owner) {
   for (size_t i = 0; i < slots_.size(); i++) {
     Slot& s = slots_[i];
-    if (s.used && (s.key >> 52) == (owner & 0xfff)) {
+    if (s.used && s.key.owner == owner) {
       index_.erase(s.key);
       s = Slot{};
     }
@@ -123,6 +136,10 @@ std::shared_ptr<EmttTranslator> EmttTranslator::Create(Pvdma& pv, MrLayout l, ui
       return nullptr;
     }
     t->host_.push_back(h);
+    // One hold per region the MR touches (a table has a handful).
+    std::shared_ptr<const void> hold = pv.Hold(p);
+    if (std::find(t->holds_.begin(), t->holds_.end(), hold) == t->holds_.end())
+      t->holds_.push_back(std::move(hold));
   }
   return t;
 }

@@ -13,9 +13,31 @@
 // region, so a block never spans two regions and every host pointer is
 // contiguous up to the end of its block.
 //
-// Mappings live until the Pvdma is destroyed: a SET_MEM_TABLE that drops
-// or moves a region retires its mappings instead of unmapping them, so a
-// translation an MR holds (eMTT) never dangles while its device exists.
+// Lifetime of mappings: a region is shared between the current table and
+// whoever holds host pointers into it for longer than one lookup (an eMTT
+// MR takes a Hold at registration). A SET_MEM_TABLE that drops or moves a
+// region lets go of the table's reference: the region is unmapped and its
+// fd closed at once if nobody else holds it, else when the last holder
+// goes. So churning the memory table costs nothing that lasts, and a
+// translation an MR holds never dangles. Caches keyed on guest addresses
+// (the ATC) must include generation() in their key: it changes whenever a
+// region leaves the table, so an entry for a dropped region is never hit.
+//
+// SIGBUS safety: a mapping of a file that is later shrunk faults (SIGBUS)
+// on access beyond the new end, which would kill the daemon and every
+// device in it. QEMU's memory-backend-memfd seals guest RAM against
+// shrinking by default (seal=on: F_SEAL_GROW | F_SEAL_SHRINK |
+// F_SEAL_SEAL). Attach accepts a region whose file
+//   - already has F_SEAL_SHRINK, or
+//   - allows sealing: Attach adds F_SEAL_SHRINK itself (growing stays
+//     allowed; only shrinking can fault), or
+//   - cannot be sealed (a memfd made without MFD_ALLOW_SEALING, such as
+//     QEMU's doorbell memfd, or a tmpfs/hugetlbfs file): accepted, counted
+//     in stats().unsealed_regions, with the file size checked at Attach and
+//     again before each block is mapped, so a file already shrunk is
+//     refused instead of faulting. Shrinking such a file after its block
+//     was mapped can still fault: see docs/threat-model.md.
+// In every case the file must cover [offset, offset + size) at Attach.
 //
 // Single-threaded (the daemon's event loop); counters are atomics so other
 // threads (tests, a stats dump) can read them.
@@ -40,8 +62,10 @@ constexpr uint64_t kBlockSize = uint64_t{1} << kBlockShift;  // 2 MiB
 struct PvdmaStats {
   uint64_t regions = 0;         // regions in the current table
   uint64_t guest_bytes = 0;     // bytes of guest memory in the current table
-  uint64_t blocks_pinned = 0;   // blocks mapped and locked (all tables)
+  uint64_t blocks_pinned = 0;   // blocks mapped and locked now (current table and held regions)
   uint64_t bytes_pinned = 0;    // bytes of them
+  uint64_t regions_released = 0;  // regions unmapped and closed after leaving the table
+  uint64_t unsealed_regions = 0;  // regions of the current table whose file could not be sealed
   uint64_t misses = 0;          // lookups that had to map a block
   uint64_t hits = 0;            // lookups served by the map cache
   uint64_t faults = 0;          // lookups outside guest memory (refused)
@@ -63,8 +87,19 @@ class Pvdma {
 
   // Takes the memory table (the fds are duplicated). Lazy: records it.
   // Eager: maps and locks every region now. A region identical to one of
-  // the previous table (same file, offset, guest range) keeps its blocks.
+  // the previous table (same file, offset, guest range) keeps its blocks;
+  // the others of the previous table are released (see above). Refuses a
+  // table with a region its file does not cover (the table is unchanged).
   bool Attach(const std::vector<MemRegion>& regions, std::string* err);
+
+  // Keeps the region holding gpa mapped (and its fd open) while the handle
+  // lives, even after a new table drops it. nullptr if gpa is not guest
+  // memory. For host pointers kept beyond the next Attach (eMTT).
+  std::shared_ptr<const void> Hold(uint64_t gpa) const;
+
+  // Changes whenever a region leaves the table (host pointers into it may
+  // be gone): translation caches key on (id(), generation(), frame).
+  uint64_t generation() const { return generation_; }
 
   // Host pointer for guest-physical address gpa, mapping and pinning its
   // block on first use. *contig receives the bytes contiguous from there to
@@ -88,29 +123,42 @@ class Pvdma {
   PvdmaStats stats() const;
 
  private:
+  // Pinned-memory counters shared with the regions, which may outlive the
+  // Pvdma (held by an MR) and give back their blocks when they go.
+  struct PinCounters {
+    std::atomic<uint64_t> blocks{0}, bytes{0}, released{0};
+  };
   struct Region {
     uint64_t gpa = 0, size = 0, qemu_va = 0, offset = 0;
     dev_t dev = 0;
     ino_t ino = 0;
     bool doorbell = false;
+    bool sealed = false;                  // F_SEAL_SHRINK: the file cannot shrink
     Fd fd;
     uint64_t first_block = 0;             // gpa >> 21 of its first block
     std::vector<uint8_t*> blocks;         // host pointer of each block's first byte
-    std::vector<std::pair<void*, size_t>> maps;  // what to munmap at the end
+    std::vector<std::pair<void*, size_t>> maps;  // what to munmap when released
+    uint64_t blocks_mapped = 0, bytes_mapped = 0;
+    std::shared_ptr<PinCounters> counters;
+    Region() = default;
+    Region(const Region&) = delete;
+    Region& operator=(const Region&) = delete;
+    ~Region();  // unmaps, gives back its counts; fd closes
   };
   Region* Find(uint64_t gpa);
   const Region* Find(uint64_t gpa) const;
   uint8_t* MapBlock(Region& r, uint64_t bi);
   bool MapAll(Region& r, std::string* err);
-  static void Release(Region& r);
+  bool FileCovers(const Region& r) const;
 
   PinMode mode_;
   uint64_t id_;
-  std::vector<std::unique_ptr<Region>> regions_;
-  std::vector<std::unique_ptr<Region>> retired_;
+  uint64_t generation_ = 0;
+  std::shared_ptr<PinCounters> pins_ = std::make_shared<PinCounters>();
+  std::vector<std::shared_ptr<Region>> regions_;
   Region* last_ = nullptr;  // one-entry lookup cache
-  std::atomic<uint64_t> regions_n_{0}, guest_bytes_{0}, blocks_{0}, bytes_{0}, misses_{0}, hits_{0},
-      faults_{0}, map_errors_{0}, lock_errors_{0}, attach_ns_{0};
+  std::atomic<uint64_t> regions_n_{0}, guest_bytes_{0}, misses_{0}, hits_{0}, faults_{0}, map_errors_{0},
+      lock_errors_{0}, attach_ns_{0}, unsealed_{0};
 };
 
 }  // namespace vstellard

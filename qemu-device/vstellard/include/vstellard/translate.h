@@ -8,8 +8,10 @@
 //
 // eMTT (Stellar's extended MTT): at registration every page is resolved
 // through PVDMA to its final host pointer (which maps and pins its 2 MiB
-// block on first use) and the MR stores those pointers with their owner.
-// An access is an array index: no cache, no miss.
+// block on first use) and the MR stores those pointers with their owner,
+// and holds the regions they point into (Pvdma::Hold) so the pointers stay
+// valid whatever memory table comes next. An access is an array index: no
+// cache, no miss.
 //
 // ATC (baseline, how an IOMMU-translated RNIC works): the MR keeps only the
 // guest-physical pages. Every access consults a bounded translation cache
@@ -36,7 +38,21 @@ struct AtcStats {
   uint64_t lookups = 0, hits = 0, misses = 0, evictions = 0, slow_path_faults = 0;
 };
 
-// The translation cache: (owner id, guest frame) -> host pointer of the frame.
+// The translation cache: (owner, guest frame) -> host pointer of the frame.
+// The owner is the whole identity of the memory the frame belongs to: the
+// Pvdma's process-unique id (one per device connection) and its table
+// generation, each kept in full, so no two devices (and no two memory
+// tables of one device) can ever share an entry.
+struct AtcKey {
+  uint64_t owner = 0;       // Pvdma::id()
+  uint64_t generation = 0;  // Pvdma::generation() when the entry was made
+  uint64_t frame = 0;       // guest-physical address >> 12
+  bool operator==(const AtcKey&) const = default;
+};
+struct AtcKeyHash {
+  size_t operator()(const AtcKey& k) const;
+};
+
 class Atc {
  public:
   explicit Atc(size_t entries = 16384, uint64_t miss_ns = 0);
@@ -52,13 +68,13 @@ class Atc {
 
  private:
   struct Slot {
-    uint64_t key = 0;
+    AtcKey key;
     uint8_t* host = nullptr;
     bool used = false;
     bool ref = false;
   };
   std::vector<Slot> slots_;
-  std::unordered_map<uint64_t, uint32_t> index_;
+  std::unordered_map<AtcKey, uint32_t, AtcKeyHash> index_;
   size_t hand_ = 0;
   uint64_t miss_ns_;
   AtcStats stats_;
@@ -87,6 +103,9 @@ class EmttTranslator final : public vstellar::MemoryTranslator {
   uint32_t shift_ = 12;
   uint64_t owner_ = 0;
   std::vector<uint8_t*> host_;  // final translation of each page
+  // The regions host_ points into: kept mapped while this MR lives, even
+  // if a new memory table drops them.
+  std::vector<std::shared_ptr<const void>> holds_;
 };
 
 class AtcTranslator final : public vstellar::MemoryTranslator {
