@@ -1,4 +1,5 @@
 // Bad wire packets: dropped or NAKed, never harmful.
+#include "engine_internal.h"  // white box: the QP's PSN state
 #include "sim_pair.h"
 
 namespace vstellar::test {
@@ -42,7 +43,7 @@ void still_works(Pair& t) {
 
 TEST(BadPackets, TruncatedUnknownQpnWrongPeer) {
   Pair t;
-  uint32_t epsn = t.b.qp->epsn;
+  uint32_t epsn = impl(t.b.qp)->epsn;
   auto good = write_pkt(t, epsn, t.b.addr(0), t.b.mr->rkey(), 100);
   for (size_t n = 0; n < good.size(); n++) {
     std::vector<uint8_t> cut(good.begin(), good.begin() + n);
@@ -66,7 +67,7 @@ TEST(BadPackets, TruncatedUnknownQpnWrongPeer) {
 TEST(BadPackets, StaleAndFuturePsnAreDropped) {
   Pair t;
   still_works(t);  // move the PSNs on
-  uint32_t epsn = t.b.qp->epsn;
+  uint32_t epsn = impl(t.b.qp)->epsn;
   t.net.inject(kIpA, kIpB, write_pkt(t, epsn - 1, t.b.addr(0), t.b.mr->rkey(), 64));    // stale
   t.net.inject(kIpA, kIpB, write_pkt(t, epsn - 5000, t.b.addr(0), t.b.mr->rkey(), 64)); // very stale
   t.net.inject(kIpA, kIpB, write_pkt(t, epsn + 100000, t.b.addr(0), t.b.mr->rkey(), 64));  // beyond window
@@ -86,7 +87,7 @@ TEST(BadPackets, OutOfBoundsRkeyOrAddressIsNaked) {
                                 ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, std::make_shared<HostMemory>());
     uint64_t va = which == 0 ? t.b.addr(8192 - 10) : which == 1 ? t.b.addr(0) : t.b.addr(4096);
     uint32_t rkey = which == 2 ? small->rkey() + 0x100 : small->rkey();
-    uint32_t epsn = t.b.qp->epsn;
+    uint32_t epsn = impl(t.b.qp)->epsn;
     t.net.inject(kIpA, kIpB, write_pkt(t, epsn, va, rkey, 64));
     t.net.run_for(1'000'000);
     EXPECT_TRUE(untouched(t.b.buf)) << which;
@@ -104,13 +105,13 @@ TEST(BadPackets, ForgedResponsesAreIgnored) {
   b.dst_qpn = t.a.qp->qpn();
   b.src_qpn = t.b.qp->qpn();
   wire::AckExt a;
-  a.cum_psn = t.a.qp->snd_nxt + 10;
+  a.cum_psn = impl(t.a.qp)->snd_nxt + 10;
   std::vector<uint8_t> v(wire::kMaxHeaderLen + 128);
   v.resize(wire::encode(b, a, v.data()));
   t.net.inject(kIpB, kIpA, v);
   // A READ response nobody asked for, and an atomic response.
   b.op = wire::Op::READ_RESP;
-  b.psn = t.a.qp->snd_nxt;
+  b.psn = impl(t.a.qp)->snd_nxt;
   b.payload_len = 16;
   wire::ReadRespExt r;
   std::vector<uint8_t> w(wire::kMaxHeaderLen + 16, 0xAB);
@@ -134,7 +135,7 @@ TEST(BadPackets, ForgedResponsesAreIgnored) {
 TEST(BadPackets, RandomGarbageNeverCrashes) {
   Pair t;
   std::mt19937_64 rng(5);
-  auto good = write_pkt(t, t.b.qp->epsn, t.b.addr(0), t.b.mr->rkey(), 200);
+  auto good = write_pkt(t, impl(t.b.qp)->epsn, t.b.addr(0), t.b.mr->rkey(), 200);
   for (int i = 0; i < 3000; i++) {
     std::vector<uint8_t> v = good;
     if (i % 3 == 0) {

@@ -66,7 +66,7 @@ class Datagram : public ::testing::Test {
     ia.recv_cq = s.rcq;
     Qp* qp = s.eng->create_qp(s.pd, ia);
     if (!qp) return nullptr;
-    if (t == QpType::GSI) qp->local_gids.push_back(gid_of(s.ip));
+    if (t == QpType::GSI) EXPECT_EQ(s.eng->set_gsi_gids(qp, {gid_of(s.ip)}), 0);
     EXPECT_EQ(to_rts(*s.eng, qp, t == QpType::GSI ? 0x80010000u : kQkey), 0);
     return qp;
   }
@@ -163,7 +163,7 @@ TEST_F(Datagram, GsiAnswersQp1ForItsGidsAndSendsFromQp1) {
   EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
   EXPECT_EQ(p.b.eng->stats().ud_drops, drops + 1);
   // Nor does QP 1 answer for a GID that is not its own.
-  gb->local_gids.clear();
+  ASSERT_EQ(p.b.eng->set_gsi_gids(gb, {}), 0);
   ASSERT_EQ(send(p.a, ga, p.b, 1, 0x80010000u, 1024, 256), 0);
   settle();
   EXPECT_TRUE(poll(p.b, p.b.rcq).empty());

@@ -1,4 +1,5 @@
 // The verbs state machine and error completions.
+#include "engine_internal.h"  // white box: outstanding READ/atomic count
 #include "sim_pair.h"
 
 namespace vstellar::test {
@@ -360,7 +361,7 @@ TEST(QpErrors, MaxRdAtomicLimitsOutstandingReads) {
   Pair t(o);
   int max_pending = 0;
   t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>&) {
-    max_pending = std::max<int>(max_pending, int(t.a.qp->rd_atomic_outstanding));
+    max_pending = std::max<int>(max_pending, int(impl(t.a.qp)->rd_atomic_outstanding));
     return true;
   };
   for (int i = 0; i < 8; i++) ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, i, i * 8192, 8192, 0), 0);

@@ -10,6 +10,7 @@
 
 #include "vstellar/engine.h"
 #include "vstellar/sim_net.h"
+#include "vstellar/wire.h"
 
 namespace vstellar::test {
 

@@ -4,15 +4,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 namespace vstellar {
 namespace {
 
-bool is_rd_atomic(WrOpcode op) {
-  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
-         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
-}
 
 WcOpcode wc_opcode(WrOpcode op) {
   switch (op) {
@@ -27,13 +23,13 @@ WcOpcode wc_opcode(WrOpcode op) {
   return WcOpcode::SEND;
 }
 
-bool in_window(const Qp& qp, uint32_t psn) {
+bool in_window(const QpImpl& qp, uint32_t psn) {
   return !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt);
 }
 
 }  // namespace
 
-void Engine::comp_rtt(Qp& qp, uint64_t r) {
+void EngineCore::comp_rtt(QpImpl& qp, uint64_t r) {
   if (r == 0) return;
   if (qp.srtt == 0) {
     qp.srtt = r;
@@ -45,7 +41,7 @@ void Engine::comp_rtt(Qp& qp, uint64_t r) {
   }
 }
 
-void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t now, bool, uint64_t& acked_bytes) {
+void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, bool, uint64_t& acked_bytes) {
   PktRec& r = qp.rec(psn);
   if (r.acked) return;
   r.acked = true;
@@ -58,7 +54,7 @@ void Engine::comp_pkt_done(Qp& qp, uint32_t psn, uint64_t now, bool, uint64_t& a
   if (w.pkts_done >= w.npkts) w.done = true;
 }
 
-void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
+void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   const wire::AckExt& a = p.ack;
   if (seq_lt(qp.snd_nxt, a.cum_psn)) {  // acknowledges what was never sent
     stats_.bad_ack++;
@@ -145,7 +141,7 @@ void Engine::comp_ack(Qp& qp, const wire::Packet& p, uint64_t now) {
   comp_retire(qp);
 }
 
-void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now, bool ce) {
+void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now, bool ce) {
   uint32_t psn = p.base.psn;
   if (!in_window(qp, psn)) {
     stats_.dup_pkts++;
@@ -177,7 +173,7 @@ void Engine::comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now, bool ce
   comp_retire(qp);
 }
 
-void Engine::comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
+void EngineCore::comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   uint32_t psn = p.base.psn;
   if (!in_window(qp, psn)) {
     stats_.dup_pkts++;
@@ -201,7 +197,7 @@ void Engine::comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now) {
   comp_retire(qp);
 }
 
-void Engine::comp_fail_wqe(Qp& qp, uint64_t idx, WcStatus st) {
+void EngineCore::comp_fail_wqe(QpImpl& qp, uint64_t idx, WcStatus st) {
   SendWqe& w = qp.sq_at(idx);
   if (!w.done || w.status == WcStatus::SUCCESS) {
     w.done = true;
@@ -212,7 +208,7 @@ void Engine::comp_fail_wqe(Qp& qp, uint64_t idx, WcStatus st) {
   qp_to_error(qp);
 }
 
-void Engine::comp_retire(Qp& qp) {
+void EngineCore::comp_retire(QpImpl& qp) {
   while (qp.sq_head < qp.sq_tail) {
     SendWqe& w = qp.sq_at(qp.sq_head);
     if (!w.done) {

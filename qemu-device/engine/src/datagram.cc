@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 namespace vstellar {
 namespace {
@@ -68,8 +68,8 @@ void build_grh(const wire::UdExt& e, size_t payload, uint8_t* out) {
 
 }  // namespace
 
-Qp* Engine::find_gsi(const Gid& dgid) {
-  for (Qp* qp : qp_list_)
+QpImpl* EngineCore::find_gsi(const Gid& dgid) {
+  for (QpImpl* qp : qp_list_)
     if (qp->is_gsi() &&
         std::find(qp->local_gids.begin(), qp->local_gids.end(), dgid) != qp->local_gids.end())
       return qp;
@@ -77,9 +77,9 @@ Qp* Engine::find_gsi(const Gid& dgid) {
 }
 
 // Sends what the SQ holds, one datagram per WQE. The WQEs complete after
-// the link flushed them (Engine::progress), so a buffer is never reused
+// the link flushed them (EngineCore::progress), so a buffer is never reused
 // while the link may still read it.
-bool Engine::ud_progress(Qp& qp) {
+bool EngineCore::ud_progress(QpImpl& qp) {
   if (qp.state_ != QpState::RTS) return false;  // SQD: nothing new leaves
   HostSpan spans[DeviceLimits::kMaxSge * 4];
   for (uint32_t budget = cfg_.tx_budget; budget && qp.sq_next < qp.sq_tail; budget--) {
@@ -123,11 +123,11 @@ bool Engine::ud_progress(Qp& qp) {
   return qp.sq_next < qp.sq_tail;
 }
 
-void Engine::ud_receive(const wire::Packet& p, const Endpoint& from) {
+void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   const wire::UdExt& e = p.ud;
   Gid dgid;
   std::memcpy(dgid.data(), e.dgid, 16);
-  Qp* qp = p.base.dst_qpn == kGsiQpn ? find_gsi(dgid) : find_qp(p.base.dst_qpn);
+  QpImpl* qp = p.base.dst_qpn == kGsiQpn ? find_gsi(dgid) : find_qp(p.base.dst_qpn);
   // A GSI QP is reached only as QP 1; RC QPs take no datagrams.
   const bool usable = qp && qp->is_ud() && (p.base.dst_qpn == kGsiQpn || !qp->is_gsi()) &&
                       (qp->state_ == QpState::RTR || qp->state_ == QpState::RTS ||

@@ -1,7 +1,7 @@
 // Engine: object tables, packet dispatch and the progress loop. The verbs
 // state machine is in qp.cc, the transport in requester.cc / responder.cc /
 // completer.cc.
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 #include <algorithm>
 
@@ -39,20 +39,18 @@ bool EngineConfig::validate() {
   return true;
 }
 
-Engine::Engine(const EngineConfig& cfg, Link& link, Clock& clock)
+EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
     : cfg_(cfg), link_(link), clock_(clock) {
   if (!cfg_.validate()) cfg_ = EngineConfig{};
   stats_.paths.resize(cfg_.num_paths);
 }
 
-Engine::~Engine() = default;
-
-Pd* Engine::alloc_pd() {
+Pd* EngineCore::alloc_pd() {
   pds_.push_back(std::make_unique<Pd>(next_handle_++));
   return pds_.back().get();
 }
 
-int Engine::dealloc_pd(Pd* pd) {
+int EngineCore::dealloc_pd(Pd* pd) {
   auto it = std::find_if(pds_.begin(), pds_.end(), [&](auto& p) { return p.get() == pd; });
   if (it == pds_.end()) return EINVAL;
   if (pd->refs) return EBUSY;
@@ -60,7 +58,7 @@ int Engine::dealloc_pd(Pd* pd) {
   return 0;
 }
 
-Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
+Mr* EngineCore::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
                    std::shared_ptr<MemoryTranslator> mem) {
   if (!pd || !mem || length == 0) return nullptr;
   if (access & ~ACCESS_ALL_SUPPORTED) return nullptr;
@@ -81,27 +79,27 @@ Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
   return mrs_[slot].get();
 }
 
-Mr* Engine::find_mr(uint32_t key) {
+Mr* EngineCore::find_mr(uint32_t key) {
   size_t slot = (key >> 8);
   if (slot == 0 || slot > mrs_.size()) return nullptr;
   Mr* mr = mrs_[slot - 1].get();
   return (mr && mr->lkey() == key) ? mr : nullptr;
 }
 
-int Engine::dereg_mr(Mr* mr) {
+int EngineCore::dereg_mr(Mr* mr) {
   if (!mr || find_mr(mr->lkey()) != mr) return EINVAL;
   mr->pd()->refs--;
   mrs_[(mr->lkey() >> 8) - 1].reset();
   return 0;
 }
 
-Cq* Engine::create_cq(uint32_t cqe) {
+Cq* EngineCore::create_cq(uint32_t cqe) {
   if (cqe < 1 || cqe > DeviceLimits::kMaxCqe) return nullptr;
   cqs_.push_back(std::make_unique<Cq>(next_handle_++, cqe));
   return cqs_.back().get();
 }
 
-int Engine::destroy_cq(Cq* cq) {
+int EngineCore::destroy_cq(Cq* cq) {
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [&](auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
   if (cq->refs) return EBUSY;
@@ -109,17 +107,17 @@ int Engine::destroy_cq(Cq* cq) {
   return 0;
 }
 
-Qp* Engine::find_qp(uint32_t qpn) {
+QpImpl* EngineCore::find_qp(uint32_t qpn) {
   auto it = qps_.find(qpn);
   return it == qps_.end() ? nullptr : it->second.get();
 }
 
-void Engine::emit(Cq* cq, const Wc& wc) {
+void EngineCore::emit(Cq* cq, const Wc& wc) {
   if (!cq->push(wc)) events_.push_back({AsyncEventType::CQ_ERR, cq->cqn()});
   if (cq->on_completion) cq->on_completion(*cq);
 }
 
-void Engine::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
                      const HostSpan* pl, size_t nspans, size_t plen, bool retx) {
   link_.send(path, dst, hdr, hlen, pl, nspans);
   stats_.tx_pkts++;
@@ -132,7 +130,7 @@ void Engine::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, siz
   }
 }
 
-void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
+void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
   wire::Packet p;
   stats_.rx_pkts++;
   stats_.rx_bytes += len;
@@ -146,7 +144,7 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
     ud_receive(p, from);
     return;
   }
-  Qp* qp = find_qp(p.base.dst_qpn);
+  QpImpl* qp = find_qp(p.base.dst_qpn);
   if (!qp || qp->is_ud()) {
     stats_.bad_qpn++;
     return;
@@ -179,10 +177,10 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
   }
 }
 
-bool Engine::progress() {
+bool EngineCore::progress() {
   uint64_t now = clock_.now_ns();
   bool more = false;
-  for (Qp* qp : qp_list_) {
+  for (QpImpl* qp : qp_list_) {
     if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
     if (qp->is_ud()) {
       if (ud_progress(*qp)) more = true;
@@ -196,7 +194,7 @@ bool Engine::progress() {
   // would ACK every tiny batch, and the ACK traffic itself would slow both
   // sides down.
   ack_later_.clear();
-  for (Qp* qp : ack_list_) {
+  for (QpImpl* qp : ack_list_) {
     if (!qp->ack_pending) continue;
     if (now - qp->last_ack_ns >= cfg_.ack_delay_ns || qp->rx_since_ack >= cfg_.ack_every) {
       send_ack(*qp);
@@ -207,16 +205,16 @@ bool Engine::progress() {
   ack_list_.swap(ack_later_);
   link_.flush();
   // Datagrams complete once the link has them (datagram.cc).
-  for (Qp* qp : qp_list_)
+  for (QpImpl* qp : qp_list_)
     if (qp->is_ud() && qp->sq_head < qp->sq_next) comp_retire(*qp);
   return more;
 }
 
-uint64_t Engine::next_deadline() {
+uint64_t EngineCore::next_deadline() {
   uint64_t d = UINT64_MAX;
-  for (Qp* qp : ack_list_)
+  for (QpImpl* qp : ack_list_)
     if (qp->ack_pending) d = std::min(d, qp->last_ack_ns + cfg_.ack_delay_ns);
-  for (Qp* qp : qp_list_) {
+  for (QpImpl* qp : qp_list_) {
     if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
     // Drop stale timers here too so an idle engine does not wake for them.
     while (!qp->timers.empty()) {
@@ -232,10 +230,16 @@ uint64_t Engine::next_deadline() {
   return d;
 }
 
+Mr* EngineCore::sge_mr(const QpImpl& qp, uint32_t lkey, uint64_t addr, uint64_t length,
+                       uint32_t access) {
+  Mr* mr = find_mr(lkey);
+  return mr && mr->pd() == qp.pd() && mr->allows(addr, length, access) ? mr : nullptr;
+}
+
 // Scatter len bytes from src into the SGE list at message offset off, checking
 // each SGE's lkey, PD and local-write access. On failure st says why:
 // LOC_PROT_ERR for a bad SGE, LOC_LEN_ERR when the SGEs are too short.
-bool Engine::scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src,
+bool EngineCore::scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src,
                      size_t len, WcStatus& st) {
   uint64_t pos = 0;
   size_t left = len;
@@ -247,9 +251,8 @@ bool Engine::scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const 
     }
     uint64_t in = off - pos;
     uint64_t take = std::min<uint64_t>(s.length - in, left);
-    Mr* mr = find_mr(s.lkey);
-    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, ACCESS_LOCAL_WRITE) ||
-        !mem_write(mr->mem(), s.addr + in, src, take)) {
+    Mr* mr = sge_mr(qp, s.lkey, s.addr + in, take, ACCESS_LOCAL_WRITE);
+    if (!mr || !mem_write(mr->mem(), s.addr + in, src, take)) {
       st = WcStatus::LOC_PROT_ERR;
       return false;
     }
@@ -264,5 +267,49 @@ bool Engine::scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const 
   }
   return true;
 }
+
+// ---- Engine: the public face, forwarding to EngineCore ----
+
+Engine::Engine(const EngineConfig& cfg, Link& link, Clock& clock)
+    : core_(std::make_unique<EngineCore>(cfg, link, clock)) {}
+Engine::~Engine() = default;
+
+Pd* Engine::alloc_pd() { return core_->alloc_pd(); }
+int Engine::dealloc_pd(Pd* pd) { return core_->dealloc_pd(pd); }
+Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
+                   std::shared_ptr<MemoryTranslator> mem) {
+  return core_->reg_mr(pd, iova, length, access, std::move(mem));
+}
+int Engine::dereg_mr(Mr* mr) { return core_->dereg_mr(mr); }
+Cq* Engine::create_cq(uint32_t cqe) { return core_->create_cq(cqe); }
+int Engine::destroy_cq(Cq* cq) { return core_->destroy_cq(cq); }
+Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) { return core_->create_qp(pd, init); }
+int Engine::modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) {
+  return core_->modify_qp(impl(qp), attr, mask);
+}
+int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
+  return core_->query_qp(impl(qp), attr, init);
+}
+int Engine::destroy_qp(Qp* qp) { return core_->destroy_qp(impl(qp)); }
+int Engine::post_send(Qp* qp, const SendWr& wr, WcStatus* why) {
+  return core_->post_send(impl(qp), wr, why);
+}
+int Engine::post_recv(Qp* qp, const RecvWr& wr, WcStatus* why) {
+  return core_->post_recv(impl(qp), wr, why);
+}
+int Engine::set_gsi_gids(Qp* qp, const std::vector<Gid>& gids) {
+  return core_->set_gsi_gids(impl(qp), gids);
+}
+Qp* Engine::find_qp(uint32_t qpn) { return core_->find_qp(qpn); }
+Mr* Engine::find_mr(uint32_t key) { return core_->find_mr(key); }
+void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
+  core_->receive(data, len, from, ce);
+}
+bool Engine::progress() { return core_->progress(); }
+uint64_t Engine::next_deadline() { return core_->next_deadline(); }
+const EngineConfig& Engine::config() const { return core_->cfg_; }
+const EngineStats& Engine::stats() const { return core_->stats_; }
+std::vector<AsyncEvent> Engine::take_async_events() { return std::move(core_->events_); }
+Clock& Engine::clock() { return core_->clock_; }
 
 }  // namespace vstellar

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 namespace vstellar {
 namespace {
@@ -82,14 +82,10 @@ const Transition& ud_transition(QpState cur, QpState next, bool gsi) {
   return t[gsi ? 1 : 0][int(cur)][int(next)];
 }
 
-bool is_rd_atomic(WrOpcode op) {
-  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
-         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
-}
 
 }  // namespace
 
-Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
+QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   const QpCap& c = init.cap;
   if (!pd || !init.send_cq || !init.recv_cq) return nullptr;
   if (c.max_send_wr < 1 || c.max_send_wr > DeviceLimits::kMaxQpWr) return nullptr;
@@ -99,9 +95,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
   if (next_qpn_ > DeviceLimits::kMaxQpn) return nullptr;
   if (init.qp_type != QpType::RC && init.qp_type != QpType::UD && init.qp_type != QpType::GSI)
     return nullptr;
-  auto qp = std::make_unique<Qp>();
+  auto qp = std::make_unique<QpImpl>();
   qp->qpn_ = next_qpn_++;
-  qp->pd = pd;
+  qp->pd_ = pd;
+  qp->type_ = init.qp_type;
   qp->send_cq = init.send_cq;
   qp->recv_cq = init.recv_cq;
   qp->init = init;
@@ -115,15 +112,15 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) {
   pd->refs++;
   init.send_cq->refs++;
   init.recv_cq->refs++;
-  Qp* raw = qp.get();
+  QpImpl* raw = qp.get();
   qps_[raw->qpn_] = std::move(qp);
   qp_list_.push_back(raw);
   return raw;
 }
 
-int Engine::destroy_qp(Qp* qp) {
+int EngineCore::destroy_qp(QpImpl* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
-  qp->pd->refs--;
+  qp->pd_->refs--;
   qp->send_cq->refs--;
   qp->recv_cq->refs--;
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
@@ -132,7 +129,7 @@ int Engine::destroy_qp(Qp* qp) {
   return 0;
 }
 
-int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
+int EngineCore::query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init) {
   if (!qp) return EINVAL;
   attr = qp->attr;
   attr.qp_state = attr.cur_qp_state = qp->state_;
@@ -141,7 +138,7 @@ int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
   return 0;
 }
 
-int Engine::check_modify(Qp& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
+int EngineCore::check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
   const Transition& t = qp.is_ud() ? ud_transition(cur, next, qp.is_gsi()) : transition(cur, next);
   if (!t.valid) return EINVAL;
   uint32_t extra = mask & ~(QP_STATE | QP_CUR_STATE);
@@ -168,7 +165,7 @@ int Engine::check_modify(Qp& qp, const QpAttr& a, uint32_t mask, QpState cur, Qp
   return 0;
 }
 
-int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
+int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   QpState cur = qp->state_;
   if ((mask & QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
@@ -233,7 +230,7 @@ int Engine::modify_qp(Qp* qp, const QpAttr& a, uint32_t mask) {
 }
 
 // Requester side of the connection, set up on RTR->RTS.
-void Engine::init_transport(Qp& qp) {
+void EngineCore::init_transport(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
@@ -242,7 +239,7 @@ void Engine::init_transport(Qp& qp) {
   qp.cc.reset(cfg_.cc, qp.seg);
 }
 
-void Engine::reset_qp(Qp& qp) {
+void EngineCore::reset_qp(QpImpl& qp) {
   qp.sq_head = qp.sq_next = qp.sq_tail = 0;
   qp.rq_head = qp.rq_tail = 0;
   qp.rd_atomic_outstanding = 0;
@@ -263,7 +260,7 @@ void Engine::reset_qp(Qp& qp) {
 
 // Enter ERR: every outstanding WQE completes, in order, with its status or
 // WR_FLUSH_ERR; the transport stops.
-void Engine::qp_to_error(Qp& qp) {
+void EngineCore::qp_to_error(QpImpl& qp) {
   qp.state_ = QpState::ERR;
   qp.timers = {};
   qp.pending_rd.clear();
@@ -282,25 +279,63 @@ void Engine::qp_to_error(Qp& qp) {
   comp_retire(qp);
 }
 
-int Engine::post_send(Qp* qp, const SendWr& wr) {
-  if (!qp) return EINVAL;
-  QpState st = qp->state_;
-  if (st == QpState::RESET || st == QpState::INIT || st == QpState::RTR) return EINVAL;
-  if (unsigned(wr.opcode) > unsigned(WrOpcode::ATOMIC_FETCH_AND_ADD)) return EINVAL;
-  if (wr.num_sge > qp->init.cap.max_send_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
-  if (qp->sq_tail - qp->sq_head >= qp->sq.size()) return ENOMEM;
-  bool inl = (wr.send_flags & SEND_INLINE) != 0;
-  bool rd_atomic = is_rd_atomic(wr.opcode);
-  bool atomic = rd_atomic && wr.opcode != WrOpcode::RDMA_READ;
+// The verbs rules of a send WR, checked once, at post time: what the QP's
+// type allows, SGE count, inline and atomic shapes, lengths, and (with
+// lkeys_at_post) that every SGE names an MR of the QP's PD that allows the
+// access. The status is the one the WR completes with when a device
+// (vstellard) turns the refusal into a completion.
+WcStatus EngineCore::check_send(const QpImpl& qp, const SendWr& wr) {
+  if (unsigned(wr.opcode) > unsigned(WrOpcode::ATOMIC_FETCH_AND_ADD)) return WcStatus::LOC_QP_OP_ERR;
+  if (wr.num_sge > qp.init.cap.max_send_sge) return WcStatus::LOC_LEN_ERR;
+  if (wr.num_sge && !wr.sg_list) return WcStatus::LOC_QP_OP_ERR;
+  const bool inl = (wr.send_flags & SEND_INLINE) != 0;
+  const bool rd_atomic = is_rd_atomic(wr.opcode);
+  const bool atomic = is_atomic(wr.opcode);
+  if (inl && rd_atomic) return WcStatus::LOC_QP_OP_ERR;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
-  if (inl && (rd_atomic || len > qp->init.cap.max_inline_data)) return EINVAL;
-  if (atomic && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
-  if (len > DeviceLimits::kMaxMsgSize) return EINVAL;
-  // A datagram is one SEND of at most one packet.
-  if (qp->is_ud() && (len > cfg_.mtu || (wr.opcode != WrOpcode::SEND &&
-                                          wr.opcode != WrOpcode::SEND_WITH_IMM)))
+  if (inl && len > qp.init.cap.max_inline_data) return WcStatus::LOC_LEN_ERR;
+  if (!inl && cfg_.lkeys_at_post) {
+    // READ and atomic results are written into the local buffer.
+    const uint32_t need = rd_atomic ? uint32_t(ACCESS_LOCAL_WRITE) : 0u;
+    for (uint32_t i = 0; i < wr.num_sge; i++) {
+      const Sge& s = wr.sg_list[i];
+      if (s.length && !sge_mr(qp, s.lkey, s.addr, s.length, need)) return WcStatus::LOC_PROT_ERR;
+    }
+  }
+  if (len > DeviceLimits::kMaxMsgSize) return WcStatus::LOC_LEN_ERR;
+  if (qp.is_ud()) {
+    // A datagram is one SEND of at most one packet.
+    if (wr.opcode != WrOpcode::SEND && wr.opcode != WrOpcode::SEND_WITH_IMM)
+      return WcStatus::LOC_QP_OP_ERR;
+    if (len > cfg_.mtu) return WcStatus::LOC_LEN_ERR;
+    return WcStatus::SUCCESS;
+  }
+  if (atomic) {
+    if (wr.num_sge != 1 || wr.sg_list[0].length != 8) return WcStatus::LOC_LEN_ERR;
+    if (wr.remote_addr % 8) return WcStatus::LOC_QP_OP_ERR;  // IB: atomics are 8-byte aligned
+    return WcStatus::SUCCESS;
+  }
+  const bool remote = wr.opcode != WrOpcode::SEND && wr.opcode != WrOpcode::SEND_WITH_IMM;
+  if (remote && wr.remote_addr + len < wr.remote_addr) return WcStatus::LOC_LEN_ERR;  // wraps
+  return WcStatus::SUCCESS;
+}
+
+int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
+  if (!qp) return EINVAL;
+  QpState st = qp->state_;
+  if (st == QpState::RESET || st == QpState::INIT || st == QpState::RTR) {
+    if (why) *why = WcStatus::LOC_QP_OP_ERR;
     return EINVAL;
+  }
+  if (qp->sq_room() == 0) return ENOMEM;
+  if (WcStatus bad = check_send(*qp, wr); bad != WcStatus::SUCCESS) {
+    if (why) *why = bad;
+    return EINVAL;
+  }
+  const bool inl = (wr.send_flags & SEND_INLINE) != 0;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
 
   uint64_t idx = qp->sq_tail;
   SendWqe& w = qp->sq_at(idx);
@@ -341,11 +376,35 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   return 0;
 }
 
-int Engine::post_recv(Qp* qp, const RecvWr& wr) {
+// The verbs rules of a receive WR: SGE count, total length (a receive
+// completion counts bytes in 32 bits) and (with lkeys_at_post) that every
+// SGE names an MR of the QP's PD with local write.
+WcStatus EngineCore::check_recv(const QpImpl& qp, const RecvWr& wr) {
+  if (wr.num_sge > qp.init.cap.max_recv_sge) return WcStatus::LOC_LEN_ERR;
+  if (wr.num_sge && !wr.sg_list) return WcStatus::LOC_QP_OP_ERR;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) {
+    const Sge& s = wr.sg_list[i];
+    if (s.length && cfg_.lkeys_at_post &&
+        !sge_mr(qp, s.lkey, s.addr, s.length, ACCESS_LOCAL_WRITE))
+      return WcStatus::LOC_PROT_ERR;
+    len += s.length;
+  }
+  if (len > (uint64_t{1} << 32)) return WcStatus::LOC_LEN_ERR;
+  return WcStatus::SUCCESS;
+}
+
+int EngineCore::post_recv(QpImpl* qp, const RecvWr& wr, WcStatus* why) {
   if (!qp) return EINVAL;
-  if (qp->state_ == QpState::RESET) return EINVAL;
-  if (wr.num_sge > qp->init.cap.max_recv_sge || (wr.num_sge && !wr.sg_list)) return EINVAL;
-  if (qp->rq_tail - qp->rq_head >= qp->rq.size()) return ENOMEM;
+  if (qp->state_ == QpState::RESET) {
+    if (why) *why = WcStatus::LOC_QP_OP_ERR;
+    return EINVAL;
+  }
+  if (qp->rq_room() == 0) return ENOMEM;
+  if (WcStatus bad = check_recv(*qp, wr); bad != WcStatus::SUCCESS) {
+    if (why) *why = bad;
+    return EINVAL;
+  }
   if (qp->state_ == QpState::ERR) {
     Wc wc;
     wc.wr_id = wr.wr_id;
@@ -365,6 +424,22 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   }
   qp->rq_tail++;
   return 0;
+}
+
+int EngineCore::set_gsi_gids(QpImpl* qp, const std::vector<Gid>& gids) {
+  if (!qp || !qp->is_gsi()) return EINVAL;
+  qp->local_gids = gids;
+  return 0;
+}
+
+uint32_t Qp::sq_room() const {
+  const QpImpl& q = impl(*this);
+  return uint32_t(q.sq.size() - (q.sq_tail - q.sq_head));
+}
+
+uint32_t Qp::rq_room() const {
+  const QpImpl& q = impl(*this);
+  return uint32_t(q.rq.size() - (q.rq_tail - q.rq_head));
 }
 
 }  // namespace vstellar

@@ -5,15 +5,11 @@
 // the payload from the MR again (IRN-style).
 #include <algorithm>
 
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 namespace vstellar {
 namespace {
 
-bool is_rd_atomic(WrOpcode op) {
-  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
-         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
-}
 
 wire::Op data_op(WrOpcode op) {
   switch (op) {
@@ -26,7 +22,7 @@ wire::Op data_op(WrOpcode op) {
 
 }  // namespace
 
-uint64_t Engine::rto(const Qp& qp, unsigned retries) const {
+uint64_t EngineCore::rto(const QpImpl& qp, unsigned retries) const {
   // At least the configured RTO (Stellar: 250 us). Above it, srtt plus
   // headroom: a smooth RTT has a tiny rttvar, and srtt + 4*rttvar alone
   // fires on every small queue build-up; srtt/2 of slack absorbs that.
@@ -35,9 +31,10 @@ uint64_t Engine::rto(const Qp& qp, unsigned retries) const {
   return std::min(r, cfg_.rto_max_ns);
 }
 
-// First look at a WQE: check its local SGEs (keys, PD, bounds, access) and
-// number its packets.
-bool Engine::req_start(Qp& qp, uint64_t idx, SendWqe& w) {
+// First look at a WQE: check its local SGEs (keys, PD, bounds, access) once
+// more, since an MR may have been deregistered after post_send checked
+// them, and number its packets.
+bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
   w.started = true;
   bool rd_atomic = is_rd_atomic(w.op);
   uint32_t need = rd_atomic ? uint32_t(ACCESS_LOCAL_WRITE) : 0u;
@@ -45,8 +42,7 @@ bool Engine::req_start(Qp& qp, uint64_t idx, SendWqe& w) {
     for (uint32_t i = 0; i < w.nsge; i++) {
       const Sge& s = w.sge[i];
       if (s.length == 0) continue;
-      Mr* mr = find_mr(s.lkey);
-      if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr, s.length, need)) {
+      if (!sge_mr(qp, s.lkey, s.addr, s.length, need)) {
         comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
         return false;
       }
@@ -69,7 +65,7 @@ bool Engine::req_start(Qp& qp, uint64_t idx, SendWqe& w) {
   return true;
 }
 
-bool Engine::req_progress(Qp& qp, uint64_t now) {
+bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
   uint32_t budget = cfg_.tx_budget;
   while (budget > 0) {
     if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
@@ -120,7 +116,7 @@ bool Engine::req_progress(Qp& qp, uint64_t now) {
 }
 
 // Host spans of [off, off+len) of a WQE's gather list.
-size_t Engine::gather(Qp& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max) {
+size_t EngineCore::gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max) {
   if (len == 0) return 0;
   if (w.is_inline) {
     size_t slot = size_t(&w - qp.sq.data());
@@ -138,8 +134,8 @@ size_t Engine::gather(Qp& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* 
     }
     uint64_t in = want - pos;
     uint64_t take = std::min<uint64_t>(s.length - in, left);
-    Mr* mr = find_mr(s.lkey);  // looked up again: it may have been deregistered
-    if (!mr || mr->pd() != qp.pd || !mr->allows(s.addr + in, take, 0)) return SIZE_MAX;
+    Mr* mr = sge_mr(qp, s.lkey, s.addr + in, take, 0);  // again: it may have been deregistered
+    if (!mr) return SIZE_MAX;
     uint64_t done = 0;
     while (done < take) {
       if (n == max) return SIZE_MAX;
@@ -157,7 +153,7 @@ size_t Engine::gather(Qp& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* 
 
 // (Re)transmit the packet(s) of PSNs [psn, psn+npsn); npsn > 1 only for the
 // first request of a READ chunk.
-bool Engine::req_send(Qp& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now) {
+bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now) {
   PktRec& r = qp.rec(psn);
   uint64_t idx = r.wqe;
   SendWqe& w = qp.sq_at(idx);
@@ -240,7 +236,7 @@ bool Engine::req_send(Qp& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t n
 
 // Retransmission timers. A timer is live only if its PSN is still in the
 // window, unacknowledged, and was not sent again since (tx_seq matches).
-void Engine::req_timers(Qp& qp, uint64_t now) {
+void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
   while (!qp.timers.empty()) {
     RetxTimer t = qp.timers.top();
     if (t.deadline > now) break;

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <cstring>
 
-#include "vstellar/engine.h"
+#include "engine_internal.h"
 
 namespace vstellar {
 namespace {
@@ -24,7 +24,7 @@ constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,
 
 }  // namespace
 
-void Engine::resp_receive(Qp& qp, const wire::Packet& p, bool ce, uint64_t now) {
+void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now) {
   const uint32_t psn = p.base.psn;
   const uint32_t d = psn - qp.epsn;
   const bool old = seq_lt(psn, qp.epsn);
@@ -107,14 +107,14 @@ void Engine::resp_receive(Qp& qp, const wire::Packet& p, bool ce, uint64_t now) 
   }
 }
 
-void Engine::resp_mark(Qp& qp, uint32_t psn, uint32_t n) {
+void EngineCore::resp_mark(QpImpl& qp, uint32_t psn, uint32_t n) {
   for (uint32_t k = 0; k < n; k++) {
     uint32_t x = psn + k;
     if (!seq_lt(x, qp.epsn) && x - qp.epsn < qp.window()) qp.set_rbit(x, true);
   }
 }
 
-void Engine::resp_advance(Qp& qp) {
+void EngineCore::resp_advance(QpImpl& qp) {
   uint32_t start = qp.epsn;
   for (;;) {
     while (qp.rbit(qp.epsn)) {
@@ -142,7 +142,7 @@ void Engine::resp_advance(Qp& qp) {
   if (qp.epsn != start) resp_complete_recvs(qp);
 }
 
-void Engine::resp_data(Qp& qp, const wire::Packet& p) {
+void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
   const wire::DataExt& e = p.data;
   const uint32_t psn = p.base.psn;
   const uint64_t plen = p.payload_len;
@@ -170,7 +170,7 @@ void Engine::resp_data(Qp& qp, const wire::Packet& p) {
   if (op == wire::Op::WRITE || op == wire::Op::WRITE_IMM) {
     Mr* mr = find_mr(e.rkey);
     uint64_t va = e.va + e.msg_off;
-    if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
+    if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
         va < e.va || !mr->allows(va, plen, ACCESS_REMOTE_WRITE)) {
       resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
       return;
@@ -212,7 +212,7 @@ void Engine::resp_data(Qp& qp, const wire::Packet& p) {
   resp_advance(qp);
 }
 
-bool Engine::resp_read(Qp& qp, const wire::Packet& p) {
+bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
   const wire::ReadReqExt& e = p.rreq;
   const uint32_t psn = p.base.psn;
   if (e.seg == 0 || e.len > DeviceLimits::kMaxMsgSize ||
@@ -221,7 +221,7 @@ bool Engine::resp_read(Qp& qp, const wire::Packet& p) {
     return false;
   }
   Mr* mr = find_mr(e.rkey);
-  if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
+  if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
       !mr->allows(e.va, e.len, ACCESS_REMOTE_READ)) {
     resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
     return false;
@@ -262,7 +262,7 @@ bool Engine::resp_read(Qp& qp, const wire::Packet& p) {
   return true;
 }
 
-bool Engine::resp_atomic(Qp& qp, const wire::Packet& p) {
+bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
   const wire::AtomicExt& e = p.atomic;
   const uint32_t psn = p.base.psn;
   if (e.va % 8) {
@@ -270,7 +270,7 @@ bool Engine::resp_atomic(Qp& qp, const wire::Packet& p) {
     return false;
   }
   Mr* mr = find_mr(e.rkey);
-  if (!mr || mr->pd() != qp.pd || !(qp.attr.qp_access_flags & ACCESS_REMOTE_ATOMIC) ||
+  if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_ATOMIC) ||
       !mr->allows(e.va, 8, ACCESS_REMOTE_ATOMIC)) {
     resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
     return false;
@@ -297,7 +297,7 @@ bool Engine::resp_atomic(Qp& qp, const wire::Packet& p) {
 }
 
 // The original value for the atomic at psn (first execution or replay).
-void Engine::send_atomic_resp(Qp& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig) {
+void EngineCore::send_atomic_resp(QpImpl& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig) {
   wire::Base b;
   b.op = wire::Op::ATOMIC_RESP;
   b.dst_qpn = qp.attr.dest_qp_num;
@@ -311,7 +311,7 @@ void Engine::send_atomic_resp(Qp& qp, uint32_t psn, uint32_t echo_ts, uint64_t o
   xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
 }
 
-void Engine::resp_complete_recvs(Qp& qp) {
+void EngineCore::resp_complete_recvs(QpImpl& qp) {
   while (qp.rq_head < qp.rq_tail) {
     RecvWqe& r = qp.rq_at(qp.rq_head);
     if (!r.have_last || !seq_lt(r.last_psn, qp.epsn) || r.status != WcStatus::SUCCESS) break;
@@ -331,7 +331,7 @@ void Engine::resp_complete_recvs(Qp& qp) {
 
 // NAK a request. RNR is a wait; every other NAK is a fatal error for the
 // connection (IB class B/C/D responder errors), so the QP goes to ERR.
-void Engine::resp_nak(Qp& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
+void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
   wire::Base b;
   b.op = wire::Op::ACK;
   b.dst_qpn = qp.attr.dest_qp_num;
@@ -364,7 +364,7 @@ void Engine::resp_nak(Qp& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
 
 // Cumulative PSN plus a SACK bitmap over the PSNs that arrived since the last
 // ACK (several ACK packets if they span more than one bitmap).
-void Engine::send_ack(Qp& qp) {
+void EngineCore::send_ack(QpImpl& qp) {
   if (!qp.ack_pending) return;
   const uint32_t W = qp.window();
   wire::AckExt a;

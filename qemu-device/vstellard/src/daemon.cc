@@ -83,6 +83,7 @@ bool Daemon::Start(std::string* err) {
   }
   vstellar::EngineConfig ec;
   ec.num_paths = o_.paths;
+  ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
   if (!ec.validate()) {
     *err = "bad engine configuration";
     return false;

@@ -171,10 +171,12 @@ uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
   if (w.flags & ~(VSTELLAR_WQE_SIGNALED | VSTELLAR_WQE_SOLICITED | VSTELLAR_WQE_INLINE | VSTELLAR_WQE_FENCE))
     return St(WcStatus::LOC_QP_OP_ERR);
   const bool atomic = op == VSTELLAR_WR_ATOMIC_CMP_SWP || op == VSTELLAR_WR_ATOMIC_FETCH_ADD;
-  const bool read = op == VSTELLAR_WR_RDMA_READ;
   const bool inl = w.flags & VSTELLAR_WQE_INLINE;
   if (atomic && !(session_.acked_features() & (uint64_t{1} << VIRTIO_VSTELLAR_F_ATOMIC)))
     return St(WcStatus::LOC_QP_OP_ERR);
+  // The guest ABI is checked here; the verbs rules (opcode for the QP type,
+  // SGE count against the QP's, inline and atomic shapes, lengths, lkeys)
+  // are the engine's, in post_send.
   *wr = vstellar::SendWr{};
   wr->wr_id = 0;
   wr->opcode = WrOpcode(op);
@@ -185,9 +187,7 @@ uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
   uint64_t total = 0;
   if (inl) {
     const uint32_t il = le32toh(w.inline_len);
-    if (read || atomic) return St(WcStatus::LOC_QP_OP_ERR);
-    if (il > q.max_inline || sizeof(w) + uint64_t(il) > len) return St(WcStatus::LOC_LEN_ERR);
-    if (il && q.max_send_sge == 0) return St(WcStatus::LOC_LEN_ERR);
+    if (sizeof(w) + uint64_t(il) > len) return St(WcStatus::LOC_LEN_ERR);
     // The engine copies inline bytes from this host pointer at post time:
     // our private copy of the slot, never guest memory.
     sges[0].addr = reinterpret_cast<uintptr_t>(buf + sizeof(w));
@@ -199,36 +199,29 @@ uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
     total = il;
   } else {
     const uint32_t n = w.num_sge;
-    if (n > q.max_send_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
-    const uint32_t need = (read || atomic) ? uint32_t(vstellar::ACCESS_LOCAL_WRITE) : 0u;
+    if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
     for (uint32_t i = 0; i < n; i++) {
-      if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, need, &sges[i])) return st;
+      if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, 0, &sges[i])) return st;
       total += sges[i].length;
     }
     wr->sg_list = n ? sges : nullptr;
     wr->num_sge = n;
   }
-  if (total > le32toh(session_.device().config.max_msg_size)) return St(WcStatus::LOC_LEN_ERR);
   if (q.type != VSTELLAR_QPT_RC) {
-    // A datagram: one SEND of at most one packet, to the WQE's address vector.
-    if (op != VSTELLAR_WR_SEND && op != VSTELLAR_WR_SEND_IMM) return St(WcStatus::LOC_QP_OP_ERR);
-    if (total > std::min<uint64_t>(VSTELLAR_UD_MAX_PAYLOAD, sh_.engine->config().mtu))
-      return St(WcStatus::LOC_LEN_ERR);
+    // A datagram goes to the WQE's address vector; its payload is bounded
+    // by the device's UD limit (the engine's MTU bound is the engine's).
+    if (total > VSTELLAR_UD_MAX_PAYLOAD) return St(WcStatus::LOC_LEN_ERR);
     return CheckUdDest(w, &wr->ud);
   }
-  if (op == VSTELLAR_WR_SEND || op == VSTELLAR_WR_SEND_IMM) return St(WcStatus::SUCCESS);
   if (atomic) {
-    if (wr->num_sge != 1 || sges[0].length != 8) return St(WcStatus::LOC_LEN_ERR);
     wr->remote_addr = le64toh(w.u.atomic.remote_addr);
     wr->rkey = le32toh(w.u.atomic.rkey);
     wr->compare_add = le64toh(w.u.atomic.compare_add);
     wr->swap = le64toh(w.u.atomic.swap);
-    if (wr->remote_addr % 8) return St(WcStatus::LOC_QP_OP_ERR);
-    return St(WcStatus::SUCCESS);
+  } else if (op != VSTELLAR_WR_SEND && op != VSTELLAR_WR_SEND_IMM) {
+    wr->remote_addr = le64toh(w.u.rdma.remote_addr);
+    wr->rkey = le32toh(w.u.rdma.rkey);
   }
-  wr->remote_addr = le64toh(w.u.rdma.remote_addr);
-  wr->rkey = le32toh(w.u.rdma.rkey);
-  if (wr->remote_addr + total < wr->remote_addr) return St(WcStatus::LOC_LEN_ERR);
   return St(WcStatus::SUCCESS);
 }
 
@@ -236,23 +229,20 @@ uint8_t Device::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
   vstellar_recv_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint32_t n = le32toh(w.num_sge);
-  if (n > q.max_recv_sge || n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, vstellar::ACCESS_LOCAL_WRITE, &sges[i])) return st;
-    total += sges[i].length;
-  }
-  if (total > (uint64_t{1} << 32)) return St(WcStatus::LOC_LEN_ERR);
+  if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
+  for (uint32_t i = 0; i < n; i++)
+    if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, 0, &sges[i])) return st;
   *wr = vstellar::RecvWr{};
   wr->sg_list = n ? sges : nullptr;
   wr->num_sge = n;
   return St(WcStatus::SUCCESS);
 }
 
-// One SGE of a WQE: its MR must be in the QP's PD and allow the access. In
-// a kernel QP the local DMA lkey names the PD's guest-physical MR; a user
-// QP can never name it (that MR is in a kernel PD).
-uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out) {
+// One SGE of a WQE, decoded. In a kernel QP the local DMA lkey names the
+// PD's guest-physical MR; a user QP can never name it (that MR is in a
+// kernel PD). Whether the MR is the QP's PD's and allows the access is the
+// engine's check (post_send/post_recv, EngineConfig::lkeys_at_post).
+uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engine's*/, vstellar::Sge* out) {
   vstellar_sge s;
   std::memcpy(&s, raw, sizeof(s));
   out->addr = le64toh(s.addr);
@@ -264,9 +254,6 @@ uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::
     if (pd == pds_.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
     out->lkey = pd->second.dma_mr->lkey();
   }
-  vstellar::Mr* mr = sh_.engine->find_mr(out->lkey);
-  if (!mr || mr->pd() != q.qp->pd || !mr->allows(out->addr, out->length, need))
-    return St(WcStatus::LOC_PROT_ERR);
   return St(WcStatus::SUCCESS);
 }
 
@@ -322,8 +309,7 @@ bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
   bool work = false;
   while (ci != pi && !q.broken) {
     vstellar::Qp* e = q.qp;
-    const bool engine_full = send ? e->sq_tail - e->sq_head >= e->sq.size() : e->rq_tail - e->rq_head >= e->rq.size();
-    if (engine_full) {  // retried after completions
+    if ((send ? e->sq_room() : e->rq_room()) == 0) {  // retried after completions
       q.blocked = true;
       break;
     }
@@ -353,12 +339,14 @@ bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
       vstellar::SendWr wr;
       status = CheckSendWqe(q, buf, stride, &wr, sges);
       wr.wr_id = idx;  // the engine's wr_id is the WQE index
-      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+      WcStatus why = WcStatus::LOC_QP_OP_ERR;
+      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = St(why);
     } else {
       vstellar::RecvWr wr;
       status = CheckRecvWqe(q, buf, stride, &wr, sges);
       wr.wr_id = idx;
-      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr) != 0) status = St(WcStatus::LOC_QP_OP_ERR);
+      WcStatus why = WcStatus::LOC_QP_OP_ERR;
+      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = St(why);
     }
     if (status != St(WcStatus::SUCCESS)) {
       bad_wqes_++;

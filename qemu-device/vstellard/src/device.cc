@@ -1133,8 +1133,9 @@ uint16_t Device::CmdGid(uint32_t uctx, bool add, const uint8_t* b) {
 void Device::SyncGsiGids() {
   for (auto& [n, q] : qps_) {
     if (q.type != VSTELLAR_QPT_GSI) continue;
-    q.qp->local_gids.clear();
-    for (auto& [i, g] : gids_) q.qp->local_gids.push_back(g);
+    std::vector<vstellar::Gid> gids;
+    for (auto& [i, g] : gids_) gids.push_back(g);
+    sh_.engine->set_gsi_gids(q.qp, gids);
   }
 }
 

@@ -9,6 +9,7 @@
 #include "vstellar/engine.h"
 #include "vstellar/harness/harness.h"
 #include "vstellar/sim_net.h"
+#include "vstellar/wire.h"
 
 using namespace vstellar;
 

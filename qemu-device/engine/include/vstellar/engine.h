@@ -8,10 +8,8 @@
 // MR's bytes only through it. The virtio backend passes its PVDMA/eMTT (or
 // ATC) translator; the harness passes HostMemory.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "vstellar/cc.h"
@@ -22,7 +20,6 @@
 #include "vstellar/pd.h"
 #include "vstellar/qp.h"
 #include "vstellar/types.h"
-#include "vstellar/wire.h"
 
 namespace vstellar {
 
@@ -39,6 +36,13 @@ struct EngineConfig {
   uint64_t ack_delay_ns = 10'000; // otherwise at most one ACK per QP per this interval
   uint32_t tx_budget = 64;        // packets per QP per progress() call (fairness)
   uint64_t seed = 1;
+  // When a bad lkey (unknown, another PD's, out of the MR, no access) is
+  // found. false, as in libibverbs: post_send accepts the WR, and it
+  // completes with LOC_PROT_ERR when it runs. true: post_send and post_recv
+  // refuse it (EINVAL, why = LOC_PROT_ERR), for a device that reports a bad
+  // WQE at once (vstellard's data-path rule). An MR deregistered after the
+  // post is caught when the WR runs either way.
+  bool lkeys_at_post = false;
   CcConfig cc;
   bool validate();  // clamps/normalizes; false if unusable
 };
@@ -63,6 +67,8 @@ struct EngineStats {
   std::vector<PathCounters> paths;
 };
 
+class EngineCore;  // engine/src/engine_internal.h
+
 class Engine {
  public:
   Engine(const EngineConfig& cfg, Link& link, Clock& clock);
@@ -84,9 +90,17 @@ class Engine {
   int modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask);
   int query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init);
   int destroy_qp(Qp* qp);
-  int post_send(Qp* qp, const SendWr& wr);
-  int post_recv(Qp* qp, const RecvWr& wr);
+  // Post one WR. The engine checks it against the verbs rules (opcode for
+  // the QP's type and state, SGE count, inline and atomic shapes, message
+  // and datagram lengths; lkeys too with EngineConfig::lkeys_at_post) and
+  // copies it. ENOMEM: the queue is full (see Qp::sq_room). EINVAL: the WR breaks
+  // a rule; `why`, if given, gets the completion status the WR stands for
+  // (LOC_QP_OP_ERR, LOC_LEN_ERR or LOC_PROT_ERR).
+  int post_send(Qp* qp, const SendWr& wr, WcStatus* why = nullptr);
+  int post_recv(Qp* qp, const RecvWr& wr, WcStatus* why = nullptr);
   int poll_cq(Cq* cq, Wc* wc, int n) { return cq->poll(wc, n); }
+  // A GSI QP answers to QP 1 for exactly these GIDs (its owner's).
+  int set_gsi_gids(Qp* qp, const std::vector<Gid>& gids);
   Qp* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
 
@@ -100,79 +114,13 @@ class Engine {
   // Earliest timer deadline (ns, clock time); UINT64_MAX if none.
   uint64_t next_deadline();
 
-  const EngineConfig& config() const { return cfg_; }
-  const EngineStats& stats() const { return stats_; }
-  std::vector<AsyncEvent> take_async_events() { return std::move(events_); }
-  Clock& clock() { return clock_; }
+  const EngineConfig& config() const;
+  const EngineStats& stats() const;
+  std::vector<AsyncEvent> take_async_events();
+  Clock& clock();
 
  private:
-  friend struct EngineTestPeer;
-  // qp.cc: state machine
-  int check_modify(Qp& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next);
-  void reset_qp(Qp& qp);
-  void init_transport(Qp& qp);
-  void qp_to_error(Qp& qp);
-  // requester.cc
-  bool req_progress(Qp& qp, uint64_t now);
-  bool req_start(Qp& qp, uint64_t idx, SendWqe& w);
-  bool req_send(Qp& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
-  size_t gather(Qp& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max);
-  void req_timers(Qp& qp, uint64_t now);
-  uint64_t rto(const Qp& qp, unsigned retries) const;
-  // responder.cc
-  void resp_receive(Qp& qp, const wire::Packet& p, bool ce, uint64_t now);
-  void resp_data(Qp& qp, const wire::Packet& p);
-  bool resp_read(Qp& qp, const wire::Packet& p);
-  bool resp_atomic(Qp& qp, const wire::Packet& p);
-  void send_atomic_resp(Qp& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig);
-  void resp_mark(Qp& qp, uint32_t psn, uint32_t n);
-  void resp_advance(Qp& qp);
-  void resp_complete_recvs(Qp& qp);
-  void resp_nak(Qp& qp, wire::Syndrome s, uint32_t psn, WcStatus local);
-  void send_ack(Qp& qp);
-  // completer.cc
-  void comp_ack(Qp& qp, const wire::Packet& p, uint64_t now);
-  // READ data flows to the requester: its CE marks are this QP's own signal.
-  void comp_read_resp(Qp& qp, const wire::Packet& p, uint64_t now, bool ce);
-  void comp_atomic_resp(Qp& qp, const wire::Packet& p, uint64_t now);
-  void comp_pkt_done(Qp& qp, uint32_t psn, uint64_t now, bool rtt_sample, uint64_t& acked_bytes);
-  void comp_fail_wqe(Qp& qp, uint64_t wqe, WcStatus st);
-  void comp_retire(Qp& qp);
-  void comp_rtt(Qp& qp, uint64_t rtt_ns);
-  // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
-  bool ud_progress(Qp& qp);
-  void ud_receive(const wire::Packet& p, const Endpoint& from);
-  Qp* find_gsi(const Gid& dgid);
-
-  // engine.cc: shared by the responder (RECV data) and the completer (READ
-  // and atomic responses).
-  bool scatter(Qp& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
-               WcStatus& st);
-
-  void emit(Cq* cq, const Wc& wc);
-  void xmit(Qp& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
-            size_t nspans, size_t plen, bool retx) {
-    xmit_to(qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx);
-  }
-  void xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
-               const HostSpan* pl, size_t nspans, size_t plen, bool retx);
-  uint32_t now_us() { return uint32_t(clock_.now_ns() / 1000); }
-
-  EngineConfig cfg_;
-  Link& link_;
-  Clock& clock_;
-  EngineStats stats_;
-  std::vector<AsyncEvent> events_;
-  uint32_t next_handle_ = 1;
-  uint32_t next_qpn_ = 0x11;
-  uint32_t key_tag_ = 0x5a;
-  std::vector<std::unique_ptr<Pd>> pds_;
-  std::vector<std::unique_ptr<Mr>> mrs_;  // slot (key >> 8) - 1
-  std::vector<std::unique_ptr<Cq>> cqs_;
-  std::unordered_map<uint32_t, std::unique_ptr<Qp>> qps_;
-  std::vector<Qp*> qp_list_;
-  std::vector<Qp*> ack_list_;
-  std::vector<Qp*> ack_later_;
+  std::unique_ptr<EngineCore> core_;
 };
 
 }  // namespace vstellar

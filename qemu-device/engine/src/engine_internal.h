@@ -1,0 +1,286 @@
+// What the engine's parts share and its users never see, in the spirit of
+// rxe's rxe_loc.h: the whole QP (QpImpl, behind the public Qp), the records
+// of WQEs and packets in flight, the helpers requester.cc, responder.cc,
+// completer.cc and datagram.cc have in common, and EngineCore, the state and
+// methods behind the public Engine. Only engine/src (and white-box tests)
+// include it; vstellard, the harness and the benches use vstellar/engine.h.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <unordered_map>
+#include <vector>
+
+#include "vstellar/engine.h"
+#include "vstellar/wire.h"
+
+namespace vstellar {
+
+// READ and the atomics: the responder answers them with data, and they count
+// against max_rd_atomic while outstanding.
+inline bool is_rd_atomic(WrOpcode op) {
+  return op == WrOpcode::RDMA_READ || op == WrOpcode::ATOMIC_CMP_AND_SWP ||
+         op == WrOpcode::ATOMIC_FETCH_AND_ADD;
+}
+
+inline bool is_atomic(WrOpcode op) {
+  return op == WrOpcode::ATOMIC_CMP_AND_SWP || op == WrOpcode::ATOMIC_FETCH_AND_ADD;
+}
+
+// A send WQE: the posted SendWr, copied at post time (no double fetch: the
+// caller's SGE list and inline bytes are not read again), plus how far its
+// transmission got. SendWr is what a caller hands over; this is what the SQ
+// holds while the WR is in flight.
+struct SendWqe {
+  uint64_t wr_id = 0;
+  WrOpcode op = WrOpcode::SEND;
+  uint32_t flags = 0;
+  uint32_t imm = 0;
+  uint64_t raddr = 0;
+  uint32_t rkey = 0;
+  uint64_t cmp_add = 0, swap = 0;
+  uint32_t nsge = 0;
+  Sge sge[DeviceLimits::kMaxSge];
+  bool is_inline = false;
+  uint64_t len = 0;
+  bool signaled = false;
+  // transport
+  bool started = false;
+  bool done = false;
+  WcStatus status = WcStatus::SUCCESS;
+  uint32_t first_psn = 0;
+  uint32_t npkts = 0;      // PSNs this WQE uses
+  uint32_t pkts_sent = 0;  // PSNs given a first transmission
+  uint32_t pkts_done = 0;  // PSNs acknowledged (or answered, for READ/atomic)
+  uint32_t seg = 0;        // payload bytes per packet
+  uint32_t rsn = 0;        // receive sequence number (SEND*, WRITE_IMM)
+  uint8_t rnr_left = 0;
+  uint64_t rnr_hold_until = 0;
+  bool rd_counted = false;  // counts against max_rd_atomic until retired
+  UdDest ud;                // UD/GSI QPs: where the datagram goes
+};
+
+enum class PktKind : uint8_t { DATA, READ, ATOMIC };
+
+// One PSN in flight. Records are indexed by PSN modulo the window.
+struct PktRec {
+  uint64_t wqe = 0;  // send queue index (monotonic) of the owning WQE
+  uint32_t off = 0;  // offset in the message
+  uint32_t len = 0;
+  uint32_t tx_seq = 0;  // bumps on every (re)transmission; stale timers compare it
+  uint16_t path = 0;
+  uint8_t retries = 0;
+  PktKind kind = PktKind::DATA;
+  bool acked = false;
+  uint64_t sent_ns = 0;
+};
+
+struct RetxTimer {
+  uint64_t deadline;
+  uint32_t psn;
+  uint32_t tx_seq;
+  bool rnr;  // an RNR wait, not a loss: does not count as a transport retry
+  bool operator>(const RetxTimer& o) const { return deadline > o.deadline; }
+};
+
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  uint32_t nsge = 0;
+  Sge sge[DeviceLimits::kMaxSge];
+  uint64_t cap = 0;  // sum of SGE lengths
+  // filled by the responder
+  bool have_last = false;
+  uint32_t last_psn = 0;
+  uint32_t byte_len = 0;
+  uint32_t imm = 0;
+  bool with_imm = false;
+  bool write_imm = false;
+  WcStatus status = WcStatus::SUCCESS;
+};
+
+// The whole QP: verbs state plus the transport state of its connection.
+// The requester side (send queue, PSN window, retransmission timers) and
+// the responder side (receive queue, arrival bitmap, ACK state) live
+// together, as in an RC QP on hardware. The public Qp part (number, state,
+// PD, type) is written only here, by the engine.
+class QpImpl final : public Qp {
+ public:
+  using Qp::pd_;
+  using Qp::qpn_;
+  using Qp::state_;
+  using Qp::type_;
+
+  // ---- verbs state ----
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  QpInitAttr init;
+  QpAttr attr;
+  uint32_t seg = 4096;  // payload bytes per packet: min(engine MTU, path MTU)
+
+  // ---- send queue (requester) ----
+  std::vector<SendWqe> sq;
+  std::vector<uint8_t> inline_buf;  // max_inline_data bytes per SQ slot
+  uint64_t sq_head = 0;  // oldest WQE not yet completed
+  uint64_t sq_next = 0;  // next WQE to (continue to) transmit
+  uint64_t sq_tail = 0;  // next free slot
+  uint32_t rd_atomic_outstanding = 0;
+  uint32_t next_rsn = 0;
+
+  uint32_t snd_una = 0;  // oldest PSN not acknowledged
+  uint32_t snd_nxt = 0;  // next new PSN
+  std::vector<PktRec> recs;  // window-sized ring
+  std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
+  uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
+  uint32_t cum_seen = 0;  // highest cumulative ACK processed
+  bool drained_reported = false;
+  uint64_t inflight = 0;  // payload bytes sent (or requested) and not yet acknowledged
+  uint64_t srtt = 0, rttvar = 0;
+  CongestionControl cc;
+  PathSelector paths{PathAlgo::OBS, 1, 1};
+
+  // ---- receive queue (responder) ----
+  std::vector<RecvWqe> rq;
+  uint64_t rq_head = 0;  // == rsn of the oldest uncompleted receive WQE
+  uint64_t rq_tail = 0;
+  uint32_t epsn = 0;           // every PSN before it has arrived
+  std::vector<uint64_t> rbits;  // arrival bitmap over [epsn, epsn+window)
+  std::vector<wire::Packet> pending_rd;  // READ/atomic requests waiting for epsn
+  struct AtomicReplay { uint32_t psn; uint64_t orig; bool valid; };
+  AtomicReplay atomic_replay[32] = {};
+  unsigned atomic_replay_next = 0;
+
+  // ACK state: what arrived since the last ACK
+  bool ack_pending = false;
+  uint64_t last_ack_ns = 0;
+  uint32_t ack_lo = 0, ack_hi = 0;  // PSN range to cover with SACK bits
+  uint32_t rx_since_ack = 0, ce_since_ack = 0;
+  uint32_t last_ts = 0;
+  uint16_t last_path = 0;
+
+  // ---- datagram QPs (UD, GSI) ----
+  std::vector<Gid> local_gids;  // GSI: the GIDs it answers QP 1 for (Engine::set_gsi_gids)
+  uint32_t ud_next_path = 0;    // datagrams go round-robin over the paths
+
+  uint32_t window() const { return uint32_t(recs.size()); }
+  PktRec& rec(uint32_t psn) { return recs[psn & (recs.size() - 1)]; }
+  SendWqe& sq_at(uint64_t i) { return sq[i % sq.size()]; }
+  RecvWqe& rq_at(uint64_t i) { return rq[i % rq.size()]; }
+  bool rbit(uint32_t psn) const {
+    uint32_t i = psn & (window() - 1);
+    return (rbits[i / 64] >> (i % 64)) & 1;
+  }
+  void set_rbit(uint32_t psn, bool v) {
+    uint32_t i = psn & (window() - 1);
+    if (v) rbits[i / 64] |= 1ull << (i % 64);
+    else rbits[i / 64] &= ~(1ull << (i % 64));
+  }
+};
+
+
+inline QpImpl& impl(Qp& qp) { return static_cast<QpImpl&>(qp); }
+inline QpImpl* impl(Qp* qp) { return static_cast<QpImpl*>(qp); }
+inline const QpImpl& impl(const Qp& qp) { return static_cast<const QpImpl&>(qp); }
+
+// The engine itself; Engine forwards its public methods here. The verbs
+// return 0 or a positive errno, as Engine documents.
+class EngineCore {
+ public:
+  EngineCore(const EngineConfig& cfg, Link& link, Clock& clock);
+
+  // ---- verbs (engine.cc, qp.cc) ----
+  Pd* alloc_pd();
+  int dealloc_pd(Pd* pd);
+  Mr* reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
+             std::shared_ptr<MemoryTranslator> mem);
+  int dereg_mr(Mr* mr);
+  Cq* create_cq(uint32_t cqe);
+  int destroy_cq(Cq* cq);
+  QpImpl* create_qp(Pd* pd, const QpInitAttr& init);
+  int modify_qp(QpImpl* qp, const QpAttr& attr, uint32_t mask);
+  int query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init);
+  int destroy_qp(QpImpl* qp);
+  int post_send(QpImpl* qp, const SendWr& wr, WcStatus* why);
+  int post_recv(QpImpl* qp, const RecvWr& wr, WcStatus* why);
+  int set_gsi_gids(QpImpl* qp, const std::vector<Gid>& gids);
+  QpImpl* find_qp(uint32_t qpn);
+  Mr* find_mr(uint32_t key);
+
+  // ---- driving (engine.cc) ----
+  void receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce);
+  bool progress();
+  uint64_t next_deadline();
+
+  // qp.cc: the state machine and the verbs rules of a posted WR
+  int check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next);
+  WcStatus check_send(const QpImpl& qp, const SendWr& wr);
+  WcStatus check_recv(const QpImpl& qp, const RecvWr& wr);
+  void reset_qp(QpImpl& qp);
+  void init_transport(QpImpl& qp);
+  void qp_to_error(QpImpl& qp);
+  // requester.cc
+  bool req_progress(QpImpl& qp, uint64_t now);
+  bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w);
+  bool req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
+  size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max);
+  void req_timers(QpImpl& qp, uint64_t now);
+  uint64_t rto(const QpImpl& qp, unsigned retries) const;
+  // responder.cc
+  void resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now);
+  void resp_data(QpImpl& qp, const wire::Packet& p);
+  bool resp_read(QpImpl& qp, const wire::Packet& p);
+  bool resp_atomic(QpImpl& qp, const wire::Packet& p);
+  void send_atomic_resp(QpImpl& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig);
+  void resp_mark(QpImpl& qp, uint32_t psn, uint32_t n);
+  void resp_advance(QpImpl& qp);
+  void resp_complete_recvs(QpImpl& qp);
+  void resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local);
+  void send_ack(QpImpl& qp);
+  // completer.cc
+  void comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now);
+  // READ data flows to the requester: its CE marks are this QP's own signal.
+  void comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now, bool ce);
+  void comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now);
+  void comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, bool rtt_sample, uint64_t& acked_bytes);
+  void comp_fail_wqe(QpImpl& qp, uint64_t wqe, WcStatus st);
+  void comp_retire(QpImpl& qp);
+  void comp_rtt(QpImpl& qp, uint64_t rtt_ns);
+  // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
+  bool ud_progress(QpImpl& qp);
+  void ud_receive(const wire::Packet& p, const Endpoint& from);
+  QpImpl* find_gsi(const Gid& dgid);
+
+  // engine.cc: local SGE checks and copies, shared by the requester, the
+  // responder and the completer.
+  // The MR an SGE names, if it is in the QP's PD and allows `access` on
+  // [addr, addr+length) (0: read only); else nullptr.
+  Mr* sge_mr(const QpImpl& qp, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access);
+  bool scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
+               WcStatus& st);
+
+  void emit(Cq* cq, const Wc& wc);
+  void xmit(QpImpl& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
+            size_t nspans, size_t plen, bool retx) {
+    xmit_to(qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx);
+  }
+  void xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+               const HostSpan* pl, size_t nspans, size_t plen, bool retx);
+  uint32_t now_us() { return uint32_t(clock_.now_ns() / 1000); }
+
+  EngineConfig cfg_;
+  Link& link_;
+  Clock& clock_;
+  EngineStats stats_;
+  std::vector<AsyncEvent> events_;
+  uint32_t next_handle_ = 1;
+  uint32_t next_qpn_ = 0x11;
+  uint32_t key_tag_ = 0x5a;
+  std::vector<std::unique_ptr<Pd>> pds_;
+  std::vector<std::unique_ptr<Mr>> mrs_;  // slot (key >> 8) - 1
+  std::vector<std::unique_ptr<Cq>> cqs_;
+  std::unordered_map<uint32_t, std::unique_ptr<QpImpl>> qps_;
+  std::vector<QpImpl*> qp_list_;
+  std::vector<QpImpl*> ack_list_;
+  std::vector<QpImpl*> ack_later_;
+};
+
+}  // namespace vstellar
