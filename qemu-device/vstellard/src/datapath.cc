@@ -14,7 +14,8 @@
 #include <chrono>
 #include <cstring>
 
-#include "vstellard/device.h"
+#include "vstellard/datapath.h"
+#include "vstellard/device_shared.h"
 
 namespace vstellard {
 
@@ -23,7 +24,7 @@ namespace {
 using vstellar::WcStatus;
 using vstellar::WrOpcode;
 
-constexpr uint32_t kMaxStride = 1u << 12;
+constexpr uint32_t kMaxStride = 1u << VSTELLAR_MAX_LOG_STRIDE;  // CREATE_QP refuses larger slots
 static_assert(offsetof(vstellar_send_wqe, wr_id) == 0 && offsetof(vstellar_recv_wqe, wr_id) == 0,
               "ServiceWq reads wr_id at offset 0 of both WQE kinds");
 
@@ -49,14 +50,18 @@ constexpr uint8_t St(WcStatus s) { return uint8_t(s); }
 
 }  // namespace
 
-uint64_t Device::NowNs() const {
+DataPath::DataPath(unsigned device_id, DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects,
+                   DataPathEvents& events)
+    : id_(device_id), sh_(shared), session_(session), pvdma_(pvdma), obj_(objects), events_(events) {}
+
+uint64_t DataPath::NowNs() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now().time_since_epoch())
                       .count());
 }
 
 // Copies WQE slot `idx` (one stride) out of a ring that may cross pages.
-bool Device::RingRead(const RingGeom& g, uint32_t idx, void* dst) {
+bool DataPath::RingRead(const RingGeom& g, uint32_t idx, void* dst) {
   const uint64_t ps = uint64_t{1} << g.shift;
   const uint64_t stride = uint64_t{1} << g.log_stride;
   uint64_t off = g.offset + (uint64_t(idx & ((1u << g.log_n) - 1)) << g.log_stride);
@@ -74,9 +79,9 @@ bool Device::RingRead(const RingGeom& g, uint32_t idx, void* dst) {
   return true;
 }
 
-uint8_t* Device::DbPage(uint32_t uctx) {
-  auto it = uctx_.find(uctx);
-  if (it == uctx_.end()) return nullptr;
+uint8_t* DataPath::DbPage(uint32_t uctx) {
+  auto it = obj_.uctx.find(uctx);
+  if (it == obj_.uctx.end()) return nullptr;
   UContext& u = it->second;
   if (u.page) return u.page;
   for (const MemRegion& r : session_.regions()) {
@@ -92,7 +97,7 @@ uint8_t* Device::DbPage(uint32_t uctx) {
   return nullptr;
 }
 
-void Device::ResetDbSlot(uint32_t uctx, uint32_t slot) {
+void DataPath::ResetDbSlot(uint32_t uctx, uint32_t slot) {
   if (slot < VSTELLAR_DB_FIRST_SLOT || slot >= VSTELLAR_DB_SLOTS_PER_PAGE) return;
   if (uint8_t* p = DbPage(uctx)) {
     StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot, 0);
@@ -100,16 +105,20 @@ void Device::ResetDbSlot(uint32_t uctx, uint32_t slot) {
   }
 }
 
-void Device::SetNeedKick(uint32_t v) {
-  for (auto& [h, u] : uctx_)
+void DataPath::ForgetDbPages() {
+  for (auto& [h, u] : obj_.uctx) u.page = nullptr;
+}
+
+void DataPath::SetNeedKick(uint32_t v) {
+  for (auto& [h, u] : obj_.uctx)
     if (uint8_t* p = DbPage(h)) StoreLe32(p + offsetof(vstellar_db_page_hdr, need_kick), v);
 }
 
 // One pass over every user QP's doorbell record. True if anything was done.
-bool Device::ScanDoorbells() {
-  if (fatal_) return false;
+bool DataPath::ScanDoorbells() {
+  if (events_.DeviceFatal()) return false;
   bool work = false;
-  for (auto& [qpn, q] : qps_) {
+  for (auto& [qpn, q] : obj_.qps) {
     // Kernel QPs made before the kernel had a doorbell page have no slot.
     if (q.slot < VSTELLAR_DB_FIRST_SLOT || q.broken) continue;
     uint8_t* page = DbPage(q.owner);
@@ -121,7 +130,15 @@ bool Device::ScanDoorbells() {
   return work;
 }
 
-void Device::PollDataPath() {
+void DataPath::OnKick() {
+  n_.db_kicks++;
+  SetNeedKick(0);
+  polling_ = true;
+  last_work_ns_ = NowNs();
+  Poll();
+}
+
+void DataPath::Poll() {
   if (!polling_) return;
   const uint64_t now = NowNs();
   if (ScanDoorbells()) {
@@ -139,21 +156,21 @@ void Device::PollDataPath() {
     return;
   }
   polling_ = false;
-  idle_entries_++;
+  n_.idle_entries++;
 }
 
-void Device::QpToErr(QpObj& q, uint16_t event, uint32_t info) {
+void DataPath::QpToErr(QpObj& q, uint16_t event, uint32_t info) {
   if (q.qp->state() != vstellar::QpState::ERR) {
     vstellar::QpAttr a;
     a.qp_state = vstellar::QpState::ERR;
     sh_.engine->modify_qp(q.qp, a, vstellar::QP_STATE);  // flushes what the engine holds, in order
   }
-  PostEvent(event, q.qp->qpn(), q.owner, info);
+  events_.PostEvent(event, q.qp->qpn(), q.owner, info);
 }
 
 // A CQE the device writes itself (bad WQE, flush in ERR): the engine holds
 // nothing older for this queue (ERR flushed it), so order is kept.
-void Device::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status) {
+void DataPath::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status) {
   vstellar_cqe c{};
   c.wr_id = htole64(wr_id);
   c.qpn = htole32(q.qp->qpn());
@@ -163,7 +180,7 @@ void Device::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, u
   WriteCqe(send ? q.send_cqn : q.recv_cqn, c);
 }
 
-uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges) {
+uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges) {
   vstellar_send_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint8_t op = w.opcode;
@@ -225,7 +242,7 @@ uint8_t Device::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
   return St(WcStatus::SUCCESS);
 }
 
-uint8_t Device::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges) {
+uint8_t DataPath::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges) {
   vstellar_recv_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint32_t n = le32toh(w.num_sge);
@@ -242,7 +259,7 @@ uint8_t Device::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstella
 // PD's guest-physical MR; a user QP can never name it (that MR is in a
 // kernel PD). Whether the MR is the QP's PD's and allows the access is the
 // engine's check (post_send/post_recv, EngineConfig::lkeys_at_post).
-uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engine's*/, vstellar::Sge* out) {
+uint8_t DataPath::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engine's*/, vstellar::Sge* out) {
   vstellar_sge s;
   std::memcpy(&s, raw, sizeof(s));
   out->addr = le64toh(s.addr);
@@ -250,8 +267,8 @@ uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engi
   out->lkey = le32toh(s.lkey);
   if (out->length == 0) return St(WcStatus::SUCCESS);
   if (q.owner == 0 && out->lkey == VSTELLAR_LOCAL_DMA_LKEY) {
-    auto pd = pds_.find(q.pdn);
-    if (pd == pds_.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
+    auto pd = obj_.pds.find(q.pdn);
+    if (pd == obj_.pds.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
     out->lkey = pd->second.dma_mr->lkey();
   }
   return St(WcStatus::SUCCESS);
@@ -260,16 +277,16 @@ uint8_t Device::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engi
 // The address vector of a UD send: a peer host (IPv4-mapped GID, like an RC
 // QP's), and a source GID the device itself has, so no guest can send as
 // another address.
-uint8_t Device::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
+uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
   static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   const vstellar_av& av = w.u.ud.av;
   uint32_t ip;
   std::memcpy(&ip, av.dgid + 12, 4);
   ip = be32toh(ip);
-  auto sgid = gids_.find(av.sgid_index);
+  auto sgid = obj_.gids.find(av.sgid_index);
   const uint32_t qpn = le32toh(w.u.ud.remote_qpn);
   if (av.reserved[0] || av.reserved[1] || std::memcmp(av.dgid, v4mapped, 12) != 0 || ip == 0 ||
-      sgid == gids_.end() || qpn > 0xffffff)
+      sgid == obj_.gids.end() || qpn > 0xffffff)
     return St(WcStatus::LOC_QP_OP_ERR);
   ud->peer = vstellar::Endpoint{ip, sh_.peer_port};
   ud->remote_qpn = qpn;
@@ -286,7 +303,7 @@ uint8_t Device::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
 // copy it out, check it and hand it to the engine. The two queues differ
 // only in their ring, their index, their check and when they are served
 // (sends from RTS on, receives from INIT on).
-bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
+bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
   if (q.broken) return false;
   RingGeom& ring = send ? q.sq : q.rq;
   uint32_t& ci = send ? q.sq_ci : q.rq_ci;
@@ -315,7 +332,7 @@ bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
     }
     const uint32_t idx = ci;
     work = true;
-    wqes_++;
+    n_.wqes++;
     if (!RingRead(ring, idx, buf)) {
       q.broken = true;
       QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
@@ -349,7 +366,7 @@ bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
       if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = St(why);
     }
     if (status != St(WcStatus::SUCCESS)) {
-      bad_wqes_++;
+      n_.bad_wqes++;
       QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
       CompleteDirect(q, send, idx, wr_id, op, status);
     }
@@ -358,17 +375,17 @@ bool Device::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
 }
 
 // Engine completions -> guest CQEs. The engine's wr_id is the WQE index.
-void Device::DrainCq(uint32_t cqh) {
-  auto it = cqs_.find(cqh);
-  if (it == cqs_.end()) return;
+void DataPath::DrainCq(uint32_t cqh) {
+  auto it = obj_.cqs.find(cqh);
+  if (it == obj_.cqs.end()) return;
   vstellar::Cq* ecq = it->second.cq;
   vstellar::Wc wcs[32];
   bool blocked = false;
   for (int n; (n = ecq->poll(wcs, 32)) > 0;) {
     for (int i = 0; i < n; i++) {
       const vstellar::Wc& wc = wcs[i];
-      auto qit = qps_.find(wc.qp_num);
-      if (qit == qps_.end()) continue;  // QP destroyed meanwhile
+      auto qit = obj_.qps.find(wc.qp_num);
+      if (qit == obj_.qps.end()) continue;  // QP destroyed meanwhile
       QpObj& q = qit->second;
       const bool recv = uint8_t(wc.opcode) & 0x80;
       const uint32_t idx = uint32_t(wc.wr_id);
@@ -403,9 +420,9 @@ void Device::DrainCq(uint32_t cqh) {
   if (blocked) polling_ = true;
 }
 
-void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
-  auto it = cqs_.find(cqh);
-  if (it == cqs_.end()) return;
+void DataPath::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
+  auto it = obj_.cqs.find(cqh);
+  if (it == obj_.cqs.end()) return;
   CqObj& cq = it->second;
   if (cq.overflow) return;
   const uint32_t entries = 1u << cq.log_cqe;
@@ -416,8 +433,8 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
     const uint32_t ci = slot ? LoadLe32(slot + offsetof(vstellar_db_cq, ci)) : cq.pi;
     if (cq.pi - ci >= entries) {
       cq.overflow = true;
-      cq_overflows_++;
-      PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, 0);
+      n_.cq_overflows++;
+      events_.PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, 0);
       return;
     }
   }
@@ -427,13 +444,13 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   c.owner = ((cq.pi >> cq.log_cqe) & 1) ? 0 : VSTELLAR_CQE_OWNER;
   if (!pvdma_.Write(gpa, &c, offsetof(vstellar_cqe, owner))) {
     cq.overflow = true;
-    PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, VSTELLAR_STATUS_BAD_ADDRESS);
+    events_.PostEvent(VSTELLAR_EV_CQ_ERR, cqh, cq.owner, VSTELLAR_STATUS_BAD_ADDRESS);
     return;
   }
   std::atomic_thread_fence(std::memory_order_release);
   pvdma_.Write(gpa + offsetof(vstellar_cqe, owner), &c.owner, 1);
   cq.pi++;
-  cqes_++;
+  n_.cqes++;
   // Notification: a CQ with a doorbell slot is armed while the slot's arm
   // differs from the value last consumed; a slotless kernel CQ through
   // REQ_NOTIFY_CQ. The full fence orders the CQE store before the arm load
@@ -453,12 +470,11 @@ void Device::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   }
   if (fire) {
     vstellar_cq_notify nt{htole32(cqh), htole32(cq.owner)};
-    cq_notifies_[cq.cq_queue].push_back(nt);
-    FlushCqNotifies();
+    events_.NotifyCq(cq.cq_queue, nt);
   }
 }
 
-void Device::OnQpModified(QpObj& q, uint8_t next) {
+void DataPath::OnQpModified(QpObj& q, uint8_t next) {
   if (next == VSTELLAR_QPS_RESET) {
     // RESET forgets every WQE: both sides restart at index 0.
     q.sq_ci = q.rq_ci = 0;

@@ -74,6 +74,11 @@ bool HasReply(Request r) {
 }  // namespace
 
 DeviceConfig DeviceConfig::Default() {
+  // Ring sizes a guest may ask for: within the interface's ring limits, so
+  // every layer's bounds hold for this device (virtio_vstellar.h).
+  constexpr uint32_t kMaxQpWr = 4096, kMaxCqe = 65536;
+  static_assert(kMaxQpWr <= (1u << VSTELLAR_MAX_LOG_WQE), "max_qp_wr over VSTELLAR_MAX_LOG_WQE");
+  static_assert(kMaxCqe <= (1u << VSTELLAR_MAX_LOG_CQE), "max_cqe over VSTELLAR_MAX_LOG_CQE");
   DeviceConfig d;
   virtio_vstellar_config& c = d.config;
   c.abi_version = htole32(VSTELLAR_ABI_VERSION);
@@ -85,12 +90,12 @@ DeviceConfig DeviceConfig::Default() {
   c.max_ucontext = htole32(64);
   c.max_pd = htole32(1024);
   c.max_qp = htole32(1024);
-  c.max_qp_wr = htole32(4096);
+  c.max_qp_wr = htole32(kMaxQpWr);
   c.max_send_sge = htole32(8);
   c.max_recv_sge = htole32(8);
   c.max_inline_data = htole32(256);
   c.max_cq = htole32(1024);
-  c.max_cqe = htole32(65536);
+  c.max_cqe = htole32(kMaxCqe);
   c.max_mr = htole32(4096);
   c.max_ah = htole32(1024);
   c.max_qp_rd_atom = htole32(16);
@@ -252,7 +257,7 @@ Outcome Session::HandleOne(Message& m) {
         return Fail(err);
       if (s.num > 0xffff) return Fail("SET_VRING_BASE: index " + std::to_string(s.num) + " over 16 bits");
       if (vrings_[s.index].started) return Fail("SET_VRING_BASE on a running vring");
-      vrings_[s.index].last_avail = static_cast<uint16_t>(s.num);
+      vrings_[s.index].base = static_cast<uint16_t>(s.num);
       break;
     }
 
@@ -265,7 +270,7 @@ Outcome Session::HandleOne(Message& m) {
       v.started = false;
       v.enabled = false;
       v.kick = Fd();
-      VringState r{s.index, v.last_avail};
+      VringState r{s.index, v.base};
       out.reply = ReplyBytes(h, &r, sizeof(r));
       return out;
     }

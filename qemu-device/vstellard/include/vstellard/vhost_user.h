@@ -146,7 +146,10 @@ struct Vring {
   uint32_t num = 0;
   uint64_t desc = 0, avail = 0, used = 0;  // QEMU addresses
   bool addr_set = false;
-  uint16_t last_avail = 0;
+  // The ring base of SET_VRING_BASE / GET_VRING_BASE (the next available
+  // entry). While the ring runs, the device's Virtqueue owns that index;
+  // the device hands it over around these two messages.
+  uint16_t base = 0;
   bool enabled = false;
   bool started = false;  // got a kick fd
   Fd kick, call, err;

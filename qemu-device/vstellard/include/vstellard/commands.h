@@ -1,0 +1,64 @@
+// The control commands of one device: what each VSTELLAR_CMD_* does to the
+// device's object tables and the engine. The command list, the length
+// checks and the dispatch come from VSTELLAR_CMD_LIST in virtio_vstellar.h;
+// one handler per command (Run<VSTELLAR_CMD_x>) in src/commands.cc.
+//
+// Commands sees a private copy of the request (Device copied it out of
+// guest memory), checks every field before it acts, and answers with a
+// status; nothing a request holds can reach another device's objects.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <vstellar/virtio_vstellar.h>
+
+#include "vstellard/datapath.h"
+#include "vstellard/device_shared.h"
+#include "vstellard/objects.h"
+#include "vstellard/pvdma.h"
+#include "vstellard/vhost_user.h"
+
+namespace vstellard {
+
+class Commands {
+ public:
+  Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects, DataPath& datapath);
+
+  // Executes one request: `req` is the command header and its body (and
+  // page list). Returns a VSTELLAR_STATUS_*; on OK *resp is the response
+  // body.
+  uint16_t Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp);
+
+  // Destroys every object of every context (device reset).
+  void DestroyAll();
+
+ private:
+  // Handlers get the owning context, the body (page list included) and its
+  // length, checked against the command's VSTELLAR_CMD_LIST entry.
+  uint16_t Dispatch(uint16_t op, uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
+  // The handler of command Op: one explicit specialization in commands.cc
+  // for every command that is not reserved.
+  template <uint16_t Op>
+  uint16_t Run(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
+
+  uint16_t CheckUctx(uint32_t uctx) const;
+  uint16_t ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::vector<uint64_t>* out) const;
+  uint16_t AddDbContext(uint32_t key, uint32_t* page);
+  bool DatagramsOn() const;
+  uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
+  void SyncGsiGids();
+  uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
+  void FreeSlot(uint32_t uctx, uint32_t slot);
+  void DestroyQp(uint32_t qpn);
+  void DestroyAllOf(uint32_t uctx);
+  const virtio_vstellar_config& config() const { return session_.device().config; }
+
+  DeviceShared& sh_;
+  Session& session_;
+  Pvdma& pvdma_;
+  ObjectTables& obj_;
+  DataPath& dp_;
+};
+
+}  // namespace vstellard

@@ -1,0 +1,96 @@
+// vstellard's data path for one device: doorbell records, SQ/RQ rings (WQE
+// fetch, check, hand-over to the engine), CQE rings. Implementation and its
+// rules in src/datapath.cc; docs/vstellard.md ("Data path").
+#pragma once
+
+#include <cstdint>
+
+#include <vstellar/engine.h>
+#include <vstellar/virtio_vstellar.h>
+
+#include "vstellard/objects.h"
+#include "vstellard/pvdma.h"
+#include "vstellard/vhost_user.h"
+
+namespace vstellard {
+
+struct DeviceShared;
+
+// What the data path reports to its device. Device implements it; a test
+// can record the calls.
+class DataPathEvents {
+ public:
+  virtual ~DataPathEvents() = default;
+  // An async event for the guest's event queue.
+  virtual void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) = 0;
+  // A CQ notification for CQ notification queue `cq_queue`.
+  virtual void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) = 0;
+  // The device is fatal: its doorbells are not read any more.
+  virtual bool DeviceFatal() const = 0;
+};
+
+struct DataPathCounters {
+  uint64_t wqes = 0;        // SQ and RQ WQEs fetched from guest rings
+  uint64_t bad_wqes = 0;    // WQEs that failed validation (QP moved to ERR)
+  uint64_t cqes = 0;        // CQEs written into guest CQ rings
+  uint64_t cq_overflows = 0;
+  uint64_t db_kicks = 0;      // kick-queue wake-ups
+  uint64_t idle_entries = 0;  // times the data path set need_kick and slept
+};
+
+class DataPath {
+ public:
+  DataPath(unsigned device_id, DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects,
+           DataPathEvents& events);
+
+  // The kick queue was kicked: poll the doorbells until idle again.
+  void OnKick();
+  // Whether the doorbells are polled now (kicked or work found less than
+  // poll_ns ago). The daemon calls Poll() on every loop turn while this is
+  // true and sleeps in epoll otherwise.
+  bool polling() const { return polling_; }
+  void Poll();
+  // The device was reset: stop polling.
+  void Stop() { polling_ = false; }
+
+  // Doorbell pages: the host pointer of a context's page (mapped on first
+  // use), a slot's record back to zero, the cached pointers dropped after
+  // a new memory table.
+  uint8_t* DbPage(uint32_t uctx);
+  void ResetDbSlot(uint32_t uctx, uint32_t slot);
+  void ForgetDbPages();
+
+  // Engine completions of CQ `cqh` -> CQEs in its guest ring.
+  void DrainCq(uint32_t cqh);
+  // After MODIFY_QP moved a QP to `next`: RESET forgets every WQE; WQEs
+  // posted before the QP could take them are picked up now.
+  void OnQpModified(QpObj& q, uint8_t next);
+
+  const DataPathCounters& counters() const { return n_; }
+
+ private:
+  bool RingRead(const RingGeom& g, uint32_t idx, void* dst);
+  void SetNeedKick(uint32_t v);
+  bool ScanDoorbells();
+  bool ServiceWq(QpObj& q, uint8_t* slot, bool send);
+  uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
+  uint8_t CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges);
+  uint8_t CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out);
+  uint8_t CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud);
+  void QpToErr(QpObj& q, uint16_t event, uint32_t info);
+  void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status);
+  void WriteCqe(uint32_t cqh, vstellar_cqe& cqe);
+  static uint64_t NowNs();
+
+  unsigned id_;
+  DeviceShared& sh_;
+  Session& session_;
+  Pvdma& pvdma_;
+  ObjectTables& obj_;
+  DataPathEvents& events_;
+  bool polling_ = false;
+  uint64_t last_work_ns_ = 0;
+  DataPathCounters n_;
+};
+
+}  // namespace vstellard

@@ -1,0 +1,33 @@
+// What all devices of one daemon share (one emulated physical RNIC): the
+// engine, the ATC, the pinning and translation modes, test hooks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include <vstellar/engine.h>
+
+#include "vstellard/pvdma.h"
+#include "vstellard/translate.h"
+
+namespace vstellard {
+
+struct DeviceShared {
+  vstellar::Engine* engine = nullptr;
+  Atc* atc = nullptr;
+  PinMode pin = PinMode::kLazy;
+  TranslationMode translation = TranslationMode::kEmtt;
+  uint16_t peer_port = 47000;  // UDP base port of peer vstellards
+  uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
+  // Test hook: called after a command was copied out of guest memory and
+  // before it is validated (tests change guest memory here: double fetch).
+  std::function<void(unsigned device)> after_copy;
+  // Test hook: called after a WQE was copied out of a guest SQ/RQ ring and
+  // before it is validated (tests rewrite the WQE here: double fetch).
+  std::function<void(unsigned device, uint32_t qpn, bool send, uint32_t index)> after_wqe_copy;
+  // Data path: how long a device keeps polling its doorbells after the last
+  // work before it sets need_kick and sleeps.
+  uint64_t poll_ns = 50'000;
+};
+
+}  // namespace vstellard

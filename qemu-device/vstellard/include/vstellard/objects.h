@@ -1,0 +1,88 @@
+// The verbs objects of one device (user contexts, PDs, CQs, QPs, MRs, the
+// GID table), by the handles its guest names them with. Commands
+// (commands.cc) create and destroy them; the data path (datapath.cc) reads
+// their rings. Device owns the tables; nothing outside one device sees them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include <vstellar/engine.h>
+#include <vstellar/virtio_vstellar.h>
+
+namespace vstellard {
+
+// Where a guest ring (SQ or RQ) is: its pages (guest-physical), the page
+// size, the offset of entry 0 in the first page, entries and entry size.
+struct RingGeom {
+  std::vector<uint64_t> pages;
+  uint32_t shift = 12;
+  uint64_t offset = 0;
+  uint32_t log_n = 0, log_stride = 0;
+};
+
+struct UContext {
+  uint32_t db_page = 0;
+  uint8_t* page = nullptr;  // host pointer to its doorbell page (cached)
+  std::vector<bool> slots;  // VSTELLAR_DB_SLOTS_PER_PAGE
+};
+
+struct PdObj {
+  uint32_t owner;
+  vstellar::Pd* pd;
+  // Kernel PDs: the MR behind VSTELLAR_LOCAL_DMA_LKEY (guest-physical,
+  // local access only). Not in mrs: no guest can deregister it.
+  vstellar::Mr* dma_mr = nullptr;
+};
+
+struct CqObj {
+  uint32_t owner;
+  vstellar::Cq* cq;
+  uint32_t cq_queue, slot, log_cqe;
+  uint32_t page_shift;
+  uint64_t ring_offset;
+  std::vector<uint64_t> pages;
+  bool armed = false;
+  // Data path: CQEs written (free-running), arm value last consumed,
+  // overflow latched (CQ_ERR sent, no more CQEs).
+  uint32_t pi = 0, last_arm = 0;
+  bool overflow = false;
+};
+
+struct QpObj {
+  uint32_t owner;
+  vstellar::Qp* qp;
+  uint8_t type = VSTELLAR_QPT_RC;  // VSTELLAR_QPT_*
+  uint32_t pdn, send_cqn, recv_cqn, slot;
+  // Data path: ring geometry, WQEs fetched (free-running), the guest
+  // wr_id of each slot (the engine's wr_id is the WQE index), the send
+  // opcode of each SQ slot, limits granted at create.
+  RingGeom sq, rq;
+  uint32_t sq_ci = 0, rq_ci = 0;
+  std::vector<uint64_t> sq_wrid, rq_wrid;
+  std::vector<uint8_t> sq_op;
+  uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
+  bool broken = false;   // doorbell record corrupt: not read until RESET
+  bool blocked = false;  // the engine's queue was full: rescan after a completion
+};
+
+struct MrObj {
+  uint32_t owner;
+  vstellar::Mr* mr;
+  uint32_t pdn;
+};
+
+struct ObjectTables {
+  uint32_t next_handle = 1;
+  std::map<uint32_t, UContext> uctx;  // by handle; 0 = the kernel's doorbell page
+  std::vector<bool> db_pages_used;
+  std::map<uint32_t, PdObj> pds;
+  std::map<uint32_t, CqObj> cqs;
+  std::map<uint32_t, QpObj> qps;  // by QPN
+  std::map<uint32_t, MrObj> mrs;
+  std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
+};
+
+}  // namespace vstellard
