@@ -1,4 +1,4 @@
-// Test frontend for vstellard; see include/vstellard/frontend.h.
+// Test frontend for vstellard; see vstellard/frontend.h next to this file.
 #include "vstellard/frontend.h"
 
 #include <endian.h>
