@@ -135,7 +135,7 @@ void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   // The source GID must be the sending host's own address (no spoofing
   // another host's CM), and the Q_Key must match.
   if (!usable || e.qkey != qp->attr.qkey || (is_v4_mapped(e.sgid) && v4_of(e.sgid) != from.ip) ||
-      qp->rq_head == qp->rq_tail) {
+      (qp->srq ? take_srq_wqes(*qp, 1) : qp->rq_tail - qp->rq_head) == 0) {
     stats_.ud_drops++;
     return;
   }
@@ -154,7 +154,7 @@ void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   wc.byte_len = uint32_t(kGrhBytes + p.payload_len);
   wc.qp_num = qp->qpn_;
   wc.src_qp = p.base.src_qpn;
-  wc.wc_flags = WC_GRH;
+  wc.wc_flags = WC_GRH | (r.from_srq ? uint32_t(WC_SRQ) : 0u);
   if (p.base.op == wire::Op::UD_SEND_IMM) {
     wc.wc_flags |= WC_WITH_IMM;
     wc.imm_data = e.imm;

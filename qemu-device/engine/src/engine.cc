@@ -230,10 +230,10 @@ uint64_t EngineCore::next_deadline() {
   return d;
 }
 
-Mr* EngineCore::sge_mr(const QpImpl& qp, uint32_t lkey, uint64_t addr, uint64_t length,
+Mr* EngineCore::sge_mr(const Pd* pd, uint32_t lkey, uint64_t addr, uint64_t length,
                        uint32_t access) {
   Mr* mr = find_mr(lkey);
-  return mr && mr->pd() == qp.pd() && mr->allows(addr, length, access) ? mr : nullptr;
+  return mr && mr->pd() == pd && mr->allows(addr, length, access) ? mr : nullptr;
 }
 
 // Scatter len bytes from src into the SGE list at message offset off, checking
@@ -296,6 +296,12 @@ int Engine::post_send(Qp* qp, const SendWr& wr, WcStatus* why) {
 }
 int Engine::post_recv(Qp* qp, const RecvWr& wr, WcStatus* why) {
   return core_->post_recv(impl(qp), wr, why);
+}
+Srq* Engine::create_srq(Pd* pd, const SrqInitAttr& init) { return core_->create_srq(pd, init); }
+int Engine::modify_srq(Srq* srq, uint32_t limit) { return core_->modify_srq(impl(srq), limit); }
+int Engine::destroy_srq(Srq* srq) { return core_->destroy_srq(impl(srq)); }
+int Engine::post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why) {
+  return core_->post_srq_recv(impl(srq), wr, why);
 }
 int Engine::set_gsi_gids(Qp* qp, const std::vector<Gid>& gids) {
   return core_->set_gsi_gids(impl(qp), gids);

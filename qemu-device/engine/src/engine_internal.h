@@ -95,8 +95,32 @@ struct RecvWqe {
   uint32_t imm = 0;
   bool with_imm = false;
   bool write_imm = false;
+  bool from_srq = false;  // taken from the QP's SRQ (completes with WC_SRQ)
   WcStatus status = WcStatus::SUCCESS;
 };
+
+// An SRQ: posted receive WQEs in posting order. A QP takes the oldest when
+// a message needs one and keeps its own copy (QpImpl::rq), so a slot here
+// frees as soon as it is taken.
+class SrqImpl final : public Srq {
+ public:
+  using Srq::limit_;
+  using Srq::max_sge_;
+  using Srq::max_wr_;
+  using Srq::pd_;
+  using Srq::srqn_;
+
+  std::vector<RecvWqe> ring;  // max_wr slots
+  uint64_t head = 0;          // oldest WQE not yet taken by a QP
+  uint64_t tail = 0;          // next free slot
+  uint32_t refs = 0;          // QPs attached; destroy fails while non-zero
+  RecvWqe& at(uint64_t i) { return ring[i % ring.size()]; }
+  uint64_t posted() const { return tail - head; }
+};
+
+inline SrqImpl& impl(Srq& srq) { return static_cast<SrqImpl&>(srq); }
+inline SrqImpl* impl(Srq* srq) { return static_cast<SrqImpl*>(srq); }
+inline const SrqImpl& impl(const Srq& srq) { return static_cast<const SrqImpl&>(srq); }
 
 // The whole QP: verbs state plus the transport state of its connection.
 // The requester side (send queue, PSN window, retransmission timers) and
@@ -139,6 +163,9 @@ class QpImpl final : public Qp {
   PathSelector paths{PathAlgo::OBS, 1, 1};
 
   // ---- receive queue (responder) ----
+  // With an SRQ, rq holds the WQEs this QP took from it (take_srq_wqes)
+  // until they complete, in message order.
+  SrqImpl* srq = nullptr;
   std::vector<RecvWqe> rq;
   uint64_t rq_head = 0;  // == rsn of the oldest uncompleted receive WQE
   uint64_t rq_tail = 0;
@@ -202,6 +229,13 @@ class EngineCore {
   int post_send(QpImpl* qp, const SendWr& wr, WcStatus* why);
   int post_recv(QpImpl* qp, const RecvWr& wr, WcStatus* why);
   int set_gsi_gids(QpImpl* qp, const std::vector<Gid>& gids);
+  SrqImpl* create_srq(Pd* pd, const SrqInitAttr& init);
+  int modify_srq(SrqImpl* srq, uint32_t limit);
+  int destroy_srq(SrqImpl* srq);
+  int post_srq_recv(SrqImpl* srq, const RecvWr& wr, WcStatus* why);
+  // srq.cc: a QP on an SRQ takes WQEs until it holds `want` uncompleted
+  // ones (or the SRQ or the QP's rq runs out); returns what it holds.
+  uint64_t take_srq_wqes(QpImpl& qp, uint64_t want);
   QpImpl* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
 
@@ -213,7 +247,7 @@ class EngineCore {
   // qp.cc: the state machine and the verbs rules of a posted WR
   int check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next);
   WcStatus check_send(const QpImpl& qp, const SendWr& wr);
-  WcStatus check_recv(const QpImpl& qp, const RecvWr& wr);
+  WcStatus check_recv(const Pd* pd, uint32_t max_sge, const RecvWr& wr);
   void reset_qp(QpImpl& qp);
   void init_transport(QpImpl& qp);
   void qp_to_error(QpImpl& qp);
@@ -253,7 +287,10 @@ class EngineCore {
   // responder and the completer.
   // The MR an SGE names, if it is in the QP's PD and allows `access` on
   // [addr, addr+length) (0: read only); else nullptr.
-  Mr* sge_mr(const QpImpl& qp, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access);
+  Mr* sge_mr(const QpImpl& qp, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access) {
+    return sge_mr(qp.pd(), lkey, addr, length, access);
+  }
+  Mr* sge_mr(const Pd* pd, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access);
   bool scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
                WcStatus& st);
 
@@ -278,6 +315,8 @@ class EngineCore {
   std::vector<std::unique_ptr<Mr>> mrs_;  // slot (key >> 8) - 1
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::unordered_map<uint32_t, std::unique_ptr<QpImpl>> qps_;
+  std::vector<std::unique_ptr<SrqImpl>> srqs_;
+  uint32_t next_srqn_ = 1;
   std::vector<QpImpl*> qp_list_;
   std::vector<QpImpl*> ack_list_;
   std::vector<QpImpl*> ack_later_;

@@ -89,8 +89,14 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   const QpCap& c = init.cap;
   if (!pd || !init.send_cq || !init.recv_cq) return nullptr;
   if (c.max_send_wr < 1 || c.max_send_wr > DeviceLimits::kMaxQpWr) return nullptr;
-  if (c.max_recv_wr < 1 || c.max_recv_wr > DeviceLimits::kMaxQpWr) return nullptr;
-  if (c.max_send_sge > DeviceLimits::kMaxSge || c.max_recv_sge > DeviceLimits::kMaxSge) return nullptr;
+  SrqImpl* srq = init.srq ? impl(init.srq) : nullptr;
+  if (srq && (init.qp_type == QpType::GSI || srq->pd() != pd ||
+              std::find_if(srqs_.begin(), srqs_.end(),
+                           [&](const auto& s) { return s.get() == srq; }) == srqs_.end()))
+    return nullptr;
+  if (!srq && (c.max_recv_wr < 1 || c.max_recv_wr > DeviceLimits::kMaxQpWr)) return nullptr;
+  if (c.max_send_sge > DeviceLimits::kMaxSge || (!srq && c.max_recv_sge > DeviceLimits::kMaxSge))
+    return nullptr;
   if (c.max_inline_data > DeviceLimits::kMaxInline) return nullptr;
   if (next_qpn_ > DeviceLimits::kMaxQpn) return nullptr;
   if (init.qp_type != QpType::RC && init.qp_type != QpType::UD && init.qp_type != QpType::GSI)
@@ -104,7 +110,10 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   qp->init = init;
   qp->sq.resize(c.max_send_wr);
   qp->inline_buf.resize(size_t(c.max_send_wr) * c.max_inline_data);
-  qp->rq.resize(c.max_recv_wr);
+  // On an SRQ the QP can hold at most all of the SRQ's WQEs at once.
+  qp->srq = srq;
+  qp->rq.resize(srq ? srq->max_wr() : c.max_recv_wr);
+  if (srq) srq->refs++;
   if (init.qp_type == QpType::RC) {  // datagram QPs keep no transport window
     qp->recs.resize(cfg_.window_pkts);
     qp->rbits.assign(cfg_.window_pkts / 64, 0);
@@ -123,6 +132,7 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   qp->pd_->refs--;
   qp->send_cq->refs--;
   qp->recv_cq->refs--;
+  if (qp->srq) qp->srq->refs--;
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
   qps_.erase(qp->qpn_);
@@ -240,6 +250,17 @@ void EngineCore::init_transport(QpImpl& qp) {
 }
 
 void EngineCore::reset_qp(QpImpl& qp) {
+  // WQEs a QP took from its SRQ are not the QP's to drop silently: the
+  // SRQ's owner counts completions to reuse its slots, so they flush.
+  for (; qp.srq && qp.rq_head < qp.rq_tail; qp.rq_head++) {
+    Wc wc;
+    wc.wr_id = qp.rq_at(qp.rq_head).wr_id;
+    wc.status = WcStatus::WR_FLUSH_ERR;
+    wc.opcode = WcOpcode::RECV;
+    wc.qp_num = qp.qpn_;
+    wc.wc_flags = WC_SRQ;
+    emit(qp.recv_cq, wc);
+  }
   qp.sq_head = qp.sq_next = qp.sq_tail = 0;
   qp.rq_head = qp.rq_tail = 0;
   qp.rd_atomic_outstanding = 0;
@@ -274,8 +295,11 @@ void EngineCore::qp_to_error(QpImpl& qp) {
     wc.opcode = WcOpcode::RECV;
     wc.qp_num = qp.qpn_;
     wc.src_qp = qp.attr.dest_qp_num;
+    if (r.from_srq) wc.wc_flags |= WC_SRQ;
     emit(qp.recv_cq, wc);
   }
+  // IB: a QP on an SRQ that enters ERR will take no more of its WQEs.
+  if (qp.srq) events_.push_back({AsyncEventType::QP_LAST_WQE_REACHED, qp.qpn_});
   comp_retire(qp);
 }
 
@@ -379,14 +403,14 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
 // The verbs rules of a receive WR: SGE count, total length (a receive
 // completion counts bytes in 32 bits) and (with lkeys_at_post) that every
 // SGE names an MR of the QP's PD with local write.
-WcStatus EngineCore::check_recv(const QpImpl& qp, const RecvWr& wr) {
-  if (wr.num_sge > qp.init.cap.max_recv_sge) return WcStatus::LOC_LEN_ERR;
+WcStatus EngineCore::check_recv(const Pd* pd, uint32_t max_sge, const RecvWr& wr) {
+  if (wr.num_sge > max_sge) return WcStatus::LOC_LEN_ERR;
   if (wr.num_sge && !wr.sg_list) return WcStatus::LOC_QP_OP_ERR;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) {
     const Sge& s = wr.sg_list[i];
     if (s.length && cfg_.lkeys_at_post &&
-        !sge_mr(qp, s.lkey, s.addr, s.length, ACCESS_LOCAL_WRITE))
+        !sge_mr(pd, s.lkey, s.addr, s.length, ACCESS_LOCAL_WRITE))
       return WcStatus::LOC_PROT_ERR;
     len += s.length;
   }
@@ -400,8 +424,13 @@ int EngineCore::post_recv(QpImpl* qp, const RecvWr& wr, WcStatus* why) {
     if (why) *why = WcStatus::LOC_QP_OP_ERR;
     return EINVAL;
   }
+  if (qp->srq) {  // IB: a QP on an SRQ has no receive queue to post to
+    if (why) *why = WcStatus::LOC_QP_OP_ERR;
+    return EINVAL;
+  }
   if (qp->rq_room() == 0) return ENOMEM;
-  if (WcStatus bad = check_recv(*qp, wr); bad != WcStatus::SUCCESS) {
+  if (WcStatus bad = check_recv(qp->pd(), qp->init.cap.max_recv_sge, wr);
+      bad != WcStatus::SUCCESS) {
     if (why) *why = bad;
     return EINVAL;
   }
@@ -439,6 +468,7 @@ uint32_t Qp::sq_room() const {
 
 uint32_t Qp::rq_room() const {
   const QpImpl& q = impl(*this);
+  if (q.srq) return 0;  // receives are posted to the SRQ
   return uint32_t(q.rq.size() - (q.rq_tail - q.rq_head));
 }
 

@@ -161,7 +161,14 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
       return;
     }
-    if (k >= qp.rq_tail - qp.rq_head) {  // not posted yet: receiver not ready
+    // On an SRQ, a peer may not hoard its WQEs with an rsn far ahead: its
+    // messages in flight are bounded by the PSN window.
+    if (qp.srq && k >= qp.window()) {
+      resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
+      return;
+    }
+    const uint64_t held = qp.srq ? take_srq_wqes(qp, uint64_t(k) + 1) : qp.rq_tail - qp.rq_head;
+    if (k >= held) {  // not posted yet: receiver not ready
       resp_nak(qp, wire::Syndrome::RNR_NAK, psn, WcStatus::SUCCESS);
       return;
     }
@@ -321,7 +328,7 @@ void EngineCore::resp_complete_recvs(QpImpl& qp) {
     wc.opcode = r.write_imm ? WcOpcode::RECV_RDMA_WITH_IMM : WcOpcode::RECV;
     wc.byte_len = r.byte_len;
     wc.imm_data = r.imm;
-    wc.wc_flags = r.with_imm ? uint32_t(WC_WITH_IMM) : 0u;
+    wc.wc_flags = (r.with_imm ? uint32_t(WC_WITH_IMM) : 0u) | (r.from_srq ? uint32_t(WC_SRQ) : 0u);
     wc.qp_num = qp.qpn_;
     wc.src_qp = qp.attr.dest_qp_num;
     emit(qp.recv_cq, wc);

@@ -19,6 +19,7 @@
 #include "vstellar/path.h"
 #include "vstellar/pd.h"
 #include "vstellar/qp.h"
+#include "vstellar/srq.h"
 #include "vstellar/types.h"
 
 namespace vstellar {
@@ -99,6 +100,13 @@ class Engine {
   int post_send(Qp* qp, const SendWr& wr, WcStatus* why = nullptr);
   int post_recv(Qp* qp, const RecvWr& wr, WcStatus* why = nullptr);
   int poll_cq(Cq* cq, Wc* wc, int n) { return cq->poll(wc, n); }
+  // Shared receive queues. destroy_srq: EBUSY while a QP uses it.
+  // post_srq_recv checks the WR like post_recv (SGE count against the
+  // SRQ's max_sge, lkeys in the SRQ's PD with lkeys_at_post).
+  Srq* create_srq(Pd* pd, const SrqInitAttr& init);  // nullptr on bad attributes
+  int modify_srq(Srq* srq, uint32_t limit);  // limit < max_wr; 0 disarms
+  int destroy_srq(Srq* srq);
+  int post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why = nullptr);
   // A GSI QP answers to QP 1 for exactly these GIDs (its owner's).
   int set_gsi_gids(Qp* qp, const std::vector<Gid>& gids);
   Qp* find_qp(uint32_t qpn);

@@ -79,7 +79,9 @@ enum : uint32_t {
 };
 
 // ibv_wc_flags
-enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2 };
+// WC_SRQ: a receive whose WQE came from the QP's SRQ (wr_id is the one
+// given to post_srq_recv).
+enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2, WC_SRQ = 4 };
 
 // ibv_qp_attr_mask
 enum : uint32_t {
@@ -194,10 +196,15 @@ struct QpCap {
   uint32_t max_inline_data = 256;
 };
 
+class Srq;
+
 struct QpInitAttr {
   QpType qp_type = QpType::RC;
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
+  // RC and UD: receives come from this SRQ (same PD); cap.max_recv_wr and
+  // cap.max_recv_sge are then ignored and the QP has no RQ of its own.
+  Srq* srq = nullptr;
   QpCap cap;
   bool sq_sig_all = false;
 };
@@ -224,10 +231,14 @@ struct QpAttr {
   uint8_t en_sqd_async_notify = 0;
 };
 
-enum class AsyncEventType : uint8_t { QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, SQ_DRAINED, CQ_ERR, COMM_EST };
+enum class AsyncEventType : uint8_t {
+  QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, SQ_DRAINED, CQ_ERR, COMM_EST,
+  SRQ_LIMIT_REACHED,    // object: the SRQN
+  QP_LAST_WQE_REACHED,  // a QP on an SRQ entered ERR; object: the QPN
+};
 struct AsyncEvent {
   AsyncEventType type;
-  uint32_t qpn_or_cqn;
+  uint32_t qpn_or_cqn;  // or the SRQN, by type
 };
 
 // Serial-number comparison of 32-bit PSNs (RFC 1982 style).
