@@ -1,7 +1,7 @@
 // vstellard's data path: doorbell records, SQ/RQ rings, CQE rings.
 // See docs/vstellard.md ("Data path") and docs/virtio-vstellar.md.
 //
-// Rules (design.md, "Data path rules"): a WQE is copied out of guest memory
+// Rules: a WQE is copied out of guest memory
 // before anything in it is looked at; every index, count, key, length and
 // address is checked against the QP's limits, the ring and the MR; a bad WQE
 // completes with an error and moves its QP to ERR, nothing else. Doorbell
