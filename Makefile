@@ -54,6 +54,9 @@ kmod: deps
 	@mkdir -p $(GUEST_EXTRA)/usr/lib/vstellar-kselftest
 	@cp -a $(addprefix $(KSELFTEST_DIR)/,$(KSELFTEST_PROGS)) \
 		$(GUEST_EXTRA)/usr/lib/vstellar-kselftest/
+	@# MPI programs for guests (tools/mpi), built with Debian's mpicc.
+	@$(MAKE) --no-print-directory -s -C tools/mpi OUT=$(CURDIR)/$(BUILD)/mpi all
+	@install -D -m755 $(BUILD)/mpi/allreduce_bench $(GUEST_EXTRA)/usr/bin/allreduce_bench
 
 # The guest side: QEMU, rdma-core (with our provider), the guest image. Each
 # script prints its cached result; guest.env records them for the launcher.

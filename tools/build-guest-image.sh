@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Build the guest image: the pinned Debian 6.1 kernel and one uncompressed
 # initramfs (uncompressed because TCG decompresses slowly) made from Debian
-# packages: busybox, kmod, iproute2, perftest, python3, the kernel modules
-# for RDMA and virtio, and our rdma-core build (libibverbs, librdmacm, the rxe
-# and vstellar providers, utilities, pyverbs and rdma-core's tests/). Our
-# kernel module and tests, when built, go in too.
+# packages: busybox, kmod, iproute2, perftest, python3, UCX, OpenMPI,
+# libfabric, dropbear, the kernel modules for RDMA and virtio, and our
+# rdma-core build (libibverbs, librdmacm, the rxe and vstellar providers,
+# utilities, pyverbs and rdma-core's tests/), which UCX, OpenMPI, libfabric
+# and perftest run on. Our kernel module, tests and MPI programs, when built,
+# go in too.
 #
 # Usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]
 #   EXTRA_DIR trees are copied over the root last (our module, selftests).
@@ -28,10 +30,10 @@ host_packages=(busybox-static kmod iproute2)
 
 debs=$VSTELLAR_CACHE/debs
 apt_download_dir "$debs"
-getdeb() {  # getdeb PKG VERSION: the .deb in the cache, downloaded once
-	local pkg=$1 ver=$2
+getdeb() {  # getdeb PKG VERSION [ARCH]: the .deb in the cache, downloaded once
+	local pkg=$1 ver=$2 arch=${3:-$(dpkg --print-architecture)}
 	# apt names files PKG_VERSION_ARCH.deb with an epoch's colon as %3a.
-	local f=$debs/${pkg}_${ver/:/%3a}_$(dpkg --print-architecture).deb
+	local f=$debs/${pkg}_${ver/:/%3a}_$arch.deb
 	[[ -f $f ]] || (cd "$debs" && apt-get download -qq "$pkg=$ver") ||
 		die "apt-get download $pkg=$ver failed (run: make deps)"
 	[[ -f $f ]] || die "apt-get download $pkg=$ver did not give $f"
@@ -42,8 +44,45 @@ perftest_ver=$(apt-cache policy perftest | sed -n 's/ *Candidate: //p')
 [[ -n $perftest_ver && $perftest_ver != "(none)" ]] || die "no perftest package known to apt (run: make deps)"
 pdeb=$(getdeb perftest "$perftest_ver")
 
+# MPI and friends from their .debs, with the runtime closure of their
+# Depends: UCX, OpenMPI 4.1, libfabric, and dropbear (the ssh server and
+# client that mpirun starts its remote daemons with). The walk stops at
+# packages the image must not carry or does not need:
+#  - libibverbs1, librdmacm1, ibverbs-providers: our rdma-core build provides
+#    libibverbs.so.1, librdmacm.so.1 and the providers (ABI compatible);
+#  - openssh-client: dropbear's dbclient is mpirun's launcher here;
+#  - libhwloc-plugins: optional hwloc plugins (X11, OpenCL, CUDA), dlopened;
+#  - the base libraries the image already copies from the host (below).
+mpi_roots=(libucx0 ucx-utils openmpi-bin libfabric1 libfabric-bin dropbear-bin)
+declare -A mpi_dep=() mpi_seen=() mpi_stop=()
+for p in libibverbs1 librdmacm1 ibverbs-providers openssh-client libhwloc-plugins \
+	libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libcrypt1; do
+	mpi_stop[$p]=1
+done
+pkg=
+while IFS= read -r line; do  # apt-cache's tree: "pkg", then "  Depends: dep"
+	case $line in
+	*Depends:\ \<*) ;;  # virtual (ssh-client): its providers are indented lines
+	*Depends:\ *) mpi_dep[$pkg]+=" ${line##* }" ;;
+	[!\ ]*) pkg=$line ;;
+	esac
+done < <(apt-cache depends --recurse --important "${mpi_roots[@]}")
+todo=("${mpi_roots[@]}")
+while ((${#todo[@]})); do
+	p=${todo[-1]}; unset 'todo[-1]'
+	[[ -n ${mpi_seen[$p]:-} || -n ${mpi_stop[$p]:-} ]] && continue
+	mpi_seen[$p]=1
+	read -ra deps <<< "${mpi_dep[$p]:-}"
+	todo+=("${deps[@]}")
+done
+mpi_debs=()
+while read -r p ver arch; do
+	mpi_debs+=("$(getdeb "$p" "$ver" "$arch")")
+done < <(apt-cache show --no-all-versions "${!mpi_seen[@]}" |
+	awk '/^Package: / {p = $2} /^Version: / {v = $2} /^Architecture: / {print p, v, $2}' | sort)
+
 host_versions=$(dpkg-query -W "${host_packages[@]}" python3.11-minimal libpython3.11-stdlib)
-key=$(key_of "$kdeb" "$pdeb" "$host_versions" "${root_modules[*]}" "$stage" \
+key=$(key_of "$kdeb" "$pdeb" "${mpi_debs[@]}" "$host_versions" "${root_modules[*]}" "$stage" \
 	"$VSTELLAR_TOP/tools/guest" "$0" "${extras[@]}")
 out=$VSTELLAR_CACHE/guest-$key
 if [[ -e $out/.complete ]]; then
@@ -122,7 +161,22 @@ tar -C /usr/lib/python3.11 --exclude=__pycache__ --exclude='./test' --exclude=./
 
 log "perftest from $(basename "$pdeb"), rdma-core from $stage"
 dpkg-deb -x "$pdeb" "$root"
-rm -rf "$root/usr/share/doc" "$root/usr/share/man"
+log "UCX, OpenMPI, libfabric, dropbear: ${#mpi_debs[@]} .debs"
+for d in "${mpi_debs[@]}"; do dpkg-deb -x "$d" "$root"; done
+# No postinst runs here: make the links their update-alternatives calls
+# would (mpirun, mpiexec, libpsm_infinipath.so.1, which libfabric and
+# OpenMPI link), to targets in the image, relative so that the host's own
+# alternatives never answer for the image's.
+for d in "${mpi_debs[@]}"; do
+	dpkg-deb -I "$d" postinst 2>/dev/null | sed -e ':a' -e '/\\$/{N;s/\\\n//;ba}' |
+		grep -oE -- '--(install|slave) +[^ ]+ +[^ ]+ +[^ ]+' |
+		while read -r _ link _ target; do
+			[[ -e $root$target ]] || continue
+			mkdir -p "$(dirname "$root$link")"
+			ln -sfnr "$root$target" "$root$link"
+		done
+done
+rm -rf "$root/usr/share/doc" "$root/usr/share/man" "$root/usr/share/lintian" "$root/usr/include"
 cp -a "$stage/." "$root/"
 for d in "${extras[@]}"; do cp -a "$d/." "$root/"; done
 
@@ -130,6 +184,11 @@ for d in "${extras[@]}"; do cp -a "$d/." "$root/"; done
 # first (so our libibverbs wins), then the host. A library found nowhere is
 # a missing package in tools/install-deps.sh, not something to skip.
 libpath=$root/usr/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/libibverbs
+# The host may have Debian's own libibverbs1 (libopenmpi-dev pulls it in):
+# none of its libraries may stand in for one our build lacks.
+declare -A not_from_host=()
+while read -r f; do not_from_host[${f##*/}]=1; done < <(dpkg -L libibverbs1 librdmacm1 \
+	ibverbs-providers 2>/dev/null | grep '\.so')
 for _ in 1 2 3; do
 	find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
 		xargs -0 file -N -F' ' | awk '/ ELF / && /dynamically linked|shared object/ {print $1}' |
@@ -140,6 +199,8 @@ for _ in 1 2 3; do
 		done | sort -u | while read -r lib what needed_by; do
 			[[ $lib == MISSING ]] && die "$needed_by needs $what, which no installed package provides (add its package to tools/install-deps.sh)"
 			case $lib in "$root"/*) continue ;; esac
+			[[ -z ${not_from_host[${lib##*/}]:-} ]] ||
+				die "${lib##*/} would come from the host's Debian rdma-core, not from $stage"
 			[[ -e $root$lib ]] || { copy_path "$lib"; real=$(readlink -f "$lib"); copy_path "$real"; }
 		done
 done
@@ -158,6 +219,17 @@ echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
 echo "root:x:0:" > "$root/etc/group"
 printf '127.0.0.1 localhost\n' > "$root/etc/hosts"
 install -m755 "$VSTELLAR_TOP/tools/guest/init" "$root/init"
+# mpirun across guests: dropbear serves ssh (host keys made on first use,
+# -R), dbclient is OpenMPI's launcher; one client key, made here, is in every
+# guest of this image and authorized by every guest. Test guests only: the
+# key lets anyone on the test network in, which is the point.
+install -m755 "$VSTELLAR_TOP/tools/guest/vstellar-mpi" "$root/usr/bin/vstellar-mpi"
+cat "$VSTELLAR_TOP/tools/guest/openmpi-mca-params.conf" >> "$root/etc/openmpi/openmpi-mca-params.conf"
+mkdir -p -m700 "$root/root/.ssh" && mkdir -p "$root/etc/dropbear"
+LD_LIBRARY_PATH=$root/usr/lib/x86_64-linux-gnu "$root/usr/bin/dropbearkey" -t ed25519 \
+	-f "$root/root/.ssh/id_dropbear" 2>/dev/null | grep '^ssh-' > "$root/root/.ssh/authorized_keys"
+[[ -s $root/root/.ssh/authorized_keys ]] || die "dropbearkey made no client key"
+chmod 600 "$root/root/.ssh/authorized_keys" "$root/root/.ssh/id_dropbear"
 depmod -b "$root" "$abi"
 cp -a /etc/ld.so.conf /etc/ld.so.conf.d "$root/etc/"
 ldconfig -r "$root"

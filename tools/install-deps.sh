@@ -19,10 +19,14 @@ pkgs_rdma=(libnl-3-dev libnl-route-3-dev libudev-dev cython3 python3-dev
 # (libpci3 for perftest, whose own .deb goes straight into the image).
 pkgs_guest=("linux-headers-$GUEST_KERNEL_ABI" busybox-static kmod iproute2
 	cpio file python3 python3-minimal libpci3)
+# MPI programs that run in guests (tools/mpi), built with Debian's mpicc;
+# the guest takes UCX, OpenMPI and libfabric from their .debs, not from here.
+pkgs_mpi=(libopenmpi-dev)
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 
-want=("${pkgs_build[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_run[@]}")
+want=("${pkgs_build[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
+	"${pkgs_run[@]}")
 
 [[ $(id -u) == 0 ]] || die "must run as root (apt-get install); try: sudo make deps"
 
