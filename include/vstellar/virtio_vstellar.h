@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		1
+#define VSTELLAR_ABI_MINOR		2
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -73,6 +73,12 @@
 #define VIRTIO_VSTELLAR_F_ATOMIC	4
 /* Inline data in send WQEs (config.max_inline_data > 0). */
 #define VIRTIO_VSTELLAR_F_INLINE	5
+/*
+ * Shared receive queues (minor 2): CREATE/MODIFY/QUERY/DESTROY_SRQ, QPs
+ * created with VSTELLAR_QP_CREATE_USE_SRQ, SRQ doorbell slots, CQEs with
+ * VSTELLAR_CQE_SRQ, the SRQ_LIMIT_REACHED and QP_LAST_WQE_REACHED events.
+ */
+#define VIRTIO_VSTELLAR_F_SRQ		6
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -207,7 +213,16 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
 	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_RESERVED)			\
 	/* minor 1, VIRTIO_VSTELLAR_F_UD */					\
 	X(KERNEL_DB,	    0x15, VSTELLAR_NO_BODY,				\
-	  VSTELLAR_BODY(vstellar_resp_kernel_db), 0)
+	  VSTELLAR_BODY(vstellar_resp_kernel_db), 0)			\
+	/* minor 2, VIRTIO_VSTELLAR_F_SRQ */					\
+	X(CREATE_SRQ,	    0x16, VSTELLAR_BODY(vstellar_cmd_create_srq),	\
+	  VSTELLAR_BODY(vstellar_resp_create_srq), VSTELLAR_CMDF_PAGES)	\
+	X(MODIFY_SRQ,	    0x17, VSTELLAR_BODY(vstellar_cmd_modify_srq),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(QUERY_SRQ,	    0x18, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_BODY(vstellar_resp_query_srq), 0)			\
+	X(DESTROY_SRQ,	    0x19, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)
 
 enum vstellar_cmd_opcode {
 #define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
@@ -306,7 +321,10 @@ struct vstellar_resp_query_device {
 	__le32 max_inline_data;
 	__le64 max_mr_size;
 	__le64 page_size_cap;
-	__le32 reserved[4];
+	__le32 max_srq;		/* minor 2: 0 without F_SRQ */
+	__le32 max_srq_wr;
+	__le32 max_srq_sge;
+	__le32 reserved;
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_query_device, 112);
 
@@ -454,16 +472,31 @@ struct vstellar_cmd_create_qp {
 	__u8 rq_log_wqe;
 	__u8 rq_log_stride;	/* VSTELLAR_MIN_RQ_LOG_STRIDE .. MAX */
 	__u8 page_shift;
-	__u8 reserved0;
+	__u8 create_flags;	/* VSTELLAR_QP_CREATE_* (minor 2) */
 	__le32 max_send_sge;
 	__le32 max_recv_sge;
 	__le32 max_inline_data;
 	__le32 sq_pages;
 	__le32 rq_pages;
 	__le64 sq_offset;	/* byte offset of each ring in its first page */
-	__le64 rq_offset;
+	union {
+		__le64 rq_offset;
+		/* with VSTELLAR_QP_CREATE_USE_SRQ: the QP has no RQ */
+		struct {
+			__le32 srqn;	/* an SRQ of the same ucontext */
+			__le32 reserved;
+		} srq;
+	};
 };
 VSTELLAR_ABI_SIZE(vstellar_cmd_create_qp, 56);
+
+/*
+ * The QP takes its receives from the SRQ named in srq.srqn (RC and UD QPs,
+ * F_SRQ): rq_log_wqe, rq_log_stride, rq_pages and max_recv_sge are 0, and
+ * the QP's doorbell slot has no meaning for rq_pi.
+ */
+#define VSTELLAR_QP_CREATE_USE_SRQ	(1u << 0)
+#define VSTELLAR_QP_CREATE_VALID	0x01u
 
 struct vstellar_resp_create_qp {
 	__le32 qpn;
@@ -625,6 +658,67 @@ struct vstellar_resp_kernel_db {
 VSTELLAR_ABI_SIZE(vstellar_resp_kernel_db, 8);
 
 /*
+ * Shared receive queues (minor 2, F_SRQ). An SRQ is a receive ring like a
+ * QP's RQ (vstellar_recv_wqe + SGEs per slot) that many RC and UD QPs of the
+ * same ucontext take their receives from. The device takes SRQ WQEs in the
+ * order they were posted, whichever QP a message arrives on, so completions
+ * come back out of ring order; a CQE for an SRQ receive has
+ * VSTELLAR_CQE_SRQ set and wqe_idx names the SRQ slot. The device copies a
+ * WQE out of the ring before it uses it, so a slot may be posted again once
+ * its completion has been polled: the driver keeps at most 1 << log_wqe
+ * WQEs outstanding (posted, not yet completed).
+ *
+ * srq_limit: when it is nonzero and the number of WQEs posted but not yet
+ * taken by the device falls below it, the device sends one
+ * VSTELLAR_EV_SRQ_LIMIT_REACHED event for the SRQ and sets its limit to 0
+ * (disarmed), as IB defines; MODIFY_SRQ arms it again.
+ *
+ * CREATE_SRQ, followed by num_pages addresses of the ring. The ucontext's
+ * doorbell page gets a struct vstellar_db_srq slot.
+ */
+struct vstellar_cmd_create_srq {
+	__le32 pdn;
+	__u8 log_wqe;		/* 1 << log_wqe entries, <= max_qp_wr */
+	__u8 log_stride;	/* VSTELLAR_MIN_RQ_LOG_STRIDE .. MAX */
+	__u8 page_shift;
+	__u8 reserved0;
+	__le32 max_sge;		/* <= max_recv_sge */
+	__le32 srq_limit;	/* < 1 << log_wqe; 0 = not armed */
+	__le32 num_pages;
+	__le32 reserved1;
+	__le64 ring_offset;	/* byte offset of the ring in the first page */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_create_srq, 32);
+
+struct vstellar_resp_create_srq {
+	__le32 srqn;
+	__le32 db_slot;		/* struct vstellar_db_srq in the doorbell page */
+	__le32 max_sge;		/* what the device granted */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_create_srq, 16);
+
+/* MODIFY_SRQ: attr_mask bits, the IB numbering (ib_srq_attr_mask) */
+#define VSTELLAR_SRQ_MAX_WR		(1u << 0) /* resizing: UNSUPPORTED */
+#define VSTELLAR_SRQ_LIMIT		(1u << 1)
+struct vstellar_cmd_modify_srq {
+	__le32 srqn;
+	__le32 attr_mask;	/* VSTELLAR_SRQ_LIMIT only */
+	__le32 srq_limit;
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_modify_srq, 16);
+
+/* QUERY_SRQ: vstellar_cmd_handle body; response: */
+struct vstellar_resp_query_srq {
+	__le32 max_wr;		/* 1 << log_wqe */
+	__le32 max_sge;
+	__le32 srq_limit;	/* 0 once the limit event fired */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_query_srq, 16);
+
+/*
  * Local DMA lkey (minor 1): in an SGE of a kernel QP (hdr.ucontext 0) this
  * lkey means "addr is a guest-physical address", for local access only.
  * Never valid for a user QP. No MR key ever has this value.
@@ -675,6 +769,9 @@ enum vstellar_event_type {
 	VSTELLAR_EV_DEVICE_FATAL	= 8,
 	VSTELLAR_EV_PORT_ACTIVE		= 9,
 	VSTELLAR_EV_PORT_ERR		= 10,
+	VSTELLAR_EV_SRQ_ERR		= 14,	/* object = SRQN (minor 2) */
+	VSTELLAR_EV_SRQ_LIMIT_REACHED	= 15,	/* object = SRQN (minor 2) */
+	VSTELLAR_EV_QP_LAST_WQE_REACHED	= 16,	/* QP on an SRQ entered ERR */
 	VSTELLAR_EV_GID_CHANGE		= 18,
 };
 
@@ -682,7 +779,7 @@ enum vstellar_event_type {
 struct vstellar_event {
 	__le16 type;		/* enum vstellar_event_type */
 	__le16 reserved0;
-	__le32 object;		/* QPN, CQN or port, by type; 0 for device */
+	__le32 object;		/* QPN, CQN, SRQN or port, by type; 0 for device */
 	__le32 ucontext;	/* owner of object, 0 = kernel or device */
 	__le32 info;		/* VSTELLAR_STATUS_* or WC status that caused it */
 };
@@ -725,6 +822,13 @@ struct vstellar_db_cq {
 				 * armed while != the device's last seen value */
 };
 VSTELLAR_ABI_SIZE(vstellar_db_cq, 8);
+
+/* SRQ slot (minor 2): the driver writes pi; the second word is reserved. */
+struct vstellar_db_srq {
+	__le32 pi;		/* SRQ producer index (WQEs posted) */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_db_srq, 8);
 
 #define VSTELLAR_DB_SLOT_SIZE		8
 #define VSTELLAR_DB_FIRST_SLOT		(sizeof(struct vstellar_db_page_hdr) / VSTELLAR_DB_SLOT_SIZE)
@@ -817,6 +921,8 @@ enum vstellar_wc_opcode {
 #define VSTELLAR_CQE_OWNER		(1u << 0) /* phase bit, in cqe.owner */
 #define VSTELLAR_CQE_WITH_IMM		(1u << 0) /* in cqe.wc_flags */
 #define VSTELLAR_CQE_GRH		(1u << 1) /* UD receive: GRH area filled */
+#define VSTELLAR_CQE_SRQ		(1u << 2) /* receive from the QP's SRQ:
+						   * wqe_idx is the SRQ slot */
 
 /*
  * CQE, 32 bytes. The device writes everything, then (release) the owner

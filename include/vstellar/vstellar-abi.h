@@ -81,7 +81,8 @@ struct vstellar_resize_cq {
 
 /*
  * create_qp. SQ: 1 << sq_log_wqe slots of 1 << sq_log_stride bytes at
- * sq_buf_addr; RQ likewise. Both page aligned.
+ * sq_buf_addr; RQ likewise. Both page aligned. A QP on an SRQ has no RQ:
+ * rq_buf_addr, rq_log_wqe and rq_log_stride are 0.
  */
 struct vstellar_create_qp {
 	__aligned_u64 sq_buf_addr;
@@ -99,6 +100,25 @@ struct vstellar_create_qp_resp {
 	__u32 max_send_sge;		/* granted by the device */
 	__u32 max_recv_sge;
 	__u32 max_inline_data;
+	__u32 reserved;
+};
+
+/*
+ * create_srq (minor 2). The ring is 1 << log_wqe slots of 1 << log_stride
+ * bytes at buf_addr, page aligned and zeroed, as a QP's RQ.
+ */
+struct vstellar_create_srq {
+	__aligned_u64 buf_addr;
+	__u8 log_wqe;
+	__u8 log_stride;
+	__u8 reserved[2];
+	__u32 comp_mask;		/* 0 */
+};
+
+struct vstellar_create_srq_resp {
+	__u32 srqn;
+	__u32 db_slot;			/* struct vstellar_db_srq in the doorbell page */
+	__u32 max_sge;			/* granted by the device */
 	__u32 reserved;
 };
 

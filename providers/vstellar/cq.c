@@ -46,7 +46,14 @@ static void vstellar_cqe_retire(struct vstellar_cq *cq,
 	}
 	if (!qp)
 		return;
-	if (cqe->opcode & VSTELLAR_WC_RECV)
+	if ((cqe->opcode & VSTELLAR_WC_RECV) &&
+	    (cqe->wc_flags & VSTELLAR_CQE_SRQ)) {
+		/* SRQ WQEs complete out of order: count them */
+		if (qp->srq)
+			atomic_fetch_add_explicit(
+				(_Atomic(uint32_t) *)&qp->srq->wq.ci, 1,
+				memory_order_relaxed);
+	} else if (cqe->opcode & VSTELLAR_WC_RECV)
 		vstellar_wq_retire(&qp->rq, le16toh(cqe->wqe_idx));
 	else
 		vstellar_wq_retire(&qp->sq, le16toh(cqe->wqe_idx));

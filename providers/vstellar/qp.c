@@ -243,35 +243,32 @@ int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return ret;
 }
 
-int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
-		       struct ibv_recv_wr **bad_wr)
+/*
+ * Write receive WQEs into @wq (a QP's RQ or an SRQ; the caller holds its
+ * lock) and publish the new producer index in @pi_db.
+ */
+static int vstellar_post_recv_wq(struct vstellar_context *ctx,
+				 struct vstellar_wq *wq, __le32 *pi_db,
+				 struct ibv_recv_wr *wr,
+				 struct ibv_recv_wr **bad_wr)
 {
-	struct vstellar_context *ctx = to_vctx(ibqp->context);
-	struct vstellar_qp *qp = to_vqp(ibqp);
-	uint32_t start;
+	uint32_t start = wq->pi;
 	int ret = 0;
 
-	/* IB: receives are refused in RESET */
-	if (ibqp->state == IBV_QPS_RESET) {
-		*bad_wr = wr;
-		return EINVAL;
-	}
-	pthread_spin_lock(&qp->rq.lock);
-	start = qp->rq.pi;
 	for (; wr; wr = wr->next) {
 		struct vstellar_recv_wqe *wqe;
 		struct vstellar_sge *sge;
 		int i;
 
-		if (vstellar_wq_full(&qp->rq)) {
+		if (vstellar_wq_full(wq)) {
 			ret = ENOMEM;
 			break;
 		}
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->rq.max_sge) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > wq->max_sge) {
 			ret = EINVAL;
 			break;
 		}
-		wqe = vstellar_wq_slot(&qp->rq, qp->rq.pi);
+		wqe = vstellar_wq_slot(wq, wq->pi);
 		wqe->wr_id = htole64(wr->wr_id);
 		wqe->num_sge = htole32(wr->num_sge);
 		wqe->reserved = 0;
@@ -281,13 +278,43 @@ int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			sge[i].length = htole32(wr->sg_list[i].length);
 			sge[i].lkey = htole32(wr->sg_list[i].lkey);
 		}
-		qp->rq.pi++;
+		wq->pi++;
 	}
 	if (ret)
 		*bad_wr = wr;
-	if (qp->rq.pi != start)
-		vstellar_ring_db(ctx, &qp->db->rq_pi, qp->rq.pi);
+	if (wq->pi != start)
+		vstellar_ring_db(ctx, pi_db, wq->pi);
+	return ret;
+}
+
+int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+		       struct ibv_recv_wr **bad_wr)
+{
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	int ret;
+
+	/* IB: receives are refused in RESET, and on a QP with an SRQ */
+	if (ibqp->state == IBV_QPS_RESET || qp->srq) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
+	pthread_spin_lock(&qp->rq.lock);
+	ret = vstellar_post_recv_wq(to_vctx(ibqp->context), &qp->rq,
+				    &qp->db->rq_pi, wr, bad_wr);
 	pthread_spin_unlock(&qp->rq.lock);
+	return ret;
+}
+
+int vstellar_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr)
+{
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	int ret;
+
+	pthread_spin_lock(&srq->wq.lock);
+	ret = vstellar_post_recv_wq(to_vctx(ibsrq->context), &srq->wq,
+				    &srq->db->pi, wr, bad_wr);
+	pthread_spin_unlock(&srq->wq.lock);
 	return ret;
 }
 

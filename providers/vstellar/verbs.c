@@ -350,9 +350,14 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 		return NULL;
 	}
 	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) ||
-	    attr->srq) {
+	    (attr->srq && !(ctx->features & (1U << VIRTIO_VSTELLAR_F_SRQ)))) {
 		errno = EOPNOTSUPP;
 		return NULL;
+	}
+	/* IB: with an SRQ the QP has no receive queue of its own */
+	if (attr->srq) {
+		cap->max_recv_wr = 0;
+		cap->max_recv_sge = 0;
 	}
 	if (cap->max_send_wr > max_wr || cap->max_recv_wr > max_wr ||
 	    cap->max_send_sge > ctx->max_send_sge ||
@@ -390,23 +395,27 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 		goto err_sqlock;
 	qp->sq.log_wqe = sq_log_wqe;
 	qp->sq.log_stride = sq_log_stride;
-	qp->rq.log_wqe = rq_log_wqe;
-	qp->rq.log_stride = rq_log_stride;
 	qp->sq.ring = vstellar_ring_alloc((size_t)1 << (sq_log_wqe + sq_log_stride),
 					  &qp->sq.ring_size);
 	if (!qp->sq.ring)
 		goto err_rqlock;
-	qp->rq.ring = vstellar_ring_alloc((size_t)1 << (rq_log_wqe + rq_log_stride),
-					  &qp->rq.ring_size);
-	if (!qp->rq.ring)
-		goto err_sq;
-
 	cmd.drv.sq_buf_addr = (uintptr_t)qp->sq.ring;
-	cmd.drv.rq_buf_addr = (uintptr_t)qp->rq.ring;
 	cmd.drv.sq_log_wqe = sq_log_wqe;
 	cmd.drv.sq_log_stride = sq_log_stride;
-	cmd.drv.rq_log_wqe = rq_log_wqe;
-	cmd.drv.rq_log_stride = rq_log_stride;
+	if (attr->srq) {
+		qp->srq = to_vsrq(attr->srq);
+	} else {
+		qp->rq.log_wqe = rq_log_wqe;
+		qp->rq.log_stride = rq_log_stride;
+		qp->rq.ring = vstellar_ring_alloc(
+			(size_t)1 << (rq_log_wqe + rq_log_stride),
+			&qp->rq.ring_size);
+		if (!qp->rq.ring)
+			goto err_sq;
+		cmd.drv.rq_buf_addr = (uintptr_t)qp->rq.ring;
+		cmd.drv.rq_log_wqe = rq_log_wqe;
+		cmd.drv.rq_log_stride = rq_log_stride;
+	}
 	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd.ibv_cmd,
 				   sizeof(cmd), &resp.ibv_resp, sizeof(resp));
 	if (ret) {
@@ -429,14 +438,15 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 	qp->sq.max_sge = min_t(uint32_t, resp.drv.max_send_sge, fit);
 	fit = ((1U << rq_log_stride) - sizeof(struct vstellar_recv_wqe)) /
 	      sizeof(struct vstellar_sge);
-	qp->rq.max_sge = min_t(uint32_t, resp.drv.max_recv_sge, fit);
+	qp->rq.max_sge = qp->srq ? 0 :
+		min_t(uint32_t, resp.drv.max_recv_sge, fit);
 	qp->max_inline_data = min_t(uint32_t, resp.drv.max_inline_data,
 				    (1U << sq_log_stride) -
 					    sizeof(struct vstellar_send_wqe));
 	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_INLINE)))
 		qp->max_inline_data = 0;
 	cap->max_send_wr = 1U << sq_log_wqe;
-	cap->max_recv_wr = 1U << rq_log_wqe;
+	cap->max_recv_wr = qp->srq ? 0 : 1U << rq_log_wqe;
 	cap->max_send_sge = qp->sq.max_sge;
 	cap->max_recv_sge = qp->rq.max_sge;
 	cap->max_inline_data = qp->max_inline_data;
@@ -486,7 +496,7 @@ int vstellar_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 	if (ret)
 		return ret;
 	attr->cap.max_send_wr = 1U << qp->sq.log_wqe;
-	attr->cap.max_recv_wr = 1U << qp->rq.log_wqe;
+	attr->cap.max_recv_wr = qp->srq ? 0 : 1U << qp->rq.log_wqe;
 	attr->cap.max_send_sge = qp->sq.max_sge;
 	attr->cap.max_recv_sge = qp->rq.max_sge;
 	attr->cap.max_inline_data = qp->max_inline_data;
@@ -553,6 +563,128 @@ int vstellar_destroy_qp(struct ibv_qp *ibqp)
 	free(qp);
 	return 0;
 }
+/* ------------------------------------------------------------------ */
+/* SRQ                                                                  */
+/* ------------------------------------------------------------------ */
+
+struct ibv_srq *vstellar_create_srq(struct ibv_pd *pd,
+				    struct ibv_srq_init_attr *init_attr)
+{
+	struct vstellar_context *ctx = to_vctx(pd->context);
+	struct ibv_srq_attr *attr = &init_attr->attr;
+	struct vstellar_create_srq_cmd_resp resp = {};
+	struct vstellar_create_srq_cmd cmd = {};
+	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
+				1U << VSTELLAR_MAX_LOG_WQE);
+	uint32_t log_wqe, log_stride, recv_bytes, fit;
+	struct vstellar_srq *srq;
+	int ret;
+
+	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_SRQ))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (attr->max_wr < 1 || attr->max_wr > max_wr ||
+	    attr->max_sge > ctx->max_recv_sge ||
+	    attr->srq_limit >= attr->max_wr) {
+		errno = EINVAL;
+		return NULL;
+	}
+	log_wqe = log2_up(attr->max_wr);
+	recv_bytes = sizeof(struct vstellar_recv_wqe) +
+		     max_t(uint32_t, attr->max_sge, 1) *
+			     sizeof(struct vstellar_sge);
+	log_stride = max_t(uint32_t, log2_up(recv_bytes),
+			   ctx->min_rq_log_stride);
+	if (log_stride > VSTELLAR_MAX_LOG_STRIDE) {
+		errno = EINVAL;
+		return NULL;
+	}
+
+	srq = calloc(1, sizeof(*srq));
+	if (!srq)
+		return NULL;
+	if (pthread_spin_init(&srq->wq.lock, PTHREAD_PROCESS_PRIVATE))
+		goto err_free;
+	srq->wq.log_wqe = log_wqe;
+	srq->wq.log_stride = log_stride;
+	srq->wq.ring = vstellar_ring_alloc((size_t)1 << (log_wqe + log_stride),
+					   &srq->wq.ring_size);
+	if (!srq->wq.ring)
+		goto err_lock;
+
+	cmd.drv.buf_addr = (uintptr_t)srq->wq.ring;
+	cmd.drv.log_wqe = log_wqe;
+	cmd.drv.log_stride = log_stride;
+	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, init_attr, &cmd.ibv_cmd,
+				 sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_ring;
+	}
+	if (!vstellar_db_slot_ok(ctx, resp.drv.db_slot)) {
+		verbs_err(&ctx->ibv_ctx, "vstellar: bad create_srq response\n");
+		ibv_cmd_destroy_srq(&srq->vsrq.srq);
+		errno = EPROTO;
+		goto err_ring;
+	}
+	srq->srqn = resp.drv.srqn;
+	srq->db = vstellar_db_slot(ctx, resp.drv.db_slot);
+	fit = ((1U << log_stride) - sizeof(struct vstellar_recv_wqe)) /
+	      sizeof(struct vstellar_sge);
+	srq->wq.max_sge = min_t(uint32_t, resp.drv.max_sge, fit);
+	attr->max_wr = 1U << log_wqe;
+	attr->max_sge = srq->wq.max_sge;
+	return &srq->vsrq.srq;
+
+err_ring:
+	vstellar_ring_free(srq->wq.ring, srq->wq.ring_size);
+err_lock:
+	pthread_spin_destroy(&srq->wq.lock);
+err_free:
+	free(srq);
+	return NULL;
+}
+
+/* Only the limit can change (arming SRQ_LIMIT_REACHED); no resizing. */
+int vstellar_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
+			int attr_mask)
+{
+	struct ibv_modify_srq cmd;
+
+	if (attr_mask & ~IBV_SRQ_LIMIT)
+		return EOPNOTSUPP;
+	return ibv_cmd_modify_srq(ibsrq, attr, attr_mask, &cmd, sizeof(cmd));
+}
+
+int vstellar_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)
+{
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	struct ibv_query_srq cmd;
+	int ret;
+
+	ret = ibv_cmd_query_srq(ibsrq, attr, &cmd, sizeof(cmd));
+	if (ret)
+		return ret;
+	attr->max_wr = 1U << srq->wq.log_wqe;
+	attr->max_sge = srq->wq.max_sge;
+	return 0;
+}
+
+int vstellar_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	int ret;
+
+	ret = ibv_cmd_destroy_srq(ibsrq);
+	if (ret)
+		return ret;
+	vstellar_ring_free(srq->wq.ring, srq->wq.ring_size);
+	pthread_spin_destroy(&srq->wq.lock);
+	free(srq);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* AH (UD)                                                              */
 /* ------------------------------------------------------------------ */

@@ -62,6 +62,16 @@ struct vstellar_create_qp_cmd_resp {
 	struct vstellar_create_qp_resp drv;
 };
 
+struct vstellar_create_srq_cmd {
+	struct ibv_create_srq ibv_cmd;
+	struct vstellar_create_srq drv;
+};
+
+struct vstellar_create_srq_cmd_resp {
+	struct ib_uverbs_create_srq_resp ibv_resp;
+	struct vstellar_create_srq_resp drv;
+};
+
 struct vstellar_create_ah_cmd_resp {
 	struct ib_uverbs_create_ah_resp ibv_resp;
 	struct vstellar_create_ah_resp drv;
@@ -121,14 +131,29 @@ struct vstellar_wq {
 	uint32_t log_wqe;
 	uint32_t log_stride;
 	uint32_t pi;			/* free-running producer index */
-	uint32_t ci;			/* retired (completed) index */
+	uint32_t ci;			/* retired (completed) index; for an SRQ,
+					 * the number of completed WQEs */
 	uint32_t max_sge;
 	pthread_spinlock_t lock;
+};
+
+/*
+ * An SRQ: a receive ring shared by QPs. The device takes its WQEs in
+ * posting order but they complete out of order (many QPs), so a slot is
+ * free again once as many completions as posts before it were polled:
+ * wq.ci counts completions, and wq.pi - wq.ci WQEs are outstanding.
+ */
+struct vstellar_srq {
+	struct verbs_srq vsrq;
+	uint32_t srqn;
+	struct vstellar_wq wq;
+	struct vstellar_db_srq *db;
 };
 
 struct vstellar_qp {
 	struct verbs_qp vqp;
 	uint32_t qpn;
+	struct vstellar_srq *srq;	/* receives come from it; rq unused */
 	bool sq_sig_all;
 	uint32_t max_inline_data;
 	struct vstellar_wq sq;
@@ -164,6 +189,11 @@ static inline struct vstellar_qp *to_vqp(struct ibv_qp *ibqp)
 static inline struct vstellar_qp *qpex_to_vqp(struct ibv_qp_ex *qpex)
 {
 	return container_of(qpex, struct vstellar_qp, vqp.qp_ex);
+}
+
+static inline struct vstellar_srq *to_vsrq(struct ibv_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vstellar_srq, vsrq.srq);
 }
 
 static inline struct vstellar_ah *to_vah(struct ibv_ah *ibah)
@@ -226,6 +256,12 @@ int vstellar_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 		       int attr_mask);
 int vstellar_destroy_qp(struct ibv_qp *ibqp);
 struct ibv_ah *vstellar_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
+struct ibv_srq *vstellar_create_srq(struct ibv_pd *pd,
+				    struct ibv_srq_init_attr *attr);
+int vstellar_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
+			int attr_mask);
+int vstellar_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
+int vstellar_destroy_srq(struct ibv_srq *ibsrq);
 int vstellar_destroy_ah(struct ibv_ah *ibah);
 struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
 				     uint32_t qpn);
@@ -240,6 +276,8 @@ int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		       struct ibv_send_wr **bad_wr);
 int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		       struct ibv_recv_wr **bad_wr);
+int vstellar_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			   struct ibv_recv_wr **bad_wr);
 void vstellar_qp_ex_init(struct vstellar_qp *qp, uint64_t ops);
 
 #endif /* VSTELLAR_PROVIDER_H */

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "vstellard/daemon.h"
@@ -35,6 +37,8 @@ constexpr uint64_t kRingGpa = 0x210000;   // QP k: SQ 2 pages + RQ 1 page at +0x
 constexpr uint64_t kMrGpa = 0x400000;     // MR: iova == gpa, 128 KiB
 constexpr uint64_t kMrLen = 0x20000;
 constexpr uint32_t kLogCqe = 6, kSqLog = 6, kSqStride = 128, kRqLog = 6, kRqStride = 64;
+constexpr uint64_t kSrqGpa = 0x3f0000;    // SRQ ring: 16 slots of 64 bytes, one page
+constexpr uint32_t kSrqLog = 4;
 
 std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages) {
   std::vector<uint8_t> v(n + 8 * pages.size());
@@ -55,6 +59,11 @@ struct GQp {
   uint32_t qpn = 0, slot = 0;
   uint64_t ring = 0;
   uint32_t sq_pi = 0, rq_pi = 0;
+};
+
+struct GSrq {
+  uint32_t srqn = 0, slot = 0;
+  uint32_t pi = 0;
 };
 
 // One guest: a user context with a PD, a CQ, an MR and QPs, driven like the
@@ -175,6 +184,62 @@ struct Guest {
     q.qpn = As<vstellar_resp_create_qp>(r).qpn;
     q.slot = As<vstellar_resp_create_qp>(r).db_slot;
     return q;
+  }
+  // An SRQ of 16 slots (2 SGEs each) at kSrqGpa; `srq_limit` arms its limit.
+  GSrq CreateSrq(uint32_t srq_limit = 0, uint16_t* status = nullptr) {
+    GSrq q;
+    std::memset(f.mem() + kSrqGpa, 0, 4096);
+    vstellar_cmd_create_srq c{};
+    c.pdn = pd;
+    c.log_wqe = kSrqLog;
+    c.log_stride = 6;
+    c.page_shift = 12;
+    c.max_sge = 2;
+    c.srq_limit = srq_limit;
+    c.num_pages = 1;
+    auto body = WithPages(&c, sizeof(c), {kSrqGpa});
+    CmdResult r = Cmd(VSTELLAR_CMD_CREATE_SRQ, body.data(), body.size(), sizeof(vstellar_resp_create_srq));
+    if (status) *status = r.status();
+    if (r.status()) return q;
+    q.srqn = As<vstellar_resp_create_srq>(r).srqn;
+    q.slot = As<vstellar_resp_create_srq>(r).db_slot;
+    EXPECT_EQ(As<vstellar_resp_create_srq>(r).max_sge, 2u);
+    return q;
+  }
+  // An RC or UD QP whose receives come from SRQ `srqn`: an SQ, no RQ.
+  GQp CreateQpOnSrq(uint32_t srqn, uint16_t* status = nullptr, uint8_t type = VSTELLAR_QPT_RC) {
+    GQp q;
+    q.ring = kRingGpa + 0x4000ull * nqp++;
+    std::memset(f.mem() + q.ring, 0, 2 * 4096);
+    vstellar_cmd_create_qp c{};
+    c.pdn = pd;
+    c.send_cqn = c.recv_cqn = cq;
+    c.qp_type = type;
+    c.create_flags = VSTELLAR_QP_CREATE_USE_SRQ;
+    c.srq.srqn = srqn;
+    c.sq_log_wqe = kSqLog;
+    c.sq_log_stride = 7;
+    c.page_shift = 12;
+    c.max_send_sge = 4;
+    c.max_inline_data = 64;
+    c.sq_pages = 2;
+    auto body = WithPages(&c, sizeof(c), {q.ring, q.ring + 4096});
+    CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
+    if (status) *status = r.status();
+    if (r.status()) return q;
+    q.qpn = As<vstellar_resp_create_qp>(r).qpn;
+    q.slot = As<vstellar_resp_create_qp>(r).db_slot;
+    return q;
+  }
+  void PostSrqRecv(GSrq& q, uint64_t wr_id, const std::vector<vstellar_sge>& sges) {
+    uint8_t* s = f.mem() + kSrqGpa + (q.pi & ((1u << kSrqLog) - 1)) * 64;
+    vstellar_recv_wqe w{};
+    w.wr_id = wr_id;
+    w.num_sge = uint32_t(sges.size());
+    std::memcpy(s + sizeof(w), sges.data(), 16 * std::min<size_t>(sges.size(), 2));
+    std::memcpy(s, &w, sizeof(w));
+    q.pi++;
+    Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_srq, pi), q.pi);
   }
   uint16_t Modify(uint32_t qpn, uint32_t mask, uint8_t state, uint32_t dest = 0) {
     vstellar_cmd_modify_qp m{};
@@ -953,6 +1018,162 @@ TEST_F(DataPath, EachDeviceHasItsOwnNodeGuid) {
     i++;
   }
   EXPECT_NE(g[0], g[1]);
+}
+
+}  // namespace
+
+namespace {
+
+// Shared receive queues: two QPs of device B take their receives from one
+// SRQ; the CQEs name the SRQ's slots and carry its wr_ids; the limit event
+// reaches the guest's event queue; the verbs rules of the commands.
+TEST_F(DataPath, SrqFeedsTwoQpsAndCqesNameItsSlots) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GSrq srq = B.CreateSrq(/*srq_limit=*/3);
+  ASSERT_NE(srq.srqn, 0u);
+  GQp qa0 = A.CreateQp(), qa1 = A.CreateQp();
+  GQp qb0 = B.CreateQpOnSrq(srq.srqn), qb1 = B.CreateQpOnSrq(srq.srqn);
+  A.Connect(qa0, qb0.qpn);
+  B.Connect(qb0, qa0.qpn);
+  A.Connect(qa1, qb1.qpn);
+  B.Connect(qb1, qa1.qpn);
+
+  // Five receives of 1 KiB each, wr_ids 0x50..0x54.
+  for (uint32_t i = 0; i < 5; i++) B.PostSrqRecv(srq, 0x50 + i, {B.Sge(1024 * i, 1024)});
+  // QP0 sends tags 1 and 2, QP1 tag 3: 600 bytes each, all bytes = tag.
+  auto send = [&](GQp& q, uint8_t tag) {
+    std::memset(A.Buf(4096 * tag), tag, 600);
+    A.PostSend(q, Wqe(VSTELLAR_WR_SEND, tag), {A.Sge(4096 * tag, 600)});
+    auto c = A.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->status, 0);
+  };
+  send(qa0, 1);
+  send(qa1, 3);
+  send(qa0, 2);
+  std::map<uint32_t, std::vector<uint8_t>> by_qp;
+  std::set<uint64_t> wr_ids;
+  for (int i = 0; i < 3; i++) {
+    auto c = B.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->status, 0);
+    EXPECT_EQ(c->opcode, VSTELLAR_WC_RECV);
+    EXPECT_TRUE(c->wc_flags & VSTELLAR_CQE_SRQ);
+    EXPECT_EQ(c->byte_len, 600u);
+    ASSERT_GE(c->wr_id, 0x50u);
+    ASSERT_LE(c->wr_id, 0x54u);
+    EXPECT_EQ(c->wqe_idx, c->wr_id - 0x50) << "wqe_idx names the SRQ slot";
+    EXPECT_TRUE(wr_ids.insert(c->wr_id).second);
+    by_qp[c->qpn].push_back(B.Buf(1024 * (c->wr_id - 0x50))[599]);
+  }
+  EXPECT_EQ(by_qp[qb0.qpn], (std::vector<uint8_t>{1, 2}));
+  EXPECT_EQ(by_qp[qb1.qpn], (std::vector<uint8_t>{3}));
+  EXPECT_EQ(wr_ids, (std::set<uint64_t>{0x50, 0x51, 0x52})) << "taken in posting order";
+  // 2 left, below the limit of 3: one event for the guest's SRQN.
+  EXPECT_TRUE(Has(fb_->Events(2000), VSTELLAR_EV_SRQ_LIMIT_REACHED, srq.srqn));
+  vstellar_cmd_handle h{srq.srqn, 0};
+  CmdResult r = B.Cmd(VSTELLAR_CMD_QUERY_SRQ, &h, sizeof(h), sizeof(vstellar_resp_query_srq));
+  ASSERT_EQ(r.status(), 0);
+  EXPECT_EQ(As<vstellar_resp_query_srq>(r).max_wr, 16u);
+  EXPECT_EQ(As<vstellar_resp_query_srq>(r).max_sge, 2u);
+  EXPECT_EQ(As<vstellar_resp_query_srq>(r).srq_limit, 0u) << "disarmed once it fired";
+  // In use by QPs: BUSY; another context's device cannot name it.
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_DESTROY_SRQ, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BUSY);
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_DESTROY_SRQ, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+}
+
+TEST_F(DataPath, SrqCommandsCheckEveryField) {
+  StartDaemon();
+  TwoGuests();
+  Guest& B = *b_;
+  auto create = [&](auto change) {
+    vstellar_cmd_create_srq c{};
+    c.pdn = B.pd;
+    c.log_wqe = kSrqLog;
+    c.log_stride = 6;
+    c.page_shift = 12;
+    c.max_sge = 2;
+    c.num_pages = 1;
+    change(c);
+    auto body = WithPages(&c, sizeof(c), {kSrqGpa});
+    return B.Cmd(VSTELLAR_CMD_CREATE_SRQ, body.data(), body.size(), sizeof(vstellar_resp_create_srq)).status();
+  };
+  EXPECT_EQ(create([](auto& c) { c.pdn = 999; }), VSTELLAR_STATUS_BAD_HANDLE);
+  EXPECT_EQ(create([](auto& c) { c.log_wqe = 17; }), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(create([](auto& c) { c.max_sge = 1000; }), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(create([](auto& c) { c.log_stride = 3; }), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(create([](auto& c) { c.max_sge = 4; }), VSTELLAR_STATUS_BAD_FIELD) << "4 SGEs do not fit 64 bytes";
+  EXPECT_EQ(create([](auto& c) { c.srq_limit = 16; }), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(create([](auto& c) { c.reserved1 = 1; }), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(create([](auto& c) { c.num_pages = 2; }), VSTELLAR_STATUS_BAD_LENGTH);
+  EXPECT_EQ(create([](auto& c) { c.ring_offset = 8; }), VSTELLAR_STATUS_BAD_FIELD);
+  GSrq srq = B.CreateSrq();
+  ASSERT_NE(srq.srqn, 0u);
+  // A QP on it may not also bring an RQ, and must be of the SRQ's PD.
+  vstellar_cmd_create_qp c{};
+  c.pdn = B.pd;
+  c.send_cqn = c.recv_cqn = B.cq;
+  c.qp_type = VSTELLAR_QPT_RC;
+  c.create_flags = VSTELLAR_QP_CREATE_USE_SRQ;
+  c.srq.srqn = srq.srqn;
+  c.sq_log_wqe = kSqLog;
+  c.sq_log_stride = 7;
+  c.rq_log_wqe = 2;
+  c.page_shift = 12;
+  c.sq_pages = 2;
+  auto body = WithPages(&c, sizeof(c), {kRingGpa, kRingGpa + 4096});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_BAD_FIELD);
+  c.rq_log_wqe = 0;
+  c.srq.srqn = 12345;
+  body = WithPages(&c, sizeof(c), {kRingGpa, kRingGpa + 4096});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_BAD_HANDLE);
+  c.create_flags = 0x80;
+  body = WithPages(&c, sizeof(c), {kRingGpa, kRingGpa + 4096});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_BAD_FIELD);
+  // MODIFY_SRQ: the limit only; no resizing.
+  vstellar_cmd_modify_srq m{};
+  m.srqn = srq.srqn;
+  m.attr_mask = VSTELLAR_SRQ_MAX_WR;
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_MODIFY_SRQ, &m, sizeof(m), 0).status(), VSTELLAR_STATUS_UNSUPPORTED);
+  m.attr_mask = VSTELLAR_SRQ_LIMIT;
+  m.srq_limit = 16;
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_MODIFY_SRQ, &m, sizeof(m), 0).status(), VSTELLAR_STATUS_BAD_FIELD);
+  m.srq_limit = 4;
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_MODIFY_SRQ, &m, sizeof(m), 0).status(), 0);
+  vstellar_cmd_handle h{srq.srqn, 0};
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_DESTROY_SRQ, &h, sizeof(h), 0).status(), 0);
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_DESTROY_SRQ, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+}
+
+TEST_F(DataPath, ABadSrqWqeFailsTheSrqAloneAndTheDaemonServesOthers) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GSrq srq = B.CreateSrq();
+  // An SGE count beyond the slot, then a producer index beyond the ring.
+  vstellar_recv_wqe w{};
+  w.wr_id = 0x60;
+  w.num_sge = htole32(200);
+  std::memcpy(B.f.mem() + kSrqGpa, &w, sizeof(w));
+  B.Ring(VSTELLAR_DB_SLOT_SIZE * srq.slot + offsetof(vstellar_db_srq, pi), ++srq.pi);
+  EXPECT_TRUE(Has(fb_->Events(2000), VSTELLAR_EV_SRQ_ERR, srq.srqn));
+  GSrq srq2 = B.CreateSrq();
+  B.Ring(VSTELLAR_DB_SLOT_SIZE * srq2.slot + offsetof(vstellar_db_srq, pi), 1000);
+  EXPECT_TRUE(Has(fb_->Events(2000), VSTELLAR_EV_SRQ_ERR, srq2.srqn));
+  // Device A's ordinary traffic is untouched.
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  B.PostRecv(qb, 0x70, {B.Sge(0, 64)});
+  A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x71), {A.Sge(0, 64)});
+  auto c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0x70u);
+  EXPECT_EQ(c->status, 0);
 }
 
 }  // namespace

@@ -107,6 +107,15 @@ void Commands::DestroyAllOf(uint32_t uctx) {
   for (auto& [n, q] : obj_.qps)
     if (q.owner == uctx) v.push_back(n);
   for (uint32_t n : v) DestroyQp(n);
+  for (auto it = obj_.srqs.begin(); it != obj_.srqs.end();) {
+    if (it->second.owner == uctx) {
+      sh_.engine->destroy_srq(it->second.srq);
+      FreeSlot(uctx, it->second.slot);
+      it = obj_.srqs.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto it = obj_.mrs.begin(); it != obj_.mrs.end();) {
     if (it->second.owner == uctx) {
       sh_.engine->dereg_mr(it->second.mr);
@@ -197,6 +206,11 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_DEVICE>(uint32_t uctx, const uint8_t* 
   r.max_inline_data = c.max_inline_data;
   r.max_mr_size = c.max_mr_size;
   r.page_size_cap = c.page_size_cap;
+  if (SrqsOn()) {
+    r.max_srq = c.max_qp;  // at most one SRQ per QP is ever useful
+    r.max_srq_wr = c.max_qp_wr;
+    r.max_srq_sge = c.max_recv_sge;
+  }
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
@@ -393,7 +407,20 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   const virtio_vstellar_config& c = config();
   const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
   if (uint64_t(len) != sizeof(cmd) + 8ull * (uint64_t(sqp) + rqp)) return VSTELLAR_STATUS_BAD_LENGTH;
-  if (cmd.reserved0) return VSTELLAR_STATUS_BAD_FIELD;
+  if (cmd.create_flags & ~VSTELLAR_QP_CREATE_VALID) return VSTELLAR_STATUS_BAD_FIELD;
+  // On an SRQ (RC or UD) the QP has no RQ: no ring, no receive SGEs.
+  SrqObj* srq = nullptr;
+  uint32_t srqh = 0;
+  if (cmd.create_flags & VSTELLAR_QP_CREATE_USE_SRQ) {
+    if (!SrqsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+    srqh = le32toh(cmd.srq.srqn);
+    auto s = obj_.srqs.find(srqh);
+    if (s == obj_.srqs.end() || s->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+    if (cmd.srq.reserved || rqp || cmd.rq_log_wqe || cmd.rq_log_stride || le32toh(cmd.max_recv_sge) ||
+        cmd.qp_type == VSTELLAR_QPT_GSI || s->second.pdn != le32toh(cmd.pdn))
+      return VSTELLAR_STATUS_BAD_FIELD;
+    srq = &s->second;
+  }
   auto pd = obj_.pds.find(le32toh(cmd.pdn));
   auto scq = obj_.cqs.find(le32toh(cmd.send_cqn));
   auto rcq = obj_.cqs.find(le32toh(cmd.recv_cqn));
@@ -421,17 +448,19 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
       ssge > cfg32(c.max_send_sge) || rsge > cfg32(c.max_recv_sge) || inl > cfg32(c.max_inline_data))
     return VSTELLAR_STATUS_LIMIT;
   if (cmd.sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE || cmd.sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
-      cmd.rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)
+      (!srq && (cmd.rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)))
     return VSTELLAR_STATUS_BAD_FIELD;
   // A WQE with its SGEs (or inline data) must fit one slot.
   const uint64_t sstride = 1ull << cmd.sq_log_stride, rstride = 1ull << cmd.rq_log_stride;
   if (sizeof(vstellar_send_wqe) + 16ull * ssge > sstride || sizeof(vstellar_send_wqe) + inl > sstride ||
-      sizeof(vstellar_recv_wqe) + 16ull * rsge > rstride)
+      (!srq && sizeof(vstellar_recv_wqe) + 16ull * rsge > rstride))
     return VSTELLAR_STATUS_BAD_FIELD;
-  const uint64_t ps = 1ull << shift, soff = le64toh(cmd.sq_offset), roff = le64toh(cmd.rq_offset);
+  const uint64_t ps = 1ull << shift, soff = le64toh(cmd.sq_offset);
+  const uint64_t roff = srq ? 0 : le64toh(cmd.rq_offset);
   if (soff >= ps || roff >= ps || soff % 64 || roff % 16) return VSTELLAR_STATUS_BAD_FIELD;
   if (uint64_t(sqp) + rqp > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (sqp != PagesFor(soff, sstride << cmd.sq_log_wqe, shift) || rqp != PagesFor(roff, rstride << cmd.rq_log_wqe, shift))
+  if (sqp != PagesFor(soff, sstride << cmd.sq_log_wqe, shift) ||
+      (!srq && rqp != PagesFor(roff, rstride << cmd.rq_log_wqe, shift)))
     return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.qps.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
   QpObj o{};
@@ -448,6 +477,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   init.cap.max_inline_data = inl;
   init.sq_sig_all = cmd.sq_sig_all;
   init.qp_type = vstellar::QpType(type);
+  init.srq = srq ? srq->srq : nullptr;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.qp = sh_.engine->create_qp(pd->second.pd, init);
   if (!o.qp) {
@@ -456,6 +486,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   }
   o.owner = uctx;
   o.type = type;
+  o.srqh = srqh;
   o.pdn = pd->first;
   o.send_cqn = scq->first;
   o.recv_cqn = rcq->first;
@@ -693,6 +724,107 @@ void Commands::SyncGsiGids() {
     for (auto& [i, g] : obj_.gids) gids.push_back(g);
     sh_.engine->set_gsi_gids(q.qp, gids);
   }
+}
+
+// ------------------------------------------------------------------ SRQs
+
+bool Commands::SrqsOn() const {
+  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_SRQ);
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!SrqsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_create_srq>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t n = le32toh(cmd.num_pages), shift = cmd.page_shift;
+  const uint32_t max_sge = le32toh(cmd.max_sge), limit = le32toh(cmd.srq_limit);
+  const uint64_t off = le64toh(cmd.ring_offset);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
+  if (cmd.reserved0 || cmd.reserved1) return VSTELLAR_STATUS_BAD_FIELD;
+  auto pd = obj_.pds.find(le32toh(cmd.pdn));
+  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr) ||
+      max_sge > cfg32(c.max_recv_sge))
+    return VSTELLAR_STATUS_LIMIT;
+  if (cmd.log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+      sizeof(vstellar_recv_wqe) + 16ull * max_sge > (1ull << cmd.log_stride) ||
+      limit >= (1u << cmd.log_wqe))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + cmd.log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (obj_.srqs.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
+  SrqObj o{};
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
+  vstellar::SrqInitAttr init;
+  init.max_wr = 1u << cmd.log_wqe;
+  init.max_sge = max_sge;
+  init.limit = limit;
+  if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
+  o.srq = sh_.engine->create_srq(pd->second.pd, init);
+  if (!o.srq) {
+    FreeSlot(uctx, o.slot);
+    return VSTELLAR_STATUS_NO_RESOURCES;
+  }
+  o.owner = uctx;
+  o.pdn = pd->first;
+  o.ring.shift = shift;
+  o.ring.offset = off;
+  o.ring.log_n = cmd.log_wqe;
+  o.ring.log_stride = cmd.log_stride;
+  o.wrid.assign(size_t{1} << cmd.log_wqe, 0);
+  o.max_sge = max_sge;
+  const uint32_t h = obj_.next_handle++;
+  const uint32_t slot = o.slot;
+  obj_.srqs[h] = std::move(o);
+  dp_.ResetDbSlot(uctx, slot);
+  vstellar_resp_create_srq r{};
+  r.srqn = htole32(h);
+  r.db_slot = htole32(slot);
+  r.max_sge = htole32(max_sge);
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_modify_srq>(b);
+  auto it = obj_.srqs.find(le32toh(cmd.srqn));
+  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t mask = le32toh(cmd.attr_mask);
+  if (cmd.reserved || (mask & ~(VSTELLAR_SRQ_MAX_WR | VSTELLAR_SRQ_LIMIT))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (mask & VSTELLAR_SRQ_MAX_WR) return VSTELLAR_STATUS_UNSUPPORTED;  // no resizing
+  if ((mask & VSTELLAR_SRQ_LIMIT) && sh_.engine->modify_srq(it->second.srq, le32toh(cmd.srq_limit)))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_QUERY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.srqs.find(le32toh(cmd.handle));
+  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  vstellar_resp_query_srq r{};
+  r.max_wr = htole32(it->second.srq->max_wr());
+  r.max_sge = htole32(it->second.max_sge);
+  r.srq_limit = htole32(it->second.srq->limit());
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.srqs.find(le32toh(cmd.handle));
+  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (sh_.engine->destroy_srq(it->second.srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
+  FreeSlot(uctx, it->second.slot);
+  obj_.srqs.erase(it);
+  return VSTELLAR_STATUS_OK;
 }
 
 // ------------------------------------------------------------------ dispatch

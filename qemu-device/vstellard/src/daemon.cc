@@ -217,8 +217,7 @@ bool Daemon::PumpEngine() {
   const bool more = engine_->progress();
   for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
     for (auto& [id, c] : conns_) {
-      const bool mine = e.type == vstellar::AsyncEventType::CQ_ERR ? false : c.dev->OwnsQp(e.qpn_or_cqn);
-      if (mine) c.dev->OnEngineEvent(e);
+      if (c.dev->OwnsEvent(e)) c.dev->OnEngineEvent(e);
     }
   }
   return more;

@@ -124,8 +124,13 @@ bool DataPath::ScanDoorbells() {
     uint8_t* page = DbPage(q.owner);
     if (!page) continue;
     uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
-    work |= ServiceWq(q, slot, /*send=*/false);
+    if (!q.srqh) work |= ServiceWq(q, slot, /*send=*/false);  // on an SRQ, rq_pi means nothing
     work |= ServiceWq(q, slot, /*send=*/true);
+  }
+  for (auto& [h, s] : obj_.srqs) {
+    if (s.broken) continue;
+    uint8_t* page = DbPage(s.owner);
+    if (page) work |= ServiceSrq(h, s, page + VSTELLAR_DB_SLOT_SIZE * s.slot);
   }
   return work;
 }
@@ -218,7 +223,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     const uint32_t n = w.num_sge;
     if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
     for (uint32_t i = 0; i < n; i++) {
-      if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, 0, &sges[i])) return st;
+      if (uint8_t st = CheckSge(q.owner, q.pdn, buf + sizeof(w) + 16 * i, &sges[i])) return st;
       total += sges[i].length;
     }
     wr->sg_list = n ? sges : nullptr;
@@ -242,13 +247,15 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
   return St(WcStatus::SUCCESS);
 }
 
-uint8_t DataPath::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges) {
+// A receive WQE of an RQ or an SRQ of context `owner`, its SGEs in PD `pdn`.
+uint8_t DataPath::CheckRecvWqe(uint32_t owner, uint32_t pdn, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr,
+                               vstellar::Sge* sges) {
   vstellar_recv_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint32_t n = le32toh(w.num_sge);
   if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
   for (uint32_t i = 0; i < n; i++)
-    if (uint8_t st = CheckSge(q, buf + sizeof(w) + 16 * i, 0, &sges[i])) return st;
+    if (uint8_t st = CheckSge(owner, pdn, buf + sizeof(w) + 16 * i, &sges[i])) return st;
   *wr = vstellar::RecvWr{};
   wr->sg_list = n ? sges : nullptr;
   wr->num_sge = n;
@@ -259,15 +266,15 @@ uint8_t DataPath::CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
 // PD's guest-physical MR; a user QP can never name it (that MR is in a
 // kernel PD). Whether the MR is the QP's PD's and allows the access is the
 // engine's check (post_send/post_recv, EngineConfig::lkeys_at_post).
-uint8_t DataPath::CheckSge(QpObj& q, const uint8_t* raw, uint32_t /*need: the engine's*/, vstellar::Sge* out) {
+uint8_t DataPath::CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vstellar::Sge* out) {
   vstellar_sge s;
   std::memcpy(&s, raw, sizeof(s));
   out->addr = le64toh(s.addr);
   out->length = le32toh(s.length);
   out->lkey = le32toh(s.lkey);
   if (out->length == 0) return St(WcStatus::SUCCESS);
-  if (q.owner == 0 && out->lkey == VSTELLAR_LOCAL_DMA_LKEY) {
-    auto pd = obj_.pds.find(q.pdn);
+  if (owner == 0 && out->lkey == VSTELLAR_LOCAL_DMA_LKEY) {
+    auto pd = obj_.pds.find(pdn);
     if (pd == obj_.pds.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
     out->lkey = pd->second.dma_mr->lkey();
   }
@@ -360,7 +367,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
       if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = St(why);
     } else {
       vstellar::RecvWr wr;
-      status = CheckRecvWqe(q, buf, stride, &wr, sges);
+      status = CheckRecvWqe(q.owner, q.pdn, buf, stride, &wr, sges);
       wr.wr_id = idx;
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
       if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = St(why);
@@ -372,6 +379,59 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
     }
   }
   return work;
+}
+
+// An SRQ's ring, served like an RQ: fetch what its doorbell announces, copy
+// each WQE out, check it against the guest ABI and hand it to the engine.
+// The WQE index is the engine's wr_id. A bad WQE or record has no QP to
+// fail, so the SRQ itself fails (SRQ_ERR) and is not read again; its QPs
+// then see no more receives (RNR), as IB's SRQ error state.
+bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
+  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_srq, pi));
+  const uint32_t size = 1u << s.ring.log_n;
+  const uint32_t pending = pi - s.ci;
+  if (pending == 0) return false;
+  if (pending > size) {
+    SrqToErr(h, s, VSTELLAR_STATUS_BAD_FIELD);
+    return true;
+  }
+  alignas(16) uint8_t buf[kMaxStride];
+  const uint32_t stride = 1u << s.ring.log_stride;
+  bool work = false;
+  while (s.ci != pi) {
+    if (s.srq->room() == 0) {  // retried when a QP took some (a completion)
+      s.blocked = true;
+      break;
+    }
+    const uint32_t idx = s.ci;
+    work = true;
+    n_.wqes++;
+    if (!RingRead(s.ring, idx, buf)) {
+      SrqToErr(h, s, VSTELLAR_STATUS_BAD_ADDRESS);
+      break;
+    }
+    uint64_t wr_id;
+    std::memcpy(&wr_id, buf, sizeof(wr_id));
+    s.wrid[idx & (size - 1)] = le64toh(wr_id);
+    s.ci++;
+    vstellar::RecvWr wr;
+    vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
+    uint8_t status = CheckRecvWqe(s.owner, s.pdn, buf, stride, &wr, sges);
+    wr.wr_id = idx;
+    WcStatus why = WcStatus::LOC_QP_OP_ERR;
+    if (status == St(WcStatus::SUCCESS) && sh_.engine->post_srq_recv(s.srq, wr, &why) != 0) status = St(why);
+    if (status != St(WcStatus::SUCCESS)) {
+      n_.bad_wqes++;
+      SrqToErr(h, s, status);
+      break;
+    }
+  }
+  return work;
+}
+
+void DataPath::SrqToErr(uint32_t h, SrqObj& s, uint32_t info) {
+  s.broken = true;
+  events_.PostEvent(VSTELLAR_EV_SRQ_ERR, h, s.owner, info);
 }
 
 // Engine completions -> guest CQEs. The engine's wr_id is the WQE index.
@@ -396,9 +456,23 @@ void DataPath::DrainCq(uint32_t cqh) {
       c.opcode = uint8_t(wc.opcode);
       c.status = uint8_t(wc.status);
       c.vendor_err = uint8_t(wc.vendor_err);
+      if (recv && (wc.wc_flags & vstellar::WC_SRQ)) {
+        // From the QP's SRQ: wqe_idx names the SRQ slot.
+        auto s = obj_.srqs.find(q.srqh);
+        if (q.recv_cqn != cqh || s == obj_.srqs.end()) continue;
+        c.wr_id = htole64(s->second.wrid[idx & (s->second.wrid.size() - 1)]);
+        c.wc_flags |= VSTELLAR_CQE_SRQ;
+        if (s->second.blocked) {  // a QP took WQEs: the engine's SRQ has room again
+          s->second.blocked = false;
+          blocked = true;
+        }
+      }
       if (recv) {
-        if (q.recv_cqn != cqh || q.rq_wrid.empty()) continue;
-        c.wr_id = htole64(q.rq_wrid[idx & (q.rq_wrid.size() - 1)]);
+        if (q.recv_cqn != cqh) continue;
+        if (!(wc.wc_flags & vstellar::WC_SRQ)) {
+          if (q.rq_wrid.empty()) continue;
+          c.wr_id = htole64(q.rq_wrid[idx & (q.rq_wrid.size() - 1)]);
+        }
         c.src_qp = htole32(wc.src_qp);
         if (wc.wc_flags & vstellar::WC_GRH) c.wc_flags |= VSTELLAR_CQE_GRH;
         if (wc.wc_flags & vstellar::WC_WITH_IMM) {

@@ -263,8 +263,16 @@ void Device::OnEngineEvent(const vstellar::AsyncEvent& e) {
     case T::SQ_DRAINED: type = VSTELLAR_EV_SQ_DRAINED; break;
     case T::COMM_EST: type = VSTELLAR_EV_COMM_EST; break;
     case T::CQ_ERR: type = VSTELLAR_EV_CQ_ERR; break;
+    case T::SRQ_LIMIT_REACHED: type = VSTELLAR_EV_SRQ_LIMIT_REACHED; break;
+    case T::QP_LAST_WQE_REACHED: type = VSTELLAR_EV_QP_LAST_WQE_REACHED; break;
   }
-  if (e.type == T::CQ_ERR) {
+  if (e.type == T::SRQ_LIMIT_REACHED) {
+    for (auto& [h, s] : obj_.srqs)
+      if (s.srq->srqn() == e.qpn_or_cqn) {
+        object = h;  // the guest's SRQN
+        owner = s.owner;
+      }
+  } else if (e.type == T::CQ_ERR) {
     for (auto& [h, c] : obj_.cqs)
       if (c.cq->cqn() == e.qpn_or_cqn) {
         object = h;
@@ -274,6 +282,17 @@ void Device::OnEngineEvent(const vstellar::AsyncEvent& e) {
     owner = it->second.owner;
   }
   PostEvent(type, object, owner, 0);
+}
+
+bool Device::OwnsEvent(const vstellar::AsyncEvent& e) const {
+  using T = vstellar::AsyncEventType;
+  if (e.type == T::CQ_ERR) return false;  // the data path reports CQ errors itself
+  if (e.type == T::SRQ_LIMIT_REACHED) {
+    for (auto& [h, s] : obj_.srqs)
+      if (s.srq->srqn() == e.qpn_or_cqn) return true;
+    return false;
+  }
+  return OwnsQp(e.qpn_or_cqn);
 }
 
 bool Device::OwnsEngineCq(const vstellar::Cq* cq) const {

@@ -106,7 +106,7 @@ DeviceConfig DeviceConfig::Default() {
   c.db_page_size = htole32(VSTELLAR_DB_PAGE_SIZE);
   c.db_slots = htole32(VSTELLAR_DB_SLOTS_PER_PAGE);
   d.device_features = Bit(VIRTIO_VSTELLAR_F_RC) | Bit(VIRTIO_VSTELLAR_F_UD) | Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS) |
-                      Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC);
+                      Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ);
   return d;
 }
 

@@ -46,6 +46,7 @@ class Commands {
   uint16_t ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::vector<uint64_t>* out) const;
   uint16_t AddDbContext(uint32_t key, uint32_t* page);
   bool DatagramsOn() const;
+  bool SrqsOn() const;
   uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);

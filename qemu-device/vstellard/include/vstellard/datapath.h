@@ -73,9 +73,12 @@ class DataPath {
   void SetNeedKick(uint32_t v);
   bool ScanDoorbells();
   bool ServiceWq(QpObj& q, uint8_t* slot, bool send);
+  bool ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot);
+  void SrqToErr(uint32_t h, SrqObj& s, uint32_t info);
   uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
-  uint8_t CheckRecvWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr, vstellar::Sge* sges);
-  uint8_t CheckSge(QpObj& q, const uint8_t* raw, uint32_t need, vstellar::Sge* out);
+  uint8_t CheckRecvWqe(uint32_t owner, uint32_t pdn, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr,
+                       vstellar::Sge* sges);
+  uint8_t CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vstellar::Sge* out);
   uint8_t CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud);
   void QpToErr(QpObj& q, uint16_t event, uint32_t info);
   void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status);

@@ -74,6 +74,8 @@ class Device : private DataPathEvents {
   // Engine async event for one of this device's QPs or CQs.
   void OnEngineEvent(const vstellar::AsyncEvent& e);
   bool OwnsQp(uint32_t qpn) const { return obj_.qps.count(qpn) != 0; }
+  // Whether an engine event names one of this device's objects.
+  bool OwnsEvent(const vstellar::AsyncEvent& e) const;
   bool OwnsEngineCq(const vstellar::Cq* cq) const;
   bool HasQps() const { return !obj_.qps.empty(); }
   // Data path: whether this device polls its doorbell pages now; the

@@ -51,11 +51,26 @@ struct CqObj {
   bool overflow = false;
 };
 
+// A shared receive queue: its ring in guest memory, served like an RQ
+// from its own doorbell slot (struct vstellar_db_srq).
+struct SrqObj {
+  uint32_t owner;
+  vstellar::Srq* srq;
+  uint32_t pdn, slot;
+  RingGeom ring;
+  uint32_t ci = 0;              // WQEs fetched (free-running)
+  std::vector<uint64_t> wrid;   // the guest wr_id of each slot
+  uint32_t max_sge = 0;
+  bool broken = false;   // doorbell record or ring corrupt: SRQ_ERR sent, not read again
+  bool blocked = false;  // the engine's SRQ was full: rescan after a completion
+};
+
 struct QpObj {
   uint32_t owner;
   vstellar::Qp* qp;
   uint8_t type = VSTELLAR_QPT_RC;  // VSTELLAR_QPT_*
   uint32_t pdn, send_cqn, recv_cqn, slot;
+  uint32_t srqh = 0;  // receives come from this SRQ (0: the QP's own RQ)
   // Data path: ring geometry, WQEs fetched (free-running), the guest
   // wr_id of each slot (the engine's wr_id is the WQE index), the send
   // opcode of each SQ slot, limits granted at create.
@@ -82,6 +97,7 @@ struct ObjectTables {
   std::map<uint32_t, CqObj> cqs;
   std::map<uint32_t, QpObj> qps;  // by QPN
   std::map<uint32_t, MrObj> mrs;
+  std::map<uint32_t, SrqObj> srqs;  // by handle (the guest's SRQN)
   std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
 };
 
