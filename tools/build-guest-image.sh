@@ -168,8 +168,8 @@ for d in "${mpi_debs[@]}"; do dpkg-deb -x "$d" "$root"; done
 # OpenMPI link), to targets in the image, relative so that the host's own
 # alternatives never answer for the image's.
 for d in "${mpi_debs[@]}"; do
-	dpkg-deb -I "$d" postinst 2>/dev/null | sed -e ':a' -e '/\\$/{N;s/\\\n//;ba}' |
-		grep -oE -- '--(install|slave) +[^ ]+ +[^ ]+ +[^ ]+' |
+	{ dpkg-deb -I "$d" postinst 2>/dev/null || true; } | sed -e ':a' -e '/\\$/{N;s/\\\n//;ba}' |
+		{ grep -oE -- '--(install|slave) +[^ ]+ +[^ ]+ +[^ ]+' || true; } |
 		while read -r _ link _ target; do
 			[[ -e $root$target ]] || continue
 			mkdir -p "$(dirname "$root$link")"
