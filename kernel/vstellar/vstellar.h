@@ -64,9 +64,13 @@ struct vstellar_dev {
 	void *kdb;				/* NULL: no kernel verbs */
 	void __iomem *kkick;
 
-	/* cqn -> vstellar_cq, qpn -> vstellar_qp (events, notifications) */
+	/*
+	 * cqn -> vstellar_cq, qpn -> vstellar_qp, srqn -> vstellar_srq
+	 * (events, notifications)
+	 */
 	struct xarray cqs;
 	struct xarray qps;
+	struct xarray srqs;
 
 	struct notifier_block nb;		/* netdevice events */
 	struct work_struct rescan_work;		/* GID table from a new netdev */
@@ -130,6 +134,29 @@ struct vstellar_qp {
 	u8 sq_log_wqe, sq_log_stride, rq_log_wqe, rq_log_stride;
 };
 
+/*
+ * A shared receive queue (F_SRQ): a receive ring many QPs take their
+ * receives from, in posting order; they complete out of order.
+ */
+struct vstellar_srq {
+	struct ib_srq ibsrq;
+	u32 srqn;
+	u32 ucontext;
+	u32 db_slot;
+	u32 max_sge;			/* as granted at create */
+	u8 log_wqe, log_stride;
+	struct ib_umem *umem;		/* user SRQs */
+	/*
+	 * Kernel SRQs: the ring, WQEs posted and WQEs completed (both
+	 * free-running). Completions arrive on the CQs of every QP on the
+	 * SRQ, polled under different locks, hence an atomic count.
+	 */
+	struct vstellar_kring kring;
+	spinlock_t lock;		/* pi and the ring's slots */
+	u32 pi;
+	atomic_t done;
+};
+
 struct vstellar_mr {
 	struct ib_mr ibmr;
 	u32 mrn;
@@ -169,6 +196,11 @@ static inline struct vstellar_qp *to_vqp(struct ib_qp *qp)
 	return container_of(qp, struct vstellar_qp, ibqp);
 }
 
+static inline struct vstellar_srq *to_vsrq(struct ib_srq *srq)
+{
+	return container_of(srq, struct vstellar_srq, ibsrq);
+}
+
 static inline struct vstellar_mr *to_vmr(struct ib_mr *mr)
 {
 	return container_of(mr, struct vstellar_mr, ibmr);
@@ -182,9 +214,9 @@ static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
 /*
  * The driver's files, top down; each calls only the ones below it:
  *   vstellar_main.c    probe, queues, events, ib_device ops (picks the
- *                      user or the kernel path for create_cq/create_qp)
- *   vstellar_verbs.c   control verbs; user CQs and QPs
- *   vstellar_kverbs.c  kernel CQs and QPs and their data path
+ *                      user or the kernel path for create_cq/qp/srq)
+ *   vstellar_verbs.c   control verbs; user CQs, QPs and SRQs
+ *   vstellar_kverbs.c  kernel CQs, QPs and SRQs and their data path
  *   vstellar_cmd.c     one typed function per device command
  *   vstellar_ring.c    kernel rings (DMA-coherent)
  *   vstellar_com.c     the control-queue transport
@@ -224,6 +256,14 @@ int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		      int attr_mask, struct ib_qp_init_attr *init_attr);
 int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
+int vstellar_create_user_srq(struct ib_srq *ibsrq,
+			     struct ib_srq_init_attr *init_attr,
+			     struct ib_udata *udata);
+int vstellar_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+			enum ib_srq_attr_mask attr_mask,
+			struct ib_udata *udata);
+int vstellar_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
+int vstellar_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
 struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   u64 virt_addr, int access_flags,
 				   struct ib_udata *udata);
@@ -238,6 +278,8 @@ void vstellar_kernel_db_fini(struct vstellar_dev *dev);
 int vstellar_create_kernel_cq(struct ib_cq *ibcq,
 			      const struct ib_cq_init_attr *attr);
 int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init);
+int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
+			       struct ib_srq_init_attr *init_attr);
 struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags);
 int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
@@ -245,6 +287,8 @@ int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 		       const struct ib_send_wr **bad_wr);
 int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		       const struct ib_recv_wr **bad_wr);
+int vstellar_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+			   const struct ib_recv_wr **bad_wr);
 
 /* vstellar_ring.c */
 int vstellar_kring_alloc(struct vstellar_dev *dev, struct vstellar_kring *r,

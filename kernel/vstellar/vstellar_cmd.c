@@ -126,6 +126,11 @@ int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn)
 	return vstellar_cmd_release(dev, VSTELLAR_CMD_DEREG_MR, uctx, mrn);
 }
 
+int vstellar_cmd_destroy_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn)
+{
+	return vstellar_cmd_release(dev, VSTELLAR_CMD_DESTROY_SRQ, uctx, srqn);
+}
+
 /* ---------------------------------------------------------------- */
 /* Device, port, GIDs                                                */
 /* ---------------------------------------------------------------- */
@@ -280,6 +285,8 @@ int vstellar_cmd_create_qp(struct vstellar_dev *dev, u32 uctx,
 			   struct vstellar_create_qp_result *res)
 {
 	const struct vstellar_pages *rings[] = { &params->sq, &params->rq };
+	/* a QP on an SRQ sends the SQ's pages only */
+	unsigned int nrings = params->use_srq ? 1 : ARRAY_SIZE(rings);
 	struct vstellar_cmd_create_qp cmd = {
 		.pdn = cpu_to_le32(params->pdn),
 		.send_cqn = cpu_to_le32(params->send_cqn),
@@ -295,20 +302,26 @@ int vstellar_cmd_create_qp(struct vstellar_dev *dev, u32 uctx,
 		.max_recv_sge = cpu_to_le32(params->max_recv_sge),
 		.max_inline_data = cpu_to_le32(params->max_inline_data),
 		.sq_pages = cpu_to_le32(params->sq.npages),
-		.rq_pages = cpu_to_le32(params->rq.npages),
 		.sq_offset = cpu_to_le64(params->sq.offset),
-		.rq_offset = cpu_to_le64(params->rq.offset),
 	};
 	struct vstellar_resp_create_qp resp;
 	u32 num_pages;
 	__le64 *pages;
 	int err;
 
-	/* the command has one page_shift for both rings */
-	if (WARN_ON_ONCE(params->sq.pgsz != params->rq.pgsz))
-		return -EINVAL;
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_QP, rings,
-				   ARRAY_SIZE(rings), &num_pages);
+	if (params->use_srq) {
+		/* no RQ: its fields stay 0, the union names the SRQ */
+		cmd.create_flags = VSTELLAR_QP_CREATE_USE_SRQ;
+		cmd.srq.srqn = cpu_to_le32(params->srqn);
+	} else {
+		/* the command has one page_shift for both rings */
+		if (WARN_ON_ONCE(params->sq.pgsz != params->rq.pgsz))
+			return -EINVAL;
+		cmd.rq_pages = cpu_to_le32(params->rq.npages);
+		cmd.rq_offset = cpu_to_le64(params->rq.offset);
+	}
+	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_QP, rings, nrings,
+				   &num_pages);
 	if (IS_ERR(pages))
 		return PTR_ERR(pages);
 	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, uctx,
@@ -424,6 +437,76 @@ int vstellar_cmd_query_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn,
 	attr->sq_draining = !!le32_to_cpu(resp.sq_draining);
 	if (has_av)
 		vstellar_av_to_ah_attr(&attr->ah_attr, &a->av);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* SRQs                                                              */
+/* ---------------------------------------------------------------- */
+
+int vstellar_cmd_create_srq(struct vstellar_dev *dev, u32 uctx,
+			    const struct vstellar_create_srq_params *params,
+			    struct vstellar_create_srq_result *res)
+{
+	const struct vstellar_pages *ring = &params->ring;
+	struct vstellar_cmd_create_srq cmd = {
+		.pdn = cpu_to_le32(params->pdn),
+		.log_wqe = params->log_wqe,
+		.log_stride = params->log_stride,
+		.page_shift = __ffs(ring->pgsz),
+		.max_sge = cpu_to_le32(params->max_sge),
+		.srq_limit = cpu_to_le32(params->srq_limit),
+		.num_pages = cpu_to_le32(ring->npages),
+		.ring_offset = cpu_to_le64(ring->offset),
+	};
+	struct vstellar_resp_create_srq resp;
+	u32 num_pages;
+	__le64 *pages;
+	int err;
+
+	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_SRQ, &ring, 1,
+				   &num_pages);
+	if (IS_ERR(pages))
+		return PTR_ERR(pages);
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_SRQ, uctx,
+				&cmd, sizeof(cmd), pages, num_pages,
+				&resp, sizeof(resp));
+	if (err)
+		return err;
+	res->srqn = le32_to_cpu(resp.srqn);
+	res->db_slot = le32_to_cpu(resp.db_slot);
+	res->max_sge = le32_to_cpu(resp.max_sge);
+	return 0;
+}
+
+int vstellar_cmd_modify_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			    u32 srq_limit)
+{
+	struct vstellar_cmd_modify_srq cmd = {
+		.srqn = cpu_to_le32(srqn),
+		.attr_mask = cpu_to_le32(VSTELLAR_SRQ_LIMIT),
+		.srq_limit = cpu_to_le32(srq_limit),
+	};
+
+	return vstellar_com_exec(&dev->com, VSTELLAR_CMD_MODIFY_SRQ, uctx,
+				 &cmd, sizeof(cmd), NULL, 0, NULL, 0);
+}
+
+int vstellar_cmd_query_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			   struct ib_srq_attr *attr)
+{
+	struct vstellar_cmd_handle cmd = { .handle = cpu_to_le32(srqn) };
+	struct vstellar_resp_query_srq resp;
+	int err;
+
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_QUERY_SRQ, uctx,
+				&cmd, sizeof(cmd), NULL, 0,
+				&resp, sizeof(resp));
+	if (err)
+		return err;
+	attr->max_wr = le32_to_cpu(resp.max_wr);
+	attr->max_sge = le32_to_cpu(resp.max_sge);
+	attr->srq_limit = le32_to_cpu(resp.srq_limit);
 	return 0;
 }
 

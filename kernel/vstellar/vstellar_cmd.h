@@ -117,6 +117,12 @@ struct vstellar_create_qp_params {
 	u32 max_send_sge;
 	u32 max_recv_sge;
 	u32 max_inline_data;
+	/*
+	 * use_srq (F_SRQ): receives come from SRQ srqn and the QP has no RQ,
+	 * so rq_log_wqe, rq_log_stride and max_recv_sge are 0 and rq unused.
+	 */
+	bool use_srq;
+	u32 srqn;
 	/* one page size for both rings: sq.pgsz == rq.pgsz */
 	struct vstellar_pages sq;
 	struct vstellar_pages rq;
@@ -147,6 +153,40 @@ int vstellar_cmd_modify_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn,
 int vstellar_cmd_query_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn,
 			  bool has_av, struct ib_qp_attr *attr);
 int vstellar_cmd_destroy_qp(struct vstellar_dev *dev, u32 uctx, u32 qpn);
+
+/* ---------------------------------------------------------------- */
+/* SRQs (F_SRQ)                                                      */
+/* ---------------------------------------------------------------- */
+
+struct vstellar_create_srq_params {
+	u32 pdn;
+	u8 log_wqe;			/* 1 << log_wqe slots */
+	u8 log_stride;			/* of 1 << log_stride bytes */
+	u32 max_sge;
+	u32 srq_limit;			/* 0: not armed */
+	struct vstellar_pages ring;
+};
+
+struct vstellar_create_srq_result {
+	u32 srqn;
+	u32 db_slot;
+	u32 max_sge;			/* what the device granted */
+};
+
+int vstellar_cmd_create_srq(struct vstellar_dev *dev, u32 uctx,
+			    const struct vstellar_create_srq_params *params,
+			    struct vstellar_create_srq_result *res);
+
+/* Arms SRQ_LIMIT_REACHED (0 disarms): the only attribute that changes. */
+int vstellar_cmd_modify_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			    u32 srq_limit);
+
+/* Fills @attr with the device's view; on error @attr is untouched. */
+int vstellar_cmd_query_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			   struct ib_srq_attr *attr);
+
+/* BUSY (-EBUSY) while QPs use the SRQ. */
+int vstellar_cmd_destroy_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn);
 
 /* ---------------------------------------------------------------- */
 /* MRs                                                               */

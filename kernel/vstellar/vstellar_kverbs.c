@@ -2,12 +2,12 @@
 /*
  * vStellar kernel verbs: the data path for kernel users. The MAD layer's
  * GSI QP (QP1) runs here, and with it the CM, so rdma_cm works; kernel UD
- * QPs too. The rings live in DMA-coherent kernel memory and the doorbells
- * in the kernel's own doorbell page (VSTELLAR_CMD_KERNEL_DB); SGEs carry
- * the local DMA lkey and DMA (guest-physical) addresses. Only create and
- * destroy send commands: posting, polling and arming are memory operations
- * plus, when the device asks for it, one store to the kick page, so they
- * work in any context.
+ * QPs and SRQs too. The rings live in DMA-coherent kernel memory and the
+ * doorbells in the kernel's own doorbell page (VSTELLAR_CMD_KERNEL_DB);
+ * SGEs carry the local DMA lkey and DMA (guest-physical) addresses. Only
+ * create and destroy send commands: posting, polling and arming are
+ * memory operations plus, when the device asks for it, one store to the
+ * kick page, so they work in any context.
  */
 #include <linux/io.h>
 #include <linux/log2.h>
@@ -153,6 +153,22 @@ static u32 vstellar_wqe_index(u32 done, u16 wqe_idx)
 	return done + (u16)(wqe_idx - (u16)done);
 }
 
+/*
+ * A receive from the QP's SRQ: the device wrote the WQE's wr_id into the
+ * CQE, and the SRQ's WQEs complete out of order, so only their number
+ * counts (one more slot free).
+ */
+static void vstellar_srq_completed(struct vstellar_qp *qp)
+{
+	struct vstellar_srq *srq;
+
+	if (!qp->ibqp.srq)
+		return;
+	srq = to_vsrq(qp->ibqp.srq);
+	if (srq->kring.buf)
+		atomic_inc(&srq->done);
+}
+
 static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 			       const struct vstellar_cqe *e, struct ib_wc *wc)
 {
@@ -178,7 +194,11 @@ static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 			wc->wc_flags |= IB_WC_WITH_IMM;
 			wc->ex.imm_data = e->imm_data;
 		}
-		WRITE_ONCE(qp->rq_done, vstellar_wqe_index(qp->rq_done, idx) + 1);
+		if (e->wc_flags & VSTELLAR_CQE_SRQ)
+			vstellar_srq_completed(qp);
+		else
+			WRITE_ONCE(qp->rq_done,
+				   vstellar_wqe_index(qp->rq_done, idx) + 1);
 	} else {
 		WRITE_ONCE(qp->sq_done, vstellar_wqe_index(qp->sq_done, idx) + 1);
 	}
@@ -263,6 +283,15 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	/* kernel RC QPs would need fast-registration MRs: not offered */
 	if (init->qp_type != IB_QPT_GSI && init->qp_type != IB_QPT_UD)
 		return -EOPNOTSUPP;
+	/* the device puts no GSI QP on an SRQ; a user SRQ has no kernel ring */
+	if (init->srq && (init->qp_type == IB_QPT_GSI ||
+			  !to_vsrq(init->srq)->kring.buf))
+		return -EOPNOTSUPP;
+	/* IB: a QP on an SRQ has no RQ; its receive caps are ignored */
+	if (init->srq) {
+		init->cap.max_recv_wr = 0;
+		init->cap.max_recv_sge = 0;
+	}
 	ssge = init->cap.max_send_sge;
 	rsge = init->cap.max_recv_sge;
 	if (init->cap.max_inline_data || ssge > VSTELLAR_KQP_MAX_SGE ||
@@ -270,21 +299,27 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	    init->cap.max_send_wr > max_wr || init->cap.max_recv_wr > max_wr)
 		return -EINVAL;
 	qp->sq_log_wqe = order_base_2(max(init->cap.max_send_wr, 1U));
-	qp->rq_log_wqe = order_base_2(max(init->cap.max_recv_wr, 1U));
 	qp->sq_log_stride = order_base_2(sizeof(struct vstellar_send_wqe) +
 					 sizeof(struct vstellar_sge) * ssge);
-	qp->rq_log_stride = max(VSTELLAR_MIN_RQ_LOG_STRIDE,
-				order_base_2(sizeof(struct vstellar_recv_wqe) +
-					     sizeof(struct vstellar_sge) * rsge));
+	if (!init->srq) {
+		qp->rq_log_wqe = order_base_2(max(init->cap.max_recv_wr, 1U));
+		qp->rq_log_stride =
+			max(VSTELLAR_MIN_RQ_LOG_STRIDE,
+			    order_base_2(sizeof(struct vstellar_recv_wqe) +
+					 sizeof(struct vstellar_sge) * rsge));
+	}
 
 	err = vstellar_kring_alloc(dev, &qp->sq,
 				   (size_t)1 << (qp->sq_log_wqe + qp->sq_log_stride));
 	if (err)
 		return err;
-	err = vstellar_kring_alloc(dev, &qp->rq,
-				   (size_t)1 << (qp->rq_log_wqe + qp->rq_log_stride));
-	if (err)
-		goto err_sq;
+	if (!init->srq) {
+		err = vstellar_kring_alloc(dev, &qp->rq,
+					   (size_t)1 << (qp->rq_log_wqe +
+							 qp->rq_log_stride));
+		if (err)
+			goto err_sq;
+	}
 
 	qp->sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
 	params.pdn = to_vpd(ibqp->pd)->pdn;
@@ -300,7 +335,12 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	params.max_send_sge = ssge;
 	params.max_recv_sge = rsge;
 	vstellar_pages_of_kring(&params.sq, &qp->sq);
-	vstellar_pages_of_kring(&params.rq, &qp->rq);
+	if (init->srq) {
+		params.use_srq = true;
+		params.srqn = to_vsrq(init->srq)->srqn;
+	} else {
+		vstellar_pages_of_kring(&params.rq, &qp->rq);
+	}
 	err = vstellar_cmd_create_qp(dev, 0, &params, &res);
 	if (err)
 		goto err_rq;
@@ -316,7 +356,7 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	/* the device answers to QP 1 for the GSI QP, whatever its own QPN */
 	ibqp->qp_num = init->qp_type == IB_QPT_GSI ? 1 : qp->qpn;
 	init->cap.max_send_wr = 1U << qp->sq_log_wqe;
-	init->cap.max_recv_wr = 1U << qp->rq_log_wqe;
+	init->cap.max_recv_wr = init->srq ? 0 : 1U << qp->rq_log_wqe;
 	qp->cap = init->cap;
 	err = xa_insert_irq(&dev->qps, qp->qpn, qp, GFP_KERNEL);
 	if (err)
@@ -342,6 +382,16 @@ static void vstellar_put_sges(struct vstellar_sge *dst,
 		dst[i].length = cpu_to_le32(src[i].length);
 		dst[i].lkey = cpu_to_le32(src[i].lkey);
 	}
+}
+
+static void vstellar_put_recv_wqe(struct vstellar_recv_wqe *wqe, u32 stride,
+				  const struct ib_recv_wr *wr)
+{
+	memset(wqe, 0, stride);
+	wqe->wr_id = cpu_to_le64(wr->wr_id);
+	wqe->num_sge = cpu_to_le32(wr->num_sge);
+	vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
+			  wr->num_sge);
 }
 
 static int vstellar_build_ud_wqe(struct vstellar_qp *qp,
@@ -424,6 +474,10 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	unsigned long flags;
 	int err = 0;
 
+	if (ibqp->srq) {
+		*bad_wr = wr;
+		return -EINVAL;		/* its receives go to the SRQ */
+	}
 	if (!qp->rq.buf) {
 		*bad_wr = wr;
 		return -EOPNOTSUPP;
@@ -442,11 +496,7 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 			break;
 		}
 		wqe = qp->rq.buf + ((qp->rq_pi & (size - 1)) << qp->rq_log_stride);
-		memset(wqe, 0, 1U << qp->rq_log_stride);
-		wqe->wr_id = cpu_to_le64(wr->wr_id);
-		wqe->num_sge = cpu_to_le32(wr->num_sge);
-		vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
-				  wr->num_sge);
+		vstellar_put_recv_wqe(wqe, 1U << qp->rq_log_stride, wr);
 		qp->rq_pi++;
 	}
 	if (qp->rq_pi != start) {
@@ -457,6 +507,125 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		vstellar_kdb_ring(dev, pi, qp->rq_pi);
 	}
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
+
+/* ---------------------------------------------------------------- */
+/* SRQs                                                              */
+/* ---------------------------------------------------------------- */
+
+int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
+			       struct ib_srq_init_attr *init_attr)
+{
+	struct vstellar_dev *dev = to_vdev(ibsrq->device);
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	struct ib_srq_attr *attr = &init_attr->attr;
+	struct vstellar_create_srq_params params = {};
+	struct vstellar_create_srq_result res;
+	u32 fit;
+	int err;
+
+	if (!dev->kdb)
+		return -EOPNOTSUPP;
+	if (!attr->max_wr || attr->max_wr > le32_to_cpu(dev->attr.max_srq_wr) ||
+	    attr->max_sge > VSTELLAR_KQP_MAX_SGE ||
+	    attr->max_sge > le32_to_cpu(dev->attr.max_srq_sge))
+		return -EINVAL;
+	srq->log_wqe = order_base_2(attr->max_wr);
+	srq->log_stride = max(VSTELLAR_MIN_RQ_LOG_STRIDE,
+			      order_base_2(sizeof(struct vstellar_recv_wqe) +
+					   sizeof(struct vstellar_sge) *
+					   attr->max_sge));
+	if (srq->log_wqe > VSTELLAR_MAX_LOG_WQE ||
+	    attr->srq_limit >= (1U << srq->log_wqe))
+		return -EINVAL;
+	err = vstellar_kring_alloc(dev, &srq->kring,
+				   (size_t)1 << (srq->log_wqe + srq->log_stride));
+	if (err)
+		return err;
+
+	params.pdn = to_vpd(ibsrq->pd)->pdn;
+	params.log_wqe = srq->log_wqe;
+	params.log_stride = srq->log_stride;
+	params.max_sge = attr->max_sge;
+	params.srq_limit = attr->srq_limit;
+	vstellar_pages_of_kring(&params.ring, &srq->kring);
+	err = vstellar_cmd_create_srq(dev, 0, &params, &res);
+	if (err)
+		goto err_ring;
+	srq->srqn = res.srqn;
+	srq->db_slot = res.db_slot;
+	if (!vstellar_kdb_slot_ok(srq->db_slot)) {
+		err = -EIO;
+		goto err_destroy;
+	}
+	/* never more SGEs than a slot holds, whatever the device granted */
+	fit = ((1U << srq->log_stride) - sizeof(struct vstellar_recv_wqe)) /
+	      sizeof(struct vstellar_sge);
+	srq->max_sge = min(res.max_sge, fit);
+	spin_lock_init(&srq->lock);
+	srq->pi = 0;
+	atomic_set(&srq->done, 0);
+	attr->max_wr = 1U << srq->log_wqe;
+	attr->max_sge = srq->max_sge;
+	err = xa_insert_irq(&dev->srqs, srq->srqn, srq, GFP_KERNEL);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vstellar_cmd_destroy_srq(dev, 0, srq->srqn);
+err_ring:
+	vstellar_kring_free(dev, &srq->kring);
+	return err;
+}
+
+/*
+ * As post_recv, on the SRQ's ring and doorbell slot. A slot is free again
+ * once as many WQEs completed as were posted before it: the device takes
+ * the WQEs in ring order and copies each out before using it.
+ */
+int vstellar_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+			   const struct ib_recv_wr **bad_wr)
+{
+	struct vstellar_dev *dev = to_vdev(ibsrq->device);
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	u32 size = 1U << srq->log_wqe, start;
+	unsigned long flags;
+	int err = 0;
+
+	if (!srq->kring.buf) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;	/* a user SRQ: the provider posts */
+	}
+	spin_lock_irqsave(&srq->lock, flags);
+	start = srq->pi;
+	for (; wr; wr = wr->next) {
+		void *slot;
+
+		if (srq->pi - (u32)atomic_read(&srq->done) >= size) {
+			err = -ENOMEM;
+			break;
+		}
+		if (wr->num_sge > srq->max_sge) {
+			err = -EINVAL;
+			break;
+		}
+		slot = srq->kring.buf +
+		       ((srq->pi & (size - 1)) << srq->log_stride);
+		vstellar_put_recv_wqe(slot, 1U << srq->log_stride, wr);
+		srq->pi++;
+	}
+	if (srq->pi != start) {
+		__le32 *pi = vstellar_kdb_word(dev, srq->db_slot,
+					       offsetof(struct vstellar_db_srq, pi));
+
+		dma_wmb();	/* WQEs before the index that publishes them */
+		vstellar_kdb_ring(dev, pi, srq->pi);
+	}
+	spin_unlock_irqrestore(&srq->lock, flags);
 	if (err)
 		*bad_wr = wr;
 	return err;

@@ -57,6 +57,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_MULTI_CQNQ,
 	VIRTIO_VSTELLAR_F_ATOMIC,
 	VIRTIO_VSTELLAR_F_INLINE,
+	VIRTIO_VSTELLAR_F_SRQ,
 };
 
 /* ---------------------------------------------------------------- */
@@ -183,6 +184,13 @@ static void vstellar_device_lost(struct vstellar_dev *dev)
 	vstellar_schedule_reprobe(dev);
 }
 
+/* The device numbers its events as IB does: ev.event is the type. */
+static_assert((int)VSTELLAR_EV_SRQ_ERR == (int)IB_EVENT_SRQ_ERR);
+static_assert((int)VSTELLAR_EV_SRQ_LIMIT_REACHED ==
+	      (int)IB_EVENT_SRQ_LIMIT_REACHED);
+static_assert((int)VSTELLAR_EV_QP_LAST_WQE_REACHED ==
+	      (int)IB_EVENT_QP_LAST_WQE_REACHED);
+
 static void vstellar_handle_event(struct vstellar_dev *dev,
 				  const struct vstellar_event *e)
 {
@@ -190,6 +198,7 @@ static void vstellar_handle_event(struct vstellar_dev *dev,
 	u32 obj = le32_to_cpu(e->object);
 	u32 uctx = le32_to_cpu(e->ucontext);
 	struct ib_event ev = { .device = &dev->ibdev, .event = type };
+	struct vstellar_srq *srq;
 	struct vstellar_qp *qp;
 	struct vstellar_cq *cq;
 
@@ -208,6 +217,7 @@ static void vstellar_handle_event(struct vstellar_dev *dev,
 	case VSTELLAR_EV_QP_ACCESS_ERR:
 	case VSTELLAR_EV_COMM_EST:
 	case VSTELLAR_EV_SQ_DRAINED:
+	case VSTELLAR_EV_QP_LAST_WQE_REACHED:
 		xa_lock_irq(&dev->qps);
 		qp = xa_load(&dev->qps, obj);
 		if (qp && qp->ucontext == uctx && qp->ibqp.event_handler) {
@@ -215,6 +225,16 @@ static void vstellar_handle_event(struct vstellar_dev *dev,
 			qp->ibqp.event_handler(&ev, qp->ibqp.qp_context);
 		}
 		xa_unlock_irq(&dev->qps);
+		break;
+	case VSTELLAR_EV_SRQ_ERR:
+	case VSTELLAR_EV_SRQ_LIMIT_REACHED:
+		xa_lock_irq(&dev->srqs);
+		srq = xa_load(&dev->srqs, obj);
+		if (srq && srq->ucontext == uctx && srq->ibsrq.event_handler) {
+			ev.element.srq = &srq->ibsrq;
+			srq->ibsrq.event_handler(&ev, srq->ibsrq.srq_context);
+		}
+		xa_unlock_irq(&dev->srqs);
 		break;
 	case VSTELLAR_EV_DEVICE_FATAL:
 		dev_err(&dev->vdev->dev, "device reported a fatal error (info %u)\n",
@@ -413,9 +433,9 @@ static struct net_device *vstellar_find_netdev(void)
 /* ---------------------------------------------------------------- */
 
 /*
- * User CQs and QPs have their rings in the process's memory and their
- * data path in the provider (vstellar_verbs.c); the kernel's have DMA
- * rings and their data path in the driver (vstellar_kverbs.c). Every
+ * User CQs, QPs and SRQs have their rings in the process's memory and
+ * their data path in the provider (vstellar_verbs.c); the kernel's have
+ * DMA rings and their data path in the driver (vstellar_kverbs.c). Every
  * other verb serves both.
  */
 static int vstellar_create_cq(struct ib_cq *ibcq,
@@ -435,11 +455,26 @@ static int vstellar_create_qp(struct ib_qp *ibqp,
 			      struct ib_qp_init_attr *init_attr,
 			      struct ib_udata *udata)
 {
-	if (init_attr->srq || init_attr->create_flags)
+	if (init_attr->create_flags)
+		return -EOPNOTSUPP;
+	/* basic SRQs only (create_srq makes no other kind) */
+	if (init_attr->srq && init_attr->srq->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
 	if (udata)
 		return vstellar_create_user_qp(ibqp, init_attr, udata);
 	return vstellar_create_kernel_qp(ibqp, init_attr);
+}
+
+static int vstellar_create_srq(struct ib_srq *ibsrq,
+			       struct ib_srq_init_attr *init_attr,
+			       struct ib_udata *udata)
+{
+	if (!(to_vdev(ibsrq->device)->features & BIT(VIRTIO_VSTELLAR_F_SRQ)) ||
+	    init_attr->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	if (udata)
+		return vstellar_create_user_srq(ibsrq, init_attr, udata);
+	return vstellar_create_kernel_srq(ibsrq, init_attr);
 }
 
 static const struct ib_device_ops vstellar_dev_ops = {
@@ -453,6 +488,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.create_ah = vstellar_create_ah,
 	.create_cq = vstellar_create_cq,
 	.create_qp = vstellar_create_qp,
+	.create_srq = vstellar_create_srq,
 	.create_user_ah = vstellar_create_ah,
 	.dealloc_pd = vstellar_dealloc_pd,
 	.dealloc_ucontext = vstellar_dealloc_ucontext,
@@ -461,6 +497,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.destroy_ah = vstellar_destroy_ah,
 	.destroy_cq = vstellar_destroy_cq,
 	.destroy_qp = vstellar_destroy_qp,
+	.destroy_srq = vstellar_destroy_srq,
 	.disassociate_ucontext = vstellar_disassociate_ucontext,
 	.get_dev_fw_str = vstellar_get_dev_fw_str,
 	.get_dma_mr = vstellar_get_dma_mr,
@@ -469,13 +506,16 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.mmap = vstellar_mmap,
 	.mmap_free = vstellar_mmap_free,
 	.modify_qp = vstellar_modify_qp,
+	.modify_srq = vstellar_modify_srq,
 	.poll_cq = vstellar_poll_cq,
 	.post_recv = vstellar_post_recv,
 	.post_send = vstellar_post_send,
+	.post_srq_recv = vstellar_post_srq_recv,
 	.query_device = vstellar_query_device,
 	.query_pkey = vstellar_query_pkey,
 	.query_port = vstellar_query_port,
 	.query_qp = vstellar_query_qp,
+	.query_srq = vstellar_query_srq,
 	.reg_user_mr = vstellar_reg_user_mr,
 	.req_notify_cq = vstellar_req_notify_cq,
 
@@ -483,6 +523,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_cq, vstellar_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vstellar_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vstellar_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vstellar_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vstellar_ucontext, ibucontext),
 };
 
@@ -600,6 +641,7 @@ static int vstellar_probe(struct virtio_device *vdev)
 	vdev->priv = dev;
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
 	spin_lock_init(&dev->eventq_lock);
 	mutex_init(&dev->netdev_lock);
 	INIT_WORK(&dev->event_work, vstellar_event_work);
@@ -726,7 +768,8 @@ static void vstellar_remove(struct virtio_device *vdev)
 	cancel_work_sync(&dev->event_work);
 	cancel_work_sync(&dev->config_work);
 	vstellar_free_queues(dev);
-	WARN_ON(!xa_empty(&dev->cqs) || !xa_empty(&dev->qps));
+	WARN_ON(!xa_empty(&dev->cqs) || !xa_empty(&dev->qps) ||
+		!xa_empty(&dev->srqs));
 	kfree(dev->cqnq_lock);
 	kfree(dev->cqnq);
 	vdev->priv = NULL;

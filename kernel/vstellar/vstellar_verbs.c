@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * vStellar verbs: the control path, each verb one or two device commands
- * (vstellar_cmd.c), and the CQs and QPs of user space, whose rings are in
- * the process's memory. The data path (posting WQEs, polling CQEs, arming
+ * (vstellar_cmd.c), and the CQs, QPs and SRQs of user space, whose rings
+ * are in the process's memory. The data path (posting WQEs, polling CQEs, arming
  * CQs) runs in user space on those rings and the context's doorbell page;
- * kernel CQs and QPs and their data path are in vstellar_kverbs.c.
+ * kernel CQs, QPs and SRQs and their data path are in vstellar_kverbs.c.
  * See docs/driver.md.
  */
 #include <rdma/ib_addr.h>
@@ -68,6 +68,12 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 	props->max_qp_init_rd_atom = le32_to_cpu(a->max_qp_init_rd_atom);
 	props->max_res_rd_atom = props->max_qp * props->max_qp_rd_atom;
 	props->max_pkeys = 1;
+	/* a device without F_SRQ answers 0; a driver without it must too */
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_SRQ)) {
+		props->max_srq = le32_to_cpu(a->max_srq);
+		props->max_srq_wr = le32_to_cpu(a->max_srq_wr);
+		props->max_srq_sge = le32_to_cpu(a->max_srq_sge);
+	}
 	props->atomic_cap = dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC) ?
 			    IB_ATOMIC_HCA : IB_ATOMIC_NONE;
 	if (caps & VSTELLAR_DEVCAP_RC_RNR_NAK_GEN)
@@ -449,6 +455,7 @@ int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 /* QPs                                                               */
 /* ---------------------------------------------------------------- */
 
+/* A QP on an SRQ has no RQ: its RQ fields must be 0 (the ABI says so). */
 static int vstellar_check_qp_ucmd(struct vstellar_dev *dev,
 				  const struct vstellar_create_qp *u,
 				  const struct ib_qp_init_attr *init_attr)
@@ -458,13 +465,17 @@ static int vstellar_check_qp_ucmd(struct vstellar_dev *dev,
 	if (u->comp_mask)
 		return -EINVAL;
 	if (u->sq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
-	    u->rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
-	    (1U << u->sq_log_wqe) > max_wr || (1U << u->rq_log_wqe) > max_wr ||
+	    (1U << u->sq_log_wqe) > max_wr ||
 	    (1U << u->sq_log_wqe) < init_attr->cap.max_send_wr ||
-	    (1U << u->rq_log_wqe) < init_attr->cap.max_recv_wr)
+	    u->sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE ||
+	    u->sq_log_stride > VSTELLAR_MAX_LOG_STRIDE)
 		return -EINVAL;
-	if (u->sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE ||
-	    u->sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+	if (init_attr->srq)
+		return u->rq_buf_addr || u->rq_log_wqe || u->rq_log_stride ?
+		       -EINVAL : 0;
+	if (u->rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
+	    (1U << u->rq_log_wqe) > max_wr ||
+	    (1U << u->rq_log_wqe) < init_attr->cap.max_recv_wr ||
 	    u->rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE ||
 	    u->rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)
 		return -EINVAL;
@@ -481,7 +492,7 @@ int vstellar_create_user_qp(struct ib_qp *ibqp,
 	struct vstellar_create_qp_params params = {};
 	struct vstellar_create_qp_result res;
 	struct vstellar_create_qp ucmd;
-	struct vstellar_ring sq, rq;
+	struct vstellar_ring sq, rq = {};
 	unsigned long pgsz;
 	int err;
 
@@ -512,10 +523,13 @@ int vstellar_create_user_qp(struct ib_qp *ibqp,
 				(size_t)1 << (ucmd.sq_log_wqe + ucmd.sq_log_stride));
 	if (err)
 		return err;
-	err = vstellar_ring_get(dev, &rq, ucmd.rq_buf_addr,
-				(size_t)1 << (ucmd.rq_log_wqe + ucmd.rq_log_stride));
-	if (err)
-		goto err_sq;
+	if (!init_attr->srq) {
+		err = vstellar_ring_get(dev, &rq, ucmd.rq_buf_addr,
+					(size_t)1 << (ucmd.rq_log_wqe +
+						      ucmd.rq_log_stride));
+		if (err)
+			goto err_sq;
+	}
 
 	qp->ucontext = vstellar_uctx_handle(udata);
 	qp->sq_sig_all = init_attr->sq_sig_type == IB_SIGNAL_ALL_WR;
@@ -528,12 +542,19 @@ int vstellar_create_user_qp(struct ib_qp *ibqp,
 	params.rq_log_wqe = ucmd.rq_log_wqe;
 	params.rq_log_stride = ucmd.rq_log_stride;
 	params.max_send_sge = init_attr->cap.max_send_sge;
-	params.max_recv_sge = init_attr->cap.max_recv_sge;
 	params.max_inline_data = init_attr->cap.max_inline_data;
-	/* one page size for both rings: the smaller one fits both */
-	pgsz = min(sq.pgsz, rq.pgsz);
-	vstellar_pages_of_umem(&params.sq, sq.umem, pgsz);
-	vstellar_pages_of_umem(&params.rq, rq.umem, pgsz);
+	if (init_attr->srq) {
+		/* IB: the SRQ's limits apply, the QP's receive caps are 0 */
+		params.use_srq = true;
+		params.srqn = to_vsrq(init_attr->srq)->srqn;
+		vstellar_pages_of_umem(&params.sq, sq.umem, sq.pgsz);
+	} else {
+		params.max_recv_sge = init_attr->cap.max_recv_sge;
+		/* one page size for both rings: the smaller one fits both */
+		pgsz = min(sq.pgsz, rq.pgsz);
+		vstellar_pages_of_umem(&params.sq, sq.umem, pgsz);
+		vstellar_pages_of_umem(&params.rq, rq.umem, pgsz);
+	}
 	err = vstellar_cmd_create_qp(dev, qp->ucontext, &params, &res);
 	if (err)
 		goto err_rq;
@@ -544,9 +565,10 @@ int vstellar_create_user_qp(struct ib_qp *ibqp,
 	qp->rq_umem = rq.umem;
 	ibqp->qp_num = qp->qpn;
 	init_attr->cap.max_send_wr = 1U << ucmd.sq_log_wqe;
-	init_attr->cap.max_recv_wr = 1U << ucmd.rq_log_wqe;
+	init_attr->cap.max_recv_wr = init_attr->srq ? 0 :
+				     1U << ucmd.rq_log_wqe;
 	init_attr->cap.max_send_sge = res.max_send_sge;
-	init_attr->cap.max_recv_sge = res.max_recv_sge;
+	init_attr->cap.max_recv_sge = init_attr->srq ? 0 : res.max_recv_sge;
 	init_attr->cap.max_inline_data = res.max_inline_data;
 	qp->cap = init_attr->cap;
 
@@ -616,6 +638,7 @@ int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	init_attr->qp_type = ibqp->qp_type;
 	init_attr->send_cq = ibqp->send_cq;
 	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->srq = ibqp->srq;
 	init_attr->cap = qp->cap;
 	init_attr->sq_sig_type = qp->sq_sig_all ? IB_SIGNAL_ALL_WR :
 						  IB_SIGNAL_REQ_WR;
@@ -637,6 +660,154 @@ int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	ib_umem_release(qp->sq_umem);
 	vstellar_kring_free(dev, &qp->rq);
 	vstellar_kring_free(dev, &qp->sq);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* SRQs                                                              */
+/* ---------------------------------------------------------------- */
+
+static int vstellar_check_srq_ucmd(struct vstellar_dev *dev,
+				   const struct vstellar_create_srq *u,
+				   const struct ib_srq_attr *attr)
+{
+	u32 max_wr = le32_to_cpu(dev->attr.max_srq_wr);
+	u32 max_sge = le32_to_cpu(dev->attr.max_srq_sge);
+
+	if (u->comp_mask || u->reserved[0] || u->reserved[1])
+		return -EINVAL;
+	if (u->log_wqe > VSTELLAR_MAX_LOG_WQE ||
+	    (1U << u->log_wqe) > max_wr || (1U << u->log_wqe) < attr->max_wr ||
+	    attr->srq_limit >= (1U << u->log_wqe))
+		return -EINVAL;
+	/* a WQE with its SGEs must fit one slot */
+	if (u->log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE ||
+	    u->log_stride > VSTELLAR_MAX_LOG_STRIDE || attr->max_sge > max_sge ||
+	    sizeof(struct vstellar_recv_wqe) +
+	    sizeof(struct vstellar_sge) * attr->max_sge > (1U << u->log_stride))
+		return -EINVAL;
+	return 0;
+}
+
+int vstellar_create_user_srq(struct ib_srq *ibsrq,
+			     struct ib_srq_init_attr *init_attr,
+			     struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibsrq->device);
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	struct ib_srq_attr *attr = &init_attr->attr;
+	struct vstellar_create_srq_resp uresp = {};
+	struct vstellar_create_srq_params params = {};
+	struct vstellar_create_srq_result res;
+	struct vstellar_create_srq ucmd = {};
+	struct vstellar_ring r;
+	int err;
+
+	if (udata->inlen < offsetofend(typeof(ucmd), log_stride))
+		return -EINVAL;
+	if (udata->inlen > sizeof(ucmd) &&
+	    !ib_is_udata_cleared(udata, sizeof(ucmd),
+				 udata->inlen - sizeof(ucmd)))
+		return -EINVAL;
+	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
+	if (err)
+		return err;
+	err = vstellar_check_srq_ucmd(dev, &ucmd, attr);
+	if (err)
+		return err;
+	err = vstellar_ring_get(dev, &r, ucmd.buf_addr,
+				(size_t)1 << (ucmd.log_wqe + ucmd.log_stride));
+	if (err)
+		return err;
+
+	srq->ucontext = vstellar_uctx_handle(udata);
+	srq->log_wqe = ucmd.log_wqe;
+	srq->log_stride = ucmd.log_stride;
+	params.pdn = to_vpd(ibsrq->pd)->pdn;
+	params.log_wqe = srq->log_wqe;
+	params.log_stride = srq->log_stride;
+	params.max_sge = attr->max_sge;
+	params.srq_limit = attr->srq_limit;
+	vstellar_pages_of_umem(&params.ring, r.umem, r.pgsz);
+	err = vstellar_cmd_create_srq(dev, srq->ucontext, &params, &res);
+	if (err)
+		goto err_umem;
+	srq->srqn = res.srqn;
+	srq->db_slot = res.db_slot;
+	srq->max_sge = res.max_sge;
+	srq->umem = r.umem;
+	attr->max_wr = 1U << srq->log_wqe;
+	attr->max_sge = srq->max_sge;
+
+	err = xa_insert_irq(&dev->srqs, srq->srqn, srq, GFP_KERNEL);
+	if (err) {
+		dev_err_ratelimited(&dev->vdev->dev,
+				    "CREATE_SRQ: SRQN %u already in use\n",
+				    srq->srqn);
+		err = -EIO;
+		goto err_destroy;
+	}
+	uresp.srqn = srq->srqn;
+	uresp.db_slot = srq->db_slot;
+	uresp.max_sge = srq->max_sge;
+	err = ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
+	if (err)
+		goto err_xa;
+	return 0;
+
+err_xa:
+	xa_erase_irq(&dev->srqs, srq->srqn);
+err_destroy:
+	vstellar_cmd_destroy_srq(dev, srq->ucontext, srq->srqn);
+err_umem:
+	ib_umem_release(r.umem);
+	return err;
+}
+
+/* User and kernel SRQs: only the limit changes (no resizing). */
+int vstellar_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+			enum ib_srq_attr_mask attr_mask,
+			struct ib_udata *udata)
+{
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+
+	if (attr_mask & ~(IB_SRQ_MAX_WR | IB_SRQ_LIMIT))
+		return -EINVAL;
+	if (attr_mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;
+	if (udata && udata->inlen &&
+	    !ib_is_udata_cleared(udata, 0, udata->inlen))
+		return -EINVAL;
+	if (!(attr_mask & IB_SRQ_LIMIT))
+		return 0;
+	if (attr->srq_limit >= (1U << srq->log_wqe))
+		return -EINVAL;
+	return vstellar_cmd_modify_srq(to_vdev(ibsrq->device), srq->ucontext,
+				       srq->srqn, attr->srq_limit);
+}
+
+int vstellar_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
+{
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+
+	return vstellar_cmd_query_srq(to_vdev(ibsrq->device), srq->ucontext,
+				      srq->srqn, attr);
+}
+
+/* User and kernel SRQs: whichever memory the SRQ has is freed. */
+int vstellar_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibsrq->device);
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	int err;
+
+	err = vstellar_cmd_destroy_srq(dev, srq->ucontext, srq->srqn);
+	if (err)
+		return err;
+	/* after this, no event still queued runs the SRQ's handler */
+	xa_erase_irq(&dev->srqs, srq->srqn);
+	ib_umem_release(srq->umem);
+	vstellar_kring_free(dev, &srq->kring);
 	return 0;
 }
 

@@ -2,7 +2,8 @@
 /*
  * vstellar_uverbs: drive vstellar.ko through the raw uverbs write() ABI,
  * without libibverbs or the provider: context and the doorbell/kick mmaps,
- * PD, MR, CQ, QP through RESET -> INIT -> RTR -> RTS, query, destroy.
+ * PD, MR, CQ, QP through RESET -> INIT -> RTR -> RTS, query, destroy; an
+ * SRQ (F_SRQ) with a QP on it.
  * Then hostile input: every bad size, address, count and mmap the driver
  * must refuse. KTAP output; exit 0 pass, 1 fail, 4 skip.
  *
@@ -78,6 +79,11 @@ struct qp_resp {
 	struct vstellar_create_qp_resp drv;
 };
 
+struct srq_resp {
+	struct ib_uverbs_create_srq_resp core;
+	struct vstellar_create_srq_resp drv;
+};
+
 static void *ring(size_t size)
 {
 	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
@@ -141,6 +147,53 @@ static int destroy_qp(__u32 handle)
 	};
 
 	return uverbs_cmd(IB_USER_VERBS_CMD_DESTROY_QP, &cmd, sizeof(cmd),
+			  NULL, 0, sizeof(r));
+}
+
+static int create_srq(__u32 pd, __u32 max_wr, __u32 max_sge, __u32 limit,
+		      struct vstellar_create_srq *drv, struct srq_resp *r)
+{
+	struct ib_uverbs_create_srq cmd = {
+		.response = (uintptr_t)r, .user_handle = 3, .pd_handle = pd,
+		.max_wr = max_wr, .max_sge = max_sge, .srq_limit = limit,
+	};
+
+	memset(r, 0, sizeof(*r));
+	return uverbs_cmd(IB_USER_VERBS_CMD_CREATE_SRQ, &cmd, sizeof(cmd),
+			  drv, sizeof(*drv), sizeof(*r));
+}
+
+static int modify_srq(__u32 handle, __u32 attr_mask, __u32 max_wr,
+		      __u32 limit)
+{
+	struct ib_uverbs_modify_srq cmd = {
+		.srq_handle = handle, .attr_mask = attr_mask,
+		.max_wr = max_wr, .srq_limit = limit,
+	};
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_MODIFY_SRQ, &cmd, sizeof(cmd),
+			  NULL, 0, 0);
+}
+
+static int query_srq(__u32 handle, struct ib_uverbs_query_srq_resp *r)
+{
+	struct ib_uverbs_query_srq cmd = {
+		.response = (uintptr_t)r, .srq_handle = handle,
+	};
+
+	memset(r, 0, sizeof(*r));
+	return uverbs_cmd(IB_USER_VERBS_CMD_QUERY_SRQ, &cmd, sizeof(cmd),
+			  NULL, 0, sizeof(*r));
+}
+
+static int destroy_srq(__u32 handle)
+{
+	struct ib_uverbs_destroy_srq_resp r;
+	struct ib_uverbs_destroy_srq cmd = {
+		.response = (uintptr_t)&r, .srq_handle = handle,
+	};
+
+	return uverbs_cmd(IB_USER_VERBS_CMD_DESTROY_SRQ, &cmd, sizeof(cmd),
 			  NULL, 0, sizeof(r));
 }
 
@@ -231,6 +284,142 @@ static void bad_lkey_write(void *db, void *kick, void *sq, void *cqbuf,
 	       got ? ae.event_type : 0);
 	result(query_qp_state(qp->core.qp_handle) == VSTELLAR_QPS_ERR,
 	       "QP is in ERR");
+}
+
+/*
+ * Shared receive queues (F_SRQ): the device limits, an SRQ of 16 WQEs of
+ * one SGE (slots of 16 + 16 bytes, like an RQ), its limit armed and
+ * queried, an RC QP on it, and what the driver must refuse.
+ */
+static void srq_tests(__u32 pd, __u32 cq, __u32 features)
+{
+	struct ib_uverbs_query_device_resp qd;
+	struct ib_uverbs_query_device qdc = { .response = (uintptr_t)&qd };
+	struct ib_uverbs_query_srq_resp qs;
+	struct vstellar_create_srq drv;
+	struct vstellar_create_qp qdrv;
+	struct srq_resp srq, bad;
+	struct qp_resp qp;
+	void *rq = ring(16 * 32), *sq = ring(16 * 128);
+	int err, qp_err, ok, has_srq = !!(features & (1u << VIRTIO_VSTELLAR_F_SRQ));
+
+	memset(&qd, 0, sizeof(qd));
+	err = uverbs_cmd(IB_USER_VERBS_CMD_QUERY_DEVICE, &qdc, sizeof(qdc),
+			 NULL, 0, sizeof(qd));
+	if (has_srq)
+		ok = qd.max_srq && qd.max_srq_wr >= 16 && qd.max_srq_sge >= 1;
+	else
+		ok = !qd.max_srq && !qd.max_srq_wr && !qd.max_srq_sge;
+	result(!err && ok,
+	       "query_device SRQ limits match F_SRQ %d (max_srq %u, max_srq_wr %u, max_srq_sge %u)",
+	       has_srq, qd.max_srq, qd.max_srq_wr, qd.max_srq_sge);
+
+	memset(&drv, 0, sizeof(drv));
+	drv.buf_addr = (uintptr_t)rq;
+	drv.log_wqe = 4;
+	drv.log_stride = 5;
+	if (!has_srq) {
+		err = create_srq(pd, 16, 1, 0, &drv, &srq);
+		result(err == -EOPNOTSUPP, "create_srq without F_SRQ refused (err %d)",
+		       err);
+		printf("ok %d # SKIP no F_SRQ: no SRQ to test\n", ++n_test);
+		return;
+	}
+
+	err = create_srq(pd, 16, 1, 0, &drv, &srq);
+	result(!err && srq.core.max_wr == 16 && srq.core.max_sge == 1 &&
+	       srq.drv.max_sge == 1 && srq.drv.db_slot >= VSTELLAR_DB_FIRST_SLOT,
+	       "create_srq of 16 (err %d, srqn %u, slot %u, max_wr %u, max_sge %u)",
+	       err, srq.drv.srqn, srq.drv.db_slot, srq.core.max_wr,
+	       srq.core.max_sge);
+	if (err)
+		return;
+
+	err = modify_srq(srq.core.srq_handle, 1 << 1 /* IB_SRQ_LIMIT */, 0, 4);
+	result(!err, "modify_srq arms the limit at 4 (err %d)", err);
+	err = query_srq(srq.core.srq_handle, &qs);
+	result(!err && qs.max_wr == 16 && qs.max_sge == 1 && qs.srq_limit == 4,
+	       "query_srq (err %d, max_wr %u, max_sge %u, limit %u)", err,
+	       qs.max_wr, qs.max_sge, qs.srq_limit);
+	err = modify_srq(srq.core.srq_handle, 1 << 0 /* IB_SRQ_MAX_WR */, 32, 0);
+	result(err == -EOPNOTSUPP, "modify_srq resizing refused (err %d)", err);
+	err = modify_srq(srq.core.srq_handle, 1 << 1, 0, 16);
+	result(err == -EINVAL, "modify_srq limit of max_wr refused (err %d)", err);
+
+	/* an RC QP on the SRQ: no RQ of its own, so its RQ fields are 0 */
+	memset(&qdrv, 0, sizeof(qdrv));
+	qdrv.sq_buf_addr = (uintptr_t)sq;
+	qdrv.sq_log_wqe = 4;
+	qdrv.sq_log_stride = 7;
+	{
+		struct ib_uverbs_create_qp cmd = {
+			.response = (uintptr_t)&qp, .user_handle = 4,
+			.pd_handle = pd, .send_cq_handle = cq,
+			.recv_cq_handle = cq, .srq_handle = srq.core.srq_handle,
+			.max_send_wr = 16, .max_send_sge = 1,
+			.qp_type = VSTELLAR_QPT_RC, .is_srq = 1,
+		};
+
+		qdrv.rq_log_wqe = 4;
+		memset(&qp, 0, sizeof(qp));
+		err = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_QP, &cmd, sizeof(cmd),
+				 &qdrv, sizeof(qdrv), sizeof(qp));
+		result(err == -EINVAL,
+		       "create_qp on an SRQ with an RQ size refused (err %d)", err);
+		qdrv.rq_log_wqe = 0;
+		memset(&qp, 0, sizeof(qp));
+		qp_err = uverbs_cmd(IB_USER_VERBS_CMD_CREATE_QP, &cmd,
+				    sizeof(cmd), &qdrv, sizeof(qdrv),
+				    sizeof(qp));
+		result(!qp_err && qp.core.qpn == qp.drv.qpn &&
+		       !qp.core.max_recv_wr && !qp.core.max_recv_sge,
+		       "create_qp RC on the SRQ (err %d, qpn %u, recv_wr %u, recv_sge %u)",
+		       qp_err, qp.drv.qpn, qp.core.max_recv_wr,
+		       qp.core.max_recv_sge);
+	}
+	if (qp_err) {
+		printf("ok %d # SKIP no QP on the SRQ\n", ++n_test);
+		printf("ok %d # SKIP no QP on the SRQ\n", ++n_test);
+	} else {
+		err = destroy_srq(srq.core.srq_handle);
+		result(err == -EBUSY,
+		       "destroy_srq of an SRQ in use refused (err %d)", err);
+		err = destroy_qp(qp.core.qp_handle);
+		result(!err, "destroy_qp on the SRQ (err %d)", err);
+	}
+
+	/* hostile sizes: each refused, nothing created */
+	drv.comp_mask = 1;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq with a comp_mask refused (err %d)", err);
+	drv.comp_mask = 0;
+	drv.log_wqe = 2;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq with a ring smaller than max_wr refused (err %d)",
+	       err);
+	drv.log_wqe = 31;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq with log_wqe 31 refused (err %d)", err);
+	drv.log_wqe = 4;
+	drv.log_stride = 3;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq with an 8-byte stride refused (err %d)", err);
+	drv.log_stride = 4;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq whose slot cannot hold its SGE refused (err %d)",
+	       err);
+	drv.log_stride = 5;
+	err = create_srq(pd, 16, 1, 16, &drv, &bad);
+	result(err == -EINVAL, "create_srq with a limit of max_wr refused (err %d)", err);
+	drv.buf_addr = (uintptr_t)rq + 8;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EINVAL, "create_srq with an unaligned ring refused (err %d)", err);
+	drv.buf_addr = 0x10000;
+	err = create_srq(pd, 16, 1, 0, &drv, &bad);
+	result(err == -EFAULT, "create_srq with an unmapped ring refused (err %d)", err);
+
+	err = destroy_srq(srq.core.srq_handle);
+	result(!err, "destroy_srq (err %d)", err);
 }
 
 /* Index and bytes of the first IPv4-mapped GID of port 1, -1 if none. */
@@ -477,6 +666,8 @@ int main(int argc, char **argv)
 	qdrv.sq_log_wqe = 2;
 	err = create_qp(pdr.pd_handle, cq.core.cq_handle, &qdrv, &qp2);
 	result(err == -EINVAL, "create_qp with an SQ smaller than max_send_wr refused (err %d)", err);
+
+	srq_tests(pdr.pd_handle, cq.core.cq_handle, cr.drv.device_features);
 
 	err = destroy_cq(cq.core.cq_handle);
 	result(err == -EBUSY, "destroy_cq of a CQ in use refused (err %d)", err);
