@@ -79,6 +79,28 @@
  * VSTELLAR_CQE_SRQ, the SRQ_LIMIT_REACHED and QP_LAST_WQE_REACHED events.
  */
 #define VIRTIO_VSTELLAR_F_SRQ		6
+/*
+ * Reserved for the next minor, so that the QEMU frontend passes them
+ * through already: UC QPs (VSTELLAR_QPT_UC) and RESIZE_CQ. A device
+ * offers them only once it implements them.
+ */
+#define VIRTIO_VSTELLAR_F_UC		7
+#define VIRTIO_VSTELLAR_F_RESIZE_CQ	8
+
+/*
+ * Every device feature bit, once: the driver negotiates this list and the
+ * QEMU frontend passes it through between the guest and vstellard.
+ */
+#define VSTELLAR_FEATURE_LIST(X)					\
+	X(VIRTIO_VSTELLAR_F_RC)						\
+	X(VIRTIO_VSTELLAR_F_UD)						\
+	X(VIRTIO_VSTELLAR_F_DB_SUPPRESS)				\
+	X(VIRTIO_VSTELLAR_F_MULTI_CQNQ)					\
+	X(VIRTIO_VSTELLAR_F_ATOMIC)					\
+	X(VIRTIO_VSTELLAR_F_INLINE)					\
+	X(VIRTIO_VSTELLAR_F_SRQ)					\
+	X(VIRTIO_VSTELLAR_F_UC)						\
+	X(VIRTIO_VSTELLAR_F_RESIZE_CQ)
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -429,6 +451,7 @@ VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
  */
 #define VSTELLAR_QPT_GSI		1
 #define VSTELLAR_QPT_RC			2
+#define VSTELLAR_QPT_UC			3	/* F_UC */
 #define VSTELLAR_QPT_UD			4
 #define VSTELLAR_GSI_QPN		1
 #define VSTELLAR_GSI_QKEY		0x80010000u
@@ -923,6 +946,14 @@ enum vstellar_wc_opcode {
 #define VSTELLAR_CQE_GRH		(1u << 1) /* UD receive: GRH area filled */
 #define VSTELLAR_CQE_SRQ		(1u << 2) /* receive from the QP's SRQ:
 						   * wqe_idx is the SRQ slot */
+/*
+ * With VSTELLAR_CQE_GRH: the GRH area holds an IPv4 header (RoCEv2 over
+ * IPv4), else an IPv6 one. RoCE NICs report this in the completion
+ * (IBTA Annex A17.4.5.1); libibverbs has no field for it, so providers
+ * put the mlx5 packet type in ibv_wc.sl (2 = IPv4, 1 = IPv6), which is
+ * where UCX's ud_verbs looks before it checks a datagram's destination.
+ */
+#define VSTELLAR_CQE_GRH_IPV4		(1u << 3)
 
 /*
  * CQE, 32 bytes. The device writes everything, then (release) the owner

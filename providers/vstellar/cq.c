@@ -70,6 +70,18 @@ static unsigned int vstellar_cqe_wc_flags(const struct vstellar_cqe *cqe)
 	return flags;
 }
 
+/*
+ * RoCE has no service level in a completion; like mlx5 (and so as UCX's
+ * ud_verbs expects), a datagram's sl says what its GRH area holds: 2 for
+ * an IPv4 header, 1 for IPv6, 0 when there is no GRH.
+ */
+static uint8_t vstellar_cqe_sl(const struct vstellar_cqe *cqe)
+{
+	if (!(cqe->wc_flags & VSTELLAR_CQE_GRH))
+		return 0;
+	return (cqe->wc_flags & VSTELLAR_CQE_GRH_IPV4) ? 2 : 1;
+}
+
 static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
 			       const struct vstellar_cqe *cqe,
 			       struct ibv_wc *wc)
@@ -85,6 +97,7 @@ static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
 	wc->wc_flags = vstellar_cqe_wc_flags(cqe);
 	if (wc->wc_flags & IBV_WC_WITH_IMM)
 		wc->imm_data = cqe->imm_data;
+	wc->sl = vstellar_cqe_sl(cqe);
 	vstellar_cqe_retire(cq, cqe);
 }
 
@@ -225,7 +238,7 @@ static unsigned int vstellar_read_wc_flags(struct ibv_cq_ex *ibcq)
 	return vstellar_cqe_wc_flags(vstellar_cur_cqe(ibcq));
 }
 
-/* RoCE has no LIDs, and the device uses one service level. */
+/* RoCE has no LIDs. */
 static uint32_t vstellar_read_slid(struct ibv_cq_ex *ibcq)
 {
 	return 0;
@@ -233,7 +246,7 @@ static uint32_t vstellar_read_slid(struct ibv_cq_ex *ibcq)
 
 static uint8_t vstellar_read_sl(struct ibv_cq_ex *ibcq)
 {
-	return 0;
+	return vstellar_cqe_sl(vstellar_cur_cqe(ibcq));
 }
 
 static uint8_t vstellar_read_dlid_path_bits(struct ibv_cq_ex *ibcq)

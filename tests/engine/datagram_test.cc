@@ -123,7 +123,7 @@ TEST_F(Datagram, UdSendCarriesGrhAndPayload) {
   EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
   EXPECT_EQ(rc[0].byte_len, 40u + 300u);
   EXPECT_EQ(rc[0].src_qp, qa->qpn());
-  EXPECT_EQ(rc[0].wc_flags, uint32_t(WC_GRH | WC_WITH_IMM));
+  EXPECT_EQ(rc[0].wc_flags, uint32_t(WC_GRH | WC_WITH_IMM | WC_GRH_IPV4)) << "IPv4 GIDs: an IPv4 header";
   EXPECT_EQ(rc[0].imm_data, 0xabcdu);
   const uint8_t* grh = p.b.buf.data() + 4096;
   for (int i = 0; i < 20; i++) EXPECT_EQ(grh[i], 0) << i;

@@ -928,6 +928,7 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   EXPECT_EQ(le32toh(rc->src_qp), ud.qpn);
   EXPECT_EQ(le32toh(rc->byte_len), uint32_t(VSTELLAR_GRH_BYTES + 256));
   EXPECT_TRUE(rc->wc_flags & VSTELLAR_CQE_GRH);
+  EXPECT_TRUE(rc->wc_flags & VSTELLAR_CQE_GRH_IPV4) << "IPv4 GIDs: the GRH area holds an IPv4 header";
   EXPECT_EQ(A.Buf(0)[20], 0x45);  // the IPv4 header of a RoCEv2 receive
   EXPECT_EQ(std::memcmp(A.Buf(VSTELLAR_GRH_BYTES), B.Buf(0), 256), 0);
 

@@ -154,7 +154,8 @@ void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   wc.byte_len = uint32_t(kGrhBytes + p.payload_len);
   wc.qp_num = qp->qpn_;
   wc.src_qp = p.base.src_qpn;
-  wc.wc_flags = WC_GRH | (r.from_srq ? uint32_t(WC_SRQ) : 0u);
+  wc.wc_flags = WC_GRH | (r.from_srq ? uint32_t(WC_SRQ) : 0u) |
+                (is_v4_mapped(e.sgid) && is_v4_mapped(e.dgid) ? uint32_t(WC_GRH_IPV4) : 0u);
   if (p.base.op == wire::Op::UD_SEND_IMM) {
     wc.wc_flags |= WC_WITH_IMM;
     wc.imm_data = e.imm;

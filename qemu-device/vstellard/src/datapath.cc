@@ -475,6 +475,7 @@ void DataPath::DrainCq(uint32_t cqh) {
         }
         c.src_qp = htole32(wc.src_qp);
         if (wc.wc_flags & vstellar::WC_GRH) c.wc_flags |= VSTELLAR_CQE_GRH;
+        if (wc.wc_flags & vstellar::WC_GRH_IPV4) c.wc_flags |= VSTELLAR_CQE_GRH_IPV4;
         if (wc.wc_flags & vstellar::WC_WITH_IMM) {
           c.wc_flags |= VSTELLAR_CQE_WITH_IMM;
           c.imm_data = htobe32(wc.imm_data);

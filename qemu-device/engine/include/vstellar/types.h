@@ -80,8 +80,9 @@ enum : uint32_t {
 
 // ibv_wc_flags
 // WC_SRQ: a receive whose WQE came from the QP's SRQ (wr_id is the one
-// given to post_srq_recv).
-enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2, WC_SRQ = 4 };
+// given to post_srq_recv). WC_GRH_IPV4: the GRH area of a datagram holds
+// an IPv4 header (RoCEv2 over IPv4), not an IPv6 one.
+enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2, WC_SRQ = 4, WC_GRH_IPV4 = 8 };
 
 // ibv_qp_attr_mask
 enum : uint32_t {
