@@ -242,6 +242,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
 // Requester side of the connection, set up on RTR->RTS.
 void EngineCore::init_transport(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
+  qp.cum_seen = qp.attr.sq_psn;  // no ACK of this connection seen yet
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
   qp.inflight = 0;
@@ -265,16 +266,32 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.rq_head = qp.rq_tail = 0;
   qp.rd_atomic_outstanding = 0;
   qp.next_rsn = 0;
+  // Every field of the connection goes back to its initial value (see
+  // QpImpl): a later connection must not inherit ACK, RTT or window state
+  // of this one (issue 13: a stale cum_seen left the new connection's WQEs
+  // uncompleted).
   qp.snd_una = qp.snd_nxt = 0;
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
+  qp.last_progress_ns = 0;
+  qp.cum_seen = 0;
+  qp.drained_reported = false;
   qp.inflight = 0;
+  qp.srtt = qp.rttvar = 0;
+  qp.cc = CongestionControl{};
+  qp.paths = PathSelector{PathAlgo::OBS, 1, 1};
+  qp.seg = 4096;
   qp.epsn = 0;
   std::fill(qp.rbits.begin(), qp.rbits.end(), 0);
   qp.pending_rd.clear();
-  for (auto& r : qp.atomic_replay) r.valid = false;
+  for (auto& r : qp.atomic_replay) r = QpImpl::AtomicReplay{};
+  qp.atomic_replay_next = 0;
   qp.ack_pending = false;
+  qp.last_ack_ns = 0;
+  qp.ack_lo = qp.ack_hi = 0;
   qp.rx_since_ack = qp.ce_since_ack = 0;
+  qp.last_ts = 0;
+  qp.last_path = 0;
   qp.attr = QpAttr{};
   qp.ud_next_path = 0;
 }

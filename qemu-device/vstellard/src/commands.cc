@@ -265,7 +265,7 @@ uint16_t Commands::AddDbContext(uint32_t key, uint32_t* page_out) {
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_UCONTEXT>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   if (uctx != 0) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t handle = obj_.next_handle++;
+  const uint32_t handle = obj_.NewHandle();
   uint32_t page = 0;
   if (uint16_t s = AddDbContext(handle, &page)) return s;
   vstellar_resp_alloc_ucontext r{htole32(handle), htole32(page)};
@@ -317,7 +317,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_PD>(uint32_t uctx, const uint8_t* b, u
       return VSTELLAR_STATUS_NO_RESOURCES;
     }
   }
-  const uint32_t h = obj_.next_handle++;
+  const uint32_t h = obj_.NewHandle();
   obj_.pds[h] = o;
   vstellar_resp_alloc_pd r{htole32(h), 0};
   Put(resp, r);
@@ -366,7 +366,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   o.log_cqe = log_cqe;
   o.page_shift = shift;
   o.ring_offset = ring_off;
-  const uint32_t h = obj_.next_handle++;
+  const uint32_t h = obj_.NewHandle();
   // Completions go straight into the guest's CQE ring (datapath.cc), which
   // also raises the CQ notification of an armed CQ.
   o.cq->on_completion = [this, h](vstellar::Cq&) { dp_.DrainCq(h); };
@@ -665,7 +665,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (!t) return status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL);
   vstellar::Mr* mr = sh_.engine->reg_mr(pd->second.pd, iova, length, access, std::move(t));
   if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
-  const uint32_t h = obj_.next_handle++;
+  const uint32_t h = obj_.NewHandle();
   obj_.mrs[h] = MrObj{uctx, mr, pd->first};
   vstellar_resp_reg_mr r{};
   r.mrn = htole32(h);
@@ -776,7 +776,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   o.ring.log_stride = cmd.log_stride;
   o.wrid.assign(size_t{1} << cmd.log_wqe, 0);
   o.max_sge = max_sge;
-  const uint32_t h = obj_.next_handle++;
+  const uint32_t h = obj_.NewHandle();
   const uint32_t slot = o.slot;
   obj_.srqs[h] = std::move(o);
   dp_.ResetDbSlot(uctx, slot);

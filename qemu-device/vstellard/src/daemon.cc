@@ -254,6 +254,11 @@ void Daemon::OnSocket(unsigned id) {
     return;
   }
   const uint32_t req = m.hdr.request;
+  // A message may close kick fds (SET_VRING_KICK replaces one, RESET_OWNER
+  // drops them): take them out of epoll while they are still open. After
+  // the close, a registration whose eventfd the frontend still holds could
+  // not be removed any more and would wake the loop forever (issue 13).
+  UnwatchKicks(c);
   Outcome out = c.dev->OnMessage(std::move(m));
   if (out.reply && !WriteAll(c.sock, *out.reply, &err)) {
     Close(id, err);
@@ -269,11 +274,16 @@ void Daemon::OnSocket(unsigned id) {
     for (auto& [fd, q] : c.kicks) c.dev->OnKick(q);
 }
 
+void Daemon::UnwatchKicks(Conn& c) {
+  for (auto& [fd, q] : c.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  c.kicks.clear();
+}
+
 void Daemon::SyncKicks(unsigned id) {
   Conn& c = conns_.at(id);
   auto want = c.dev->KickFds();
   if (want == c.kicks) return;
-  for (auto& [fd, q] : c.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  UnwatchKicks(c);
   for (auto& [fd, q] : want) {
     epoll_event ev{};
     ev.events = EPOLLIN;

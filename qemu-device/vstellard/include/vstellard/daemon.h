@@ -68,6 +68,8 @@ class Daemon {
   void Accept();
   void OnSocket(unsigned id);
   void SyncKicks(unsigned id);
+  struct Conn;
+  void UnwatchKicks(Conn& c);
   void Close(unsigned id, const std::string& why);
   bool PumpEngine();  // true: the engine has work left
   void WriteStats();

@@ -90,6 +90,16 @@ struct MrObj {
 };
 
 struct ObjectTables {
+  // A fresh handle for a user context, PD, CQ, MR or SRQ: never 0 and
+  // never one in use, also after the 32-bit counter wrapped (issue 13:
+  // a wrapped counter overwrote a live object's entry).
+  uint32_t NewHandle() {
+    for (;;) {
+      const uint32_t h = next_handle++;
+      if (h != 0 && !uctx.count(h) && !pds.count(h) && !cqs.count(h) && !mrs.count(h) && !srqs.count(h))
+        return h;
+    }
+  }
   uint32_t next_handle = 1;
   std::map<uint32_t, UContext> uctx;  // by handle; 0 = the kernel's doorbell page
   std::vector<bool> db_pages_used;
