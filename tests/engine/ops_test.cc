@@ -244,3 +244,41 @@ TEST(Ops2, FenceWaitsForEarlierRead) {
 
 }  // namespace
 }  // namespace vstellar::test
+
+namespace vstellar::test {
+
+// IB C9-88: a zero-length RDMA WRITE or READ checks no R_Key (UCX's rc_verbs
+// flushes with an empty WRITE whose rkey and address are 0).
+TEST(Ops2, ZeroLengthWriteAndReadCheckNoRkey) {
+  Pair p;
+  for (WrOpcode op : {WrOpcode::RDMA_WRITE, WrOpcode::RDMA_READ}) {
+    SendWr wr;
+    wr.wr_id = 7;
+    wr.opcode = op;
+    wr.send_flags = SEND_SIGNALED;
+    wr.remote_addr = 0;
+    wr.rkey = 0;
+    ASSERT_EQ(p.a.eng->post_send(p.a.qp, wr), 0);
+    auto wc = p.wait(p.a, p.a.scq, 1);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, WcStatus::SUCCESS) << int(op);
+  }
+  // A non-empty WRITE with that rkey is still refused.
+  ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, 8, 0, 16, 0), 0);
+  SendWr wr;
+  auto wc = p.wait(p.a, p.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS) << "the pair's own rkey";
+  Sge sg{p.a.addr(0), 16, p.a.mr->lkey()};
+  wr.opcode = WrOpcode::RDMA_WRITE;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.rkey = 0;
+  ASSERT_EQ(p.a.eng->post_send(p.a.qp, wr), 0);
+  wc = p.wait(p.a, p.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::REM_ACCESS_ERR);
+}
+
+}  // namespace vstellar::test

@@ -175,10 +175,12 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
     r = &qp.rq_at(qp.rq_head + k);
   }
   if (op == wire::Op::WRITE || op == wire::Op::WRITE_IMM) {
-    Mr* mr = find_mr(e.rkey);
+    // IB (C9-88): a zero-length RDMA WRITE checks no R_Key and touches no
+    // memory; UCX's rc_verbs flushes with one whose rkey is 0.
+    Mr* mr = e.msg_len ? find_mr(e.rkey) : nullptr;
     uint64_t va = e.va + e.msg_off;
-    if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
-        va < e.va || !mr->allows(va, plen, ACCESS_REMOTE_WRITE)) {
+    if (e.msg_len && (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
+                      va < e.va || !mr->allows(va, plen, ACCESS_REMOTE_WRITE))) {
       resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
       return;
     }
@@ -227,9 +229,10 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
     return false;
   }
+  // As for WRITE, a zero-length READ checks no R_Key.
   Mr* mr = find_mr(e.rkey);
-  if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
-      !mr->allows(e.va, e.len, ACCESS_REMOTE_READ)) {
+  if (e.len && (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
+                !mr->allows(e.va, e.len, ACCESS_REMOTE_READ))) {
     resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
     return false;
   }

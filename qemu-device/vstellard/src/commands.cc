@@ -774,7 +774,6 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   o.ring.offset = off;
   o.ring.log_n = cmd.log_wqe;
   o.ring.log_stride = cmd.log_stride;
-  o.wrid.assign(size_t{1} << cmd.log_wqe, 0);
   o.max_sge = max_sge;
   const uint32_t h = obj_.NewHandle();
   const uint32_t slot = o.slot;

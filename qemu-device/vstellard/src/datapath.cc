@@ -412,7 +412,7 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
     }
     uint64_t wr_id;
     std::memcpy(&wr_id, buf, sizeof(wr_id));
-    s.wrid[idx & (size - 1)] = le64toh(wr_id);
+    s.wrid[idx] = le64toh(wr_id);
     s.ci++;
     vstellar::RecvWr wr;
     vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
@@ -422,6 +422,7 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
     if (status == St(WcStatus::SUCCESS) && sh_.engine->post_srq_recv(s.srq, wr, &why) != 0) status = St(why);
     if (status != St(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
+      s.wrid.erase(idx);
       SrqToErr(h, s, status);
       break;
     }
@@ -460,7 +461,10 @@ void DataPath::DrainCq(uint32_t cqh) {
         // From the QP's SRQ: wqe_idx names the SRQ slot.
         auto s = obj_.srqs.find(q.srqh);
         if (q.recv_cqn != cqh || s == obj_.srqs.end()) continue;
-        c.wr_id = htole64(s->second.wrid[idx & (s->second.wrid.size() - 1)]);
+        auto w = s->second.wrid.find(idx);
+        if (w == s->second.wrid.end()) continue;
+        c.wr_id = htole64(w->second);
+        s->second.wrid.erase(w);
         c.wc_flags |= VSTELLAR_CQE_SRQ;
         if (s->second.blocked) {  // a QP took WQEs: the engine's SRQ has room again
           s->second.blocked = false;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include <vstellar/engine.h>
@@ -58,8 +59,12 @@ struct SrqObj {
   vstellar::Srq* srq;
   uint32_t pdn, slot;
   RingGeom ring;
-  uint32_t ci = 0;              // WQEs fetched (free-running)
-  std::vector<uint64_t> wrid;   // the guest wr_id of each slot
+  uint32_t ci = 0;  // WQEs fetched (free-running)
+  // The guest wr_id of each fetched WQE not yet completed, by its
+  // free-running index (the engine's wr_id). Not by slot: SRQ WQEs complete
+  // out of order, so the driver may refill a slot while the WQE fetched
+  // from it earlier is still held by a QP.
+  std::unordered_map<uint32_t, uint64_t> wrid;
   uint32_t max_sge = 0;
   bool broken = false;   // doorbell record or ring corrupt: SRQ_ERR sent, not read again
   bool blocked = false;  // the engine's SRQ was full: rescan after a completion
