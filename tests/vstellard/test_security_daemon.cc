@@ -1,11 +1,13 @@
 // Regression tests for daemon-level problems of issue 13, each against an
 // in-process daemon and test frontends (as test_device.cc):
+//   #1 a device that keeps its control queue full starved the others;
 //   #10 a kick fd replaced by SET_VRING_KICK stayed in epoll.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -76,6 +78,55 @@ TEST_F(DaemonSecurity, ReplacedKickFdLeavesEpoll) {
   EXPECT_LT(IdleWakeups(300), 50u) << "the replaced kick fd still wakes the loop";
   EXPECT_TRUE(f->Alive());
   close(fresh);
+}
+
+// Issue 13 #1: ProcessControl ran while the control queue had requests,
+// with no budget. A guest that refills its queue as fast as the device
+// empties it (here: the after-copy hook re-posts one request for each it
+// takes, a guest kernel on another CPU) kept the loop in that one device,
+// and another device's ALLOC_PD waited for the flood to end. With the
+// per-turn budget the other device is served within a few turns: while it
+// waits, the flooder gets at most a few budgets' worth of commands.
+TEST_F(DaemonSecurity, ControlQueueFloodDoesNotStarveAnotherDevice) {
+  constexpr uint64_t kFloodLimit = 200'000;
+  constexpr uint32_t kBudget = 16;
+  std::atomic<bool> flooding{false}, victim_served{false};
+  std::atomic<uint64_t> flood_count{0}, flood_at_victim{0};
+  Frontend* flooder = nullptr;
+  const std::vector<Frontend::DescSpec> junk = {
+      {Frontend::kReqGpa, uint32_t(sizeof(vstellar_cmd_hdr)), false},
+      {Frontend::kRespGpa, uint32_t(sizeof(vstellar_resp_hdr) + 64), true}};
+  DaemonOptions o;
+  o.control_budget = kBudget;
+  StartDaemon(o);
+  d_->SetAfterCopyHook([&](unsigned dev) {
+    if (dev == 0 && flooding) {
+      // The flooding guest refills its ring: one new request per one taken.
+      if (++flood_count < kFloodLimit && !victim_served) flooder->Post(VSTELLAR_VQ_CONTROL, junk, false);
+    } else if (dev == 1 && !victim_served) {
+      flood_at_victim = flood_count.load();
+      victim_served = true;
+    }
+  });
+  auto f0 = Connect();  // device 0: the flooder
+  auto f1 = Connect();  // device 1: the victim
+  flooder = f0.get();
+  // An unknown opcode: refused (BAD_OPCODE) at once, however often.
+  vstellar_cmd_hdr h{};
+  std::memcpy(f0->mem() + Frontend::kReqGpa, &h, sizeof(h));
+  for (int i = 0; i < 8; i++) f0->Post(VSTELLAR_VQ_CONTROL, junk, false);
+  flooding = true;
+  f0->Kick(VSTELLAR_VQ_CONTROL);
+  while (flood_count < 1000) std::this_thread::yield();
+  const uint64_t flood_at_submit = flood_count;
+  CmdResult r = f1->Command(VSTELLAR_CMD_ALLOC_PD, 0, nullptr, 0, 8, 20000);
+  ASSERT_TRUE(r.done);
+  EXPECT_EQ(r.status(), VSTELLAR_STATUS_OK);
+  ASSERT_TRUE(victim_served);
+  const uint64_t meanwhile = flood_at_victim - flood_at_submit;
+  EXPECT_LE(meanwhile, 4u * kBudget) << "the flooding device ran " << meanwhile
+                                     << " commands while another device's ALLOC_PD waited";
+  EXPECT_LT(flood_at_victim.load(), kFloodLimit - 1) << "served only after the flood ended";
 }
 
 }  // namespace

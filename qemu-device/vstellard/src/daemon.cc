@@ -95,6 +95,9 @@ bool Daemon::Start(std::string* err) {
   shared_.pin = o_.pin;
   shared_.translation = o_.translation;
   shared_.poll_ns = o_.poll_us * 1000;
+  shared_.control_budget = o_.control_budget ? o_.control_budget : 1;
+  shared_.wqe_budget_queue = o_.wqe_budget_queue ? o_.wqe_budget_queue : 1;
+  shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
   shared_.host_ip = o_.ip;
 
@@ -149,14 +152,16 @@ void Daemon::Run() {
     // nanosecond (epoll_pwait2). A device that polls its doorbells (kicked,
     // or work less than poll_ns ago) and an engine with work left keep the
     // loop from sleeping; an idle device has set need_kick and waits for its
-    // kick eventfd. Idle, the loop sleeps: no periodic wake-up.
+    // kick eventfd. A device with control requests left over from the
+    // last turn's budget keeps it from sleeping too. Idle, the loop sleeps:
+    // no periodic wake-up.
     bool busy = false, polling = false;
     uint64_t deadline = UINT64_MAX;
     {
       std::lock_guard<std::mutex> g(mu_);
       for (auto& [id, c] : conns_) {
         if (c.dev->HasQps()) busy = true;
-        if (c.dev->Polling()) polling = true;
+        if (c.dev->Polling() || c.dev->ControlPending()) polling = true;
       }
       if (busy && udp_) deadline = engine_->next_deadline();
     }
@@ -177,6 +182,9 @@ void Daemon::Run() {
       return;
     }
     std::lock_guard<std::mutex> g(mu_);
+    // Each device gets its budgets anew each turn (DeviceShared), however
+    // often it is kicked: round robin across devices, one budget each.
+    for (auto& [id, c] : conns_) c.dev->BeginTurn();
     for (int i = 0; i < n; i++) {
       const uint64_t tok = evs[i].data.u64;
       if (tok == kTokStop) {
@@ -205,7 +213,10 @@ void Daemon::Run() {
       if (q == 0xffff) OnSocket(id);
       else it->second.dev->OnKick(q);
     }
-    for (auto& [id, c] : conns_) c.dev->PollDataPath();
+    for (auto& [id, c] : conns_) {
+      c.dev->ContinueControl();
+      c.dev->PollDataPath();
+    }
     engine_more = false;
     if (busy && udp_) engine_more = PumpEngine();
   }

@@ -114,23 +114,40 @@ void DataPath::SetNeedKick(uint32_t v) {
     if (uint8_t* p = DbPage(h)) StoreLe32(p + offsetof(vstellar_db_page_hdr, need_kick), v);
 }
 
-// One pass over every user QP's doorbell record. True if anything was done.
+// One pass over the user QPs' and SRQs' doorbell records, within this
+// turn's budgets: at most wqe_budget_queue WQEs of each queue and
+// wqe_budget_device of the whole device, starting where the last pass
+// stopped. True if anything was done (then the daemon polls again next
+// turn, so what is left is not lost).
 bool DataPath::ScanDoorbells() {
   if (events_.DeviceFatal()) return false;
   bool work = false;
-  for (auto& [qpn, q] : obj_.qps) {
+  uint32_t budget = sh_.wqe_budget_device;
+  auto qit = obj_.qps.lower_bound(qp_scan_from_);
+  for (size_t k = 0; k < obj_.qps.size() && budget; k++) {
+    if (qit == obj_.qps.end()) qit = obj_.qps.begin();
+    QpObj& q = qit->second;
+    qp_scan_from_ = qit->first + 1;
+    ++qit;
     // Kernel QPs made before the kernel had a doorbell page have no slot.
     if (q.slot < VSTELLAR_DB_FIRST_SLOT || q.broken) continue;
     uint8_t* page = DbPage(q.owner);
     if (!page) continue;
     uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
-    if (!q.srqh) work |= ServiceWq(q, slot, /*send=*/false);  // on an SRQ, rq_pi means nothing
-    work |= ServiceWq(q, slot, /*send=*/true);
+    if (!q.srqh) work |= ServiceWq(q, slot, /*send=*/false, budget);  // on an SRQ, rq_pi means nothing
+    work |= ServiceWq(q, slot, /*send=*/true, budget);
   }
-  for (auto& [h, s] : obj_.srqs) {
+  budget = sh_.wqe_budget_device;  // SRQs have their own: QPs cannot starve them
+  auto sit = obj_.srqs.lower_bound(srq_scan_from_);
+  for (size_t k = 0; k < obj_.srqs.size() && budget; k++) {
+    if (sit == obj_.srqs.end()) sit = obj_.srqs.begin();
+    const uint32_t h = sit->first;
+    SrqObj& s = sit->second;
+    srq_scan_from_ = h + 1;
+    ++sit;
     if (s.broken) continue;
     uint8_t* page = DbPage(s.owner);
-    if (page) work |= ServiceSrq(h, s, page + VSTELLAR_DB_SLOT_SIZE * s.slot);
+    if (page) work |= ServiceSrq(h, s, page + VSTELLAR_DB_SLOT_SIZE * s.slot, budget);
   }
   return work;
 }
@@ -310,7 +327,7 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
 // copy it out, check it and hand it to the engine. The two queues differ
 // only in their ring, their index, their check and when they are served
 // (sends from RTS on, receives from INIT on).
-bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
+bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
   if (q.broken) return false;
   RingGeom& ring = send ? q.sq : q.rq;
   uint32_t& ci = send ? q.sq_ci : q.rq_ci;
@@ -331,7 +348,8 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
   alignas(16) uint8_t buf[kMaxStride];
   const uint32_t stride = 1u << ring.log_stride;
   bool work = false;
-  while (ci != pi && !q.broken) {
+  uint32_t left = std::min(budget, sh_.wqe_budget_queue);
+  while (ci != pi && !q.broken && left) {
     vstellar::Qp* e = q.qp;
     if ((send ? e->sq_room() : e->rq_room()) == 0) {  // retried after completions
       q.blocked = true;
@@ -340,6 +358,8 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
     const uint32_t idx = ci;
     work = true;
     n_.wqes++;
+    left--;
+    budget--;
     if (!RingRead(ring, idx, buf)) {
       q.broken = true;
       QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
@@ -386,7 +406,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send) {
 // The WQE index is the engine's wr_id. A bad WQE or record has no QP to
 // fail, so the SRQ itself fails (SRQ_ERR) and is not read again; its QPs
 // then see no more receives (RNR), as IB's SRQ error state.
-bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
+bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget) {
   const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_srq, pi));
   const uint32_t size = 1u << s.ring.log_n;
   const uint32_t pending = pi - s.ci;
@@ -398,7 +418,8 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
   alignas(16) uint8_t buf[kMaxStride];
   const uint32_t stride = 1u << s.ring.log_stride;
   bool work = false;
-  while (s.ci != pi) {
+  uint32_t left = std::min(budget, sh_.wqe_budget_queue);
+  while (s.ci != pi && left) {
     if (s.srq->room() == 0) {  // retried when a QP took some (a completion)
       s.blocked = true;
       break;
@@ -406,6 +427,8 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot) {
     const uint32_t idx = s.ci;
     work = true;
     n_.wqes++;
+    left--;
+    budget--;
     if (!RingRead(s.ring, idx, buf)) {
       SrqToErr(h, s, VSTELLAR_STATUS_BAD_ADDRESS);
       break;

@@ -17,7 +17,8 @@ Device::Device(unsigned id, DeviceShared& shared)
       session_(DeviceConfig::Default()),
       qs_(VSTELLAR_MAX_VQS, Virtqueue(pvdma_)),
       dp_(id, shared, session_, pvdma_, obj_, *this),
-      cmds_(shared, session_, pvdma_, obj_, dp_) {
+      cmds_(shared, session_, pvdma_, obj_, dp_),
+      control_left_(shared.control_budget) {
   // A node GUID of its own: EUI-64 (locally administered) from the host's
   // IPv4 address and the device number, so no two devices of a fabric share
   // one (ibv_devinfo, rdma_cm and the GID table tell devices apart by it).
@@ -91,7 +92,10 @@ void Device::OnKick(uint32_t q) {
     while (read(v.kick.get(), &n, sizeof(n)) == sizeof(n)) {
     }
   }
-  if (q == VSTELLAR_VQ_CONTROL) ProcessControl();
+  if (q == VSTELLAR_VQ_CONTROL) {
+    control_pending_ = true;
+    ProcessControl();
+  }
   else if (q == VSTELLAR_VQ_EVENT) FlushEvents();
   else if (q >= VSTELLAR_VQ_CQN0) FlushCqNotifies();
   else if (q == VSTELLAR_VQ_KICK) dp_.OnKick();  // doorbell wake-up: poll until idle again
@@ -110,12 +114,20 @@ void Device::Fatal(const std::string& why) {
 // The control queue: each chain is one request (readable part) and room for
 // its response (writable part). The request is copied out whole before
 // anything in it is looked at (no double fetch); Commands executes it.
+// At most control_left_ requests per turn: the rest stays in the ring,
+// control_pending_ set, for the next turn (no kick is needed for it).
 void Device::ProcessControl() {
   Virtqueue& vq = qs_[VSTELLAR_VQ_CONTROL];
+  if (control_left_ == 0) return;  // pending: the next turn continues
+  control_pending_ = false;
   if (!vq.Begin(session_.vring(VSTELLAR_VQ_CONTROL), session_.acked_features())) return;
   const uint64_t max_req = sizeof(vstellar_cmd_hdr) + sizeof(vstellar_cmd_create_qp) +
                            8ull * le32toh(session_.device().config.max_cmd_pages);
   for (;;) {
+    if (control_left_ == 0) {
+      control_pending_ = true;
+      break;
+    }
     Virtqueue::Chain c;
     Virtqueue::PopResult p = vq.Pop(&c);
     if (p == Virtqueue::PopResult::kEmpty) {
@@ -129,6 +141,7 @@ void Device::ProcessControl() {
       Fatal("control queue: corrupt available ring");
       break;
     }
+    control_left_--;
     if (p == Virtqueue::PopResult::kBadChain) {
       commands_++;
       commands_failed_++;

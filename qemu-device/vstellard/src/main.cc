@@ -40,6 +40,11 @@ int Usage(const char* argv0, int rc) {
                "  --paths N              UDP paths per connection, 1..256 (default 128)\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
                "                         work, then set need_kick and sleep (default 50)\n"
+               "  --control-budget N     control commands per device per loop turn (default 64)\n"
+               "  --wqe-budget N         WQEs per SQ, RQ or SRQ per loop turn (default 64)\n"
+               "  --wqe-budget-device N  WQEs per device per loop turn (default 1024)\n"
+               "  --vhost-timeout-ms N   close a frontend that stalls mid-message this long\n"
+               "                         (default 5000)\n"
                "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
                "                         (default: SIGUSR1 prints them to stderr)\n",
                argv0);
@@ -57,7 +62,8 @@ bool Num(const char* s, unsigned long long max, unsigned long long* out) {
 
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
-  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs };
+  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
+         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -69,6 +75,10 @@ int main(int argc, char** argv) {
                                 {"paths", required_argument, nullptr, kPaths},
                                 {"stats-json", required_argument, nullptr, kStats},
                                 {"poll-us", required_argument, nullptr, kPollUs},
+                                {"control-budget", required_argument, nullptr, kControlBudget},
+                                {"wqe-budget", required_argument, nullptr, kWqeBudget},
+                                {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
+                                {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
   unsigned long long v;
@@ -115,6 +125,22 @@ int main(int argc, char** argv) {
       case kPollUs:
         if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);
         o.poll_us = v;
+        break;
+      case kControlBudget:
+        if (!Num(optarg, 1u << 20, &v) || v == 0) return Usage(argv[0], 2);
+        o.control_budget = uint32_t(v);
+        break;
+      case kWqeBudget:
+        if (!Num(optarg, 1u << 20, &v) || v == 0) return Usage(argv[0], 2);
+        o.wqe_budget_queue = uint32_t(v);
+        break;
+      case kWqeBudgetDevice:
+        if (!Num(optarg, 1u << 24, &v) || v == 0) return Usage(argv[0], 2);
+        o.wqe_budget_device = uint32_t(v);
+        break;
+      case kVhostTimeout:
+        if (!Num(optarg, 3'600'000, &v) || v == 0) return Usage(argv[0], 2);
+        o.vhost_timeout_ms = uint32_t(v);
         break;
       case 'h': return Usage(argv[0], 0);
       default: return Usage(argv[0], 2);

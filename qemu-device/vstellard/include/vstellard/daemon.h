@@ -33,6 +33,13 @@ struct DaemonOptions {
   uint16_t peer_port = 0;      // peers' base port; 0 = same as udp_port
   uint16_t paths = 128;
   uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
+  // Work per device per loop turn (DeviceShared): what is left waits a turn.
+  uint32_t control_budget = 64;       // control commands
+  uint32_t wqe_budget_queue = 64;     // WQEs of one SQ, RQ or SRQ
+  uint32_t wqe_budget_device = 1024;  // WQEs of all the device's queues
+  // A frontend that sends part of a vhost-user message and then nothing
+  // for this long is closed (that device only).
+  uint32_t vhost_timeout_ms = 5000;
   std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
 };
 

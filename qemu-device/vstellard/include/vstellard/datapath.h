@@ -72,8 +72,8 @@ class DataPath {
   bool RingRead(const RingGeom& g, uint32_t idx, void* dst);
   void SetNeedKick(uint32_t v);
   bool ScanDoorbells();
-  bool ServiceWq(QpObj& q, uint8_t* slot, bool send);
-  bool ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot);
+  bool ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget);
+  bool ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget);
   void SrqToErr(uint32_t h, SrqObj& s, uint32_t info);
   uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
   uint8_t CheckRecvWqe(uint32_t owner, uint32_t pdn, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr,
@@ -93,6 +93,10 @@ class DataPath {
   DataPathEvents& events_;
   bool polling_ = false;
   uint64_t last_work_ns_ = 0;
+  // Round robin: the next scan starts at the first QP (by QPN) and SRQ (by
+  // handle) at or after these, so a budget that runs out (DeviceShared::
+  // wqe_budget_device) does not always leave the same queues waiting.
+  uint32_t qp_scan_from_ = 0, srq_scan_from_ = 0;
   DataPathCounters n_;
 };
 

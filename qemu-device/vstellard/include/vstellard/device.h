@@ -71,6 +71,15 @@ class Device : private DataPathEvents {
   Outcome OnMessage(Message&& m);
   // The frontend's kick (or a poll) of queue q.
   void OnKick(uint32_t q);
+  // One turn of the daemon's loop begins: the device's control budget
+  // (DeviceShared::control_budget) is full again.
+  void BeginTurn() { control_left_ = sh_.control_budget; }
+  // Whether the control queue had more requests than the turn's budget;
+  // the daemon then calls ContinueControl() next turn instead of sleeping.
+  bool ControlPending() const { return control_pending_; }
+  void ContinueControl() {
+    if (control_pending_) ProcessControl();
+  }
   // Engine async event for one of this device's QPs or CQs.
   void OnEngineEvent(const vstellar::AsyncEvent& e);
   bool OwnsQp(uint32_t qpn) const { return obj_.qps.count(qpn) != 0; }
@@ -112,6 +121,8 @@ class Device : private DataPathEvents {
   Commands cmds_;
   bool fatal_ = false;
   std::string fatal_why_;
+  uint32_t control_left_ = 0;     // commands this turn may still execute
+  bool control_pending_ = false;  // the control queue may hold more
 
   std::deque<vstellar_event> events_;
   std::deque<vstellar_cq_notify> cq_notifies_[VSTELLAR_MAX_CQ_QUEUES];

@@ -28,6 +28,13 @@ struct DeviceShared {
   // Data path: how long a device keeps polling its doorbells after the last
   // work before it sets need_kick and sleeps.
   uint64_t poll_ns = 50'000;
+  // Work one device may do in one turn of the daemon's loop, so a guest
+  // that keeps its queues full cannot starve the other devices and the
+  // engine (issue 13). What is left waits for the next turn; the loop does
+  // not sleep while a device has work left.
+  uint32_t control_budget = 64;       // control commands per device
+  uint32_t wqe_budget_queue = 64;     // WQEs per SQ, RQ or SRQ
+  uint32_t wqe_budget_device = 1024;  // WQEs per device (all its queues)
 };
 
 }  // namespace vstellard
