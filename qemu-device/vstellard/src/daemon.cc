@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -164,6 +165,10 @@ void Daemon::Run() {
         if (c.dev->Polling() || c.dev->ControlPending()) polling = true;
       }
       if (busy && udp_) deadline = engine_->next_deadline();
+      // A connection stuck mid-message is closed when its time is up.
+      for (auto& [id, c] : conns_)
+        if (c.partial_since_ns)
+          deadline = std::min<uint64_t>(deadline, c.partial_since_ns + uint64_t(o_.vhost_timeout_ms) * 1'000'000ull);
     }
     timespec ts{}, *timeout = nullptr;  // nullptr: until an event
     if (polling || (busy && udp_ && engine_more)) {
@@ -213,6 +218,7 @@ void Daemon::Run() {
       if (q == 0xffff) OnSocket(id);
       else it->second.dev->OnKick(q);
     }
+    CloseStalled();
     for (auto& [id, c] : conns_) {
       c.dev->ContinueControl();
       c.dev->PollDataPath();
@@ -236,7 +242,8 @@ bool Daemon::PumpEngine() {
 
 void Daemon::Accept() {
   for (;;) {
-    int s = accept4(lsock_, nullptr, nullptr, SOCK_CLOEXEC);
+    // Non-blocking: no frontend can make the loop wait for its bytes.
+    int s = accept4(lsock_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (s < 0) return;
     // Devices are created at run time, one per QEMU connection; the log
     // reports how long creating one takes (Stellar's point against SR-IOV).
@@ -256,14 +263,43 @@ void Daemon::Accept() {
   }
 }
 
+// Reads what the socket holds without waiting: whole messages are handled
+// (at most kMaxPerTurn, the rest next turn), a partial one is kept by the
+// connection's MessageReader and timed (CloseStalled).
 void Daemon::OnSocket(unsigned id) {
-  Conn& c = conns_.at(id);
-  Message m;
-  std::string err;
-  if (!ReadMessage(c.sock, &m, &err)) {
-    Close(id, err.empty() ? "frontend closed" : err);
-    return;
+  constexpr int kMaxPerTurn = 16;
+  for (int i = 0; i < kMaxPerTurn; i++) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;  // closed while handling a message
+    Conn& c = it->second;
+    Message m;
+    std::string err;
+    const MessageReader::Result r = c.reader.Read(c.sock, &m, &err);
+    if (r == MessageReader::Result::kAgain) break;
+    if (r != MessageReader::Result::kMessage) {
+      Close(id, err.empty() ? "frontend closed" : err);
+      return;
+    }
+    HandleMessage(id, std::move(m));
   }
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (!c.reader.partial()) c.partial_since_ns = 0;
+  else if (!c.partial_since_ns) c.partial_since_ns = clock_.now_ns();
+}
+
+void Daemon::CloseStalled() {
+  const uint64_t now = clock_.now_ns(), limit = uint64_t(o_.vhost_timeout_ms) * 1'000'000ull;
+  std::vector<unsigned> stalled;
+  for (auto& [id, c] : conns_)
+    if (c.partial_since_ns && now - c.partial_since_ns >= limit) stalled.push_back(id);
+  for (unsigned id : stalled) Close(id, "stalled inside a vhost-user message");
+}
+
+void Daemon::HandleMessage(unsigned id, Message&& m) {
+  Conn& c = conns_.at(id);
+  std::string err;
   const uint32_t req = m.hdr.request;
   // A message may close kick fds (SET_VRING_KICK replaces one, RESET_OWNER
   // drops them): take them out of epoll while they are still open. After
@@ -271,6 +307,8 @@ void Daemon::OnSocket(unsigned id) {
   // not be removed any more and would wake the loop forever (issue 13).
   UnwatchKicks(c);
   Outcome out = c.dev->OnMessage(std::move(m));
+  // A reply that does not fit the socket buffer (a frontend that does not
+  // read its replies) fails with EAGAIN and closes the connection.
   if (out.reply && !WriteAll(c.sock, *out.reply, &err)) {
     Close(id, err);
     return;

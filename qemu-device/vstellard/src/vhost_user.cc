@@ -486,6 +486,78 @@ bool ReadMessage(int sock, Message* m, std::string* err) {
   return true;
 }
 
+MessageReader::Result MessageReader::Read(int sock, Message* m, std::string* err) {
+  err->clear();
+  auto* hdr_bytes = reinterpret_cast<uint8_t*>(&hdr_);
+  while (hdr_got_ < sizeof(hdr_)) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMemRegions)];
+    iovec iov{hdr_bytes + hdr_got_, sizeof(hdr_) - hdr_got_};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Result::kAgain;
+    // Take ownership of every fd that arrived, before any check can fail.
+    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; i++) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds_.emplace_back(fd);
+      }
+    }
+    if (n < 0) {
+      *err = std::string("recvmsg: ") + std::strerror(errno);
+      return Result::kError;
+    }
+    if (n == 0) {
+      if (hdr_got_) *err = "connection closed inside a message";
+      return Result::kClosed;
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) || fds_.size() > kMaxMemRegions) {
+      *err = "too many fds with one message";
+      return Result::kError;
+    }
+    hdr_got_ += size_t(n);
+    if (hdr_got_ == sizeof(hdr_)) {
+      if (hdr_.size > kMaxPayload) {
+        *err = "payload of " + std::to_string(hdr_.size) + " bytes is too large";
+        return Result::kError;
+      }
+      payload_.resize(hdr_.size);
+      payload_got_ = 0;
+    }
+  }
+  while (payload_got_ < payload_.size()) {
+    const ssize_t r = recv(sock, payload_.data() + payload_got_, payload_.size() - payload_got_, MSG_DONTWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Result::kAgain;
+    if (r == 0) {
+      *err = "connection closed inside a message";
+      return Result::kClosed;
+    }
+    if (r < 0) {
+      *err = std::string("recv: ") + std::strerror(errno);
+      return Result::kError;
+    }
+    payload_got_ += size_t(r);
+  }
+  *m = Message{};
+  m->hdr = hdr_;
+  m->payload = std::move(payload_);
+  m->fds = std::move(fds_);
+  hdr_ = Header{};
+  hdr_got_ = 0;
+  payload_.clear();
+  payload_got_ = 0;
+  fds_.clear();
+  return Result::kMessage;
+}
+
 bool WriteAll(int sock, const std::vector<uint8_t>& b, std::string* err) {
   size_t done = 0;
   while (done < b.size()) {

@@ -74,6 +74,8 @@ class Daemon {
   class Sink;
   void Accept();
   void OnSocket(unsigned id);
+  void HandleMessage(unsigned id, Message&& m);
+  void CloseStalled();  // connections stuck mid-message for vhost_timeout_ms
   void SyncKicks(unsigned id);
   struct Conn;
   void UnwatchKicks(Conn& c);
@@ -83,7 +85,9 @@ class Daemon {
   std::string StatsJsonLocked();
 
   struct Conn {
-    int sock = -1;
+    int sock = -1;  // non-blocking
+    MessageReader reader;
+    uint64_t partial_since_ns = 0;  // a message began arriving then (0: none)
     std::unique_ptr<Device> dev;
     std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
   };

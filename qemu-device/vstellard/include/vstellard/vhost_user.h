@@ -215,6 +215,31 @@ class Session {
 bool ReadMessage(int sock, Message* m, std::string* err);
 bool WriteAll(int sock, const std::vector<uint8_t>& bytes, std::string* err);
 
+// The daemon's side of the transport: reads messages from a non-blocking
+// socket without ever waiting. A message that arrives in parts is kept
+// (header bytes, payload bytes, fds) until it is complete, so a frontend
+// that sends part of a message and stops stalls only its own connection
+// (issue 13: blocking MSG_WAITALL reads let one byte stop the daemon).
+class MessageReader {
+ public:
+  enum class Result {
+    kMessage,  // *m holds one whole message; call again, more may follow
+    kAgain,    // nothing more to read now
+    kClosed,   // EOF; *err empty between messages, else why
+    kError,    // a transport error or a malformed header: *err
+  };
+  Result Read(int sock, Message* m, std::string* err);
+  // Bytes of an incomplete message are held.
+  bool partial() const { return hdr_got_ != 0; }
+
+ private:
+  Header hdr_{};
+  size_t hdr_got_ = 0;
+  std::vector<uint8_t> payload_;
+  size_t payload_got_ = 0;
+  std::vector<Fd> fds_;
+};
+
 // Returns the name of a memfd ("vstellar-doorbell") or "" for other files.
 std::string MemfdName(int fd);
 
