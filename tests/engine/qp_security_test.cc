@@ -1,6 +1,9 @@
 // Security regressions of the engine's QPs (issue 13).
 #include <gtest/gtest.h>
 
+#include <set>
+#include <unordered_map>
+
 #include "engine_internal.h"
 #include "sim_pair.h"
 
@@ -38,6 +41,77 @@ TEST(QpSecurity, ResetForgetsTheOldConnectionsTransportState) {
     EXPECT_EQ(qa.last_progress_ns, 0u);
     t.connect();
   }
+}
+
+struct QpnBench {
+  SimNet net;
+  std::unique_ptr<Engine> eng;
+  Pd* pd = nullptr;
+  Cq* cq = nullptr;
+  explicit QpnBench(EngineConfig c) {
+    eng = std::make_unique<Engine>(c, net.add_node(kIpA), net);
+    net.attach(kIpA, eng.get());
+    pd = eng->alloc_pd();
+    cq = eng->create_cq(64);
+  }
+  Qp* Create() {
+    QpInitAttr ia;
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+    return eng->create_qp(pd, ia);
+  }
+};
+
+// Issue 13 #4: QPNs were never reused, so creating and destroying QPs used
+// the space up and then no QP could be created by anyone. Here the space
+// is shrunk to 4,096 QPNs; 20,000 create/destroy cycles must all succeed,
+// and a freed QPN must not come back at once (quarantine).
+TEST(QpSecurity, QpnsAreReusedAfterAQuarantine) {
+  EngineConfig c;
+  c.max_qpn = DeviceLimits::kFirstQpn + 4095;
+  c.qpn_seed = 7;
+  QpnBench t(c);
+  Qp* keep = t.Create();  // one live QP the others must never collide with
+  ASSERT_NE(keep, nullptr);
+  std::unordered_map<uint32_t, int> freed_at;
+  size_t reused = 0;
+  for (int i = 0; i < 20000; i++) {
+    Qp* qp = t.Create();
+    ASSERT_NE(qp, nullptr) << "QP " << i << ": no QPN left";
+    const uint32_t qpn = qp->qpn();
+    ASSERT_GE(qpn, DeviceLimits::kFirstQpn);
+    ASSERT_LE(qpn, c.max_qpn);
+    ASSERT_NE(qpn, keep->qpn());
+    if (auto it = freed_at.find(qpn); it != freed_at.end()) {
+      reused++;
+      EXPECT_GT(i - it->second, 1000) << "QPN " << qpn << " reused right after it was freed";
+    }
+    ASSERT_EQ(t.eng->destroy_qp(qp), 0);
+    freed_at[qpn] = i;
+  }
+  EXPECT_GT(reused, 0u);
+}
+
+// Issue 13 #3/#4: QPNs were sequential from 0x11, so a host on the fabric
+// could guess the peer QPN of a connection. They are random now: two
+// daemons (engines with the kernel's CSPRNG) give different sequences, and
+// consecutive QPNs are not neighbours.
+TEST(QpSecurity, QpnsAreUnpredictable) {
+  QpnBench a(EngineConfig{}), b(EngineConfig{});
+  std::vector<uint32_t> qa, qb;
+  for (int i = 0; i < 64; i++) {
+    Qp* x = a.Create();
+    Qp* y = b.Create();
+    ASSERT_TRUE(x && y);
+    qa.push_back(x->qpn());
+    qb.push_back(y->qpn());
+    EXPECT_GE(x->qpn(), DeviceLimits::kFirstQpn);  // QP0, QP1 stay reserved
+  }
+  EXPECT_NE(qa, qb);
+  int neighbours = 0;
+  for (size_t i = 1; i < qa.size(); i++) neighbours += qa[i] == qa[i - 1] + 1;
+  EXPECT_LT(neighbours, 3);
+  EXPECT_EQ(std::set<uint32_t>(qa.begin(), qa.end()).size(), qa.size());
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ class Pair {
     Link& l = net.add_node(ip);
     EngineConfig c = opt.cfg;
     c.seed = opt.seed * 31 + ip;
+    if (!c.qpn_seed) c.qpn_seed = c.seed;  // QPNs repeat from run to run, as the network does
     s.eng = std::make_unique<Engine>(c, l, net);
     net.attach(ip, s.eng.get());
     s.pd = s.eng->alloc_pd();

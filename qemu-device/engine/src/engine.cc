@@ -36,12 +36,14 @@ bool EngineConfig::validate() {
   if (rto_ns < 1000) return false;
   if (rto_max_ns < rto_ns) rto_max_ns = rto_ns;
   if (single_path >= num_paths) return false;
+  if (max_qpn > DeviceLimits::kMaxQpn || max_qpn < DeviceLimits::kFirstQpn + 15) return false;
   return true;
 }
 
 EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
     : cfg_(cfg), link_(link), clock_(clock) {
   if (!cfg_.validate()) cfg_ = EngineConfig{};
+  qpn_random_.Seed(cfg_.qpn_seed);
   stats_.paths.resize(cfg_.num_paths);
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <deque>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "vstellar/engine.h"
@@ -208,6 +210,25 @@ inline QpImpl& impl(Qp& qp) { return static_cast<QpImpl&>(qp); }
 inline QpImpl* impl(Qp* qp) { return static_cast<QpImpl*>(qp); }
 inline const QpImpl& impl(const Qp& qp) { return static_cast<const QpImpl&>(qp); }
 
+// Random numbers for identifiers a peer must not guess (QPNs): from the
+// kernel's CSPRNG (getrandom, read in blocks), or with a non-zero seed a
+// fixed splitmix64 sequence (tests that must repeat).
+class IdRandom {
+ public:
+  void Seed(uint64_t seed) {
+    fixed_ = seed != 0;
+    state_ = seed;
+    left_ = 0;
+  }
+  uint64_t Next();
+
+ private:
+  bool fixed_ = false;
+  uint64_t state_ = 0;
+  uint64_t buf_[32];
+  unsigned left_ = 0;
+};
+
 // The engine itself; Engine forwards its public methods here. The verbs
 // return 0 or a positive errno, as Engine documents.
 class EngineCore {
@@ -309,7 +330,16 @@ class EngineCore {
   EngineStats stats_;
   std::vector<AsyncEvent> events_;
   uint32_t next_handle_ = 1;
-  uint32_t next_qpn_ = 0x11;
+  // QPNs: random, a freed one quarantined (EngineConfig::qpn_*).
+  uint32_t alloc_qpn();
+  void free_qpn(uint32_t qpn);
+  IdRandom qpn_random_;
+  struct QuarantinedQpn {
+    uint32_t qpn;
+    uint64_t freed_ns;
+  };
+  std::deque<QuarantinedQpn> qpn_quarantine_;  // oldest first
+  std::unordered_set<uint32_t> quarantined_qpns_;
   uint32_t key_tag_ = 0x5a;
   std::vector<std::unique_ptr<Pd>> pds_;
   std::vector<std::unique_ptr<Mr>> mrs_;  // slot (key >> 8) - 1

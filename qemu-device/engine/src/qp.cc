@@ -1,7 +1,11 @@
 // QP creation, the verbs state machine (the attribute rules ibv_modify_qp
 // applies, taken from the IB spec table that the kernel's
 // ib_modify_qp_is_ok() encodes, RC column), and posting.
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine_internal.h"
@@ -98,11 +102,12 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   if (c.max_send_sge > DeviceLimits::kMaxSge || (!srq && c.max_recv_sge > DeviceLimits::kMaxSge))
     return nullptr;
   if (c.max_inline_data > DeviceLimits::kMaxInline) return nullptr;
-  if (next_qpn_ > DeviceLimits::kMaxQpn) return nullptr;
   if (init.qp_type != QpType::RC && init.qp_type != QpType::UD && init.qp_type != QpType::GSI)
     return nullptr;
+  const uint32_t qpn = alloc_qpn();
+  if (!qpn) return nullptr;
   auto qp = std::make_unique<QpImpl>();
-  qp->qpn_ = next_qpn_++;
+  qp->qpn_ = qpn;
   qp->pd_ = pd;
   qp->type_ = init.qp_type;
   qp->send_cq = init.send_cq;
@@ -135,8 +140,62 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   if (qp->srq) qp->srq->refs--;
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
-  qps_.erase(qp->qpn_);
+  const uint32_t qpn = qp->qpn_;
+  qps_.erase(qpn);
+  free_qpn(qpn);
   return 0;
+}
+
+uint64_t IdRandom::Next() {
+  if (fixed_) {  // splitmix64
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  if (left_ == 0) {
+    size_t got = 0;
+    auto* b = reinterpret_cast<uint8_t*>(buf_);
+    while (got < sizeof(buf_)) {
+      const ssize_t n = getrandom(b + got, sizeof(buf_) - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) std::abort();  // no kernel CSPRNG: nothing safe to fall back to
+      got += size_t(n);
+    }
+    left_ = sizeof(buf_) / sizeof(buf_[0]);
+  }
+  return buf_[--left_];
+}
+
+// A QPN at random among those neither live nor quarantined; 0 if none is
+// left. QPNs below DeviceLimits::kFirstQpn (0 and 1 among them: QP0, QP1) are never
+// handed out.
+uint32_t EngineCore::alloc_qpn() {
+  const uint64_t now = clock_.now_ns();
+  const uint32_t space = cfg_.max_qpn - DeviceLimits::kFirstQpn + 1;
+  const size_t cap = std::min<size_t>(65536, space / 2);
+  while (!qpn_quarantine_.empty() &&
+         (now - qpn_quarantine_.front().freed_ns >= cfg_.qpn_quarantine_ns || qpn_quarantine_.size() > cap)) {
+    quarantined_qpns_.erase(qpn_quarantine_.front().qpn);
+    qpn_quarantine_.pop_front();
+  }
+  auto taken = [&](uint32_t q) { return qps_.count(q) || quarantined_qpns_.count(q); };
+  for (int i = 0; i < 64; i++) {
+    const uint32_t q = DeviceLimits::kFirstQpn + uint32_t(qpn_random_.Next() % space);
+    if (!taken(q)) return q;
+  }
+  // Nearly every QPN is taken: look at each once, from a random start.
+  const uint32_t start = uint32_t(qpn_random_.Next() % space);
+  for (uint32_t k = 0; k < space; k++) {
+    const uint32_t q = DeviceLimits::kFirstQpn + (start + k) % space;
+    if (!taken(q)) return q;
+  }
+  return 0;
+}
+
+void EngineCore::free_qpn(uint32_t qpn) {
+  qpn_quarantine_.push_back({qpn, clock_.now_ns()});
+  quarantined_qpns_.insert(qpn);
 }
 
 int EngineCore::query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init) {

@@ -37,6 +37,18 @@ struct EngineConfig {
   uint64_t ack_delay_ns = 10'000; // otherwise at most one ACK per QP per this interval
   uint32_t tx_budget = 64;        // packets per QP per progress() call (fairness)
   uint64_t seed = 1;
+  // QPNs (issue 13). They are drawn at random from
+  // [DeviceLimits::kFirstQpn, max_qpn], so
+  // a host on the fabric cannot guess a live one, and a freed QPN is not
+  // handed out again for qpn_quarantine_ns (stale packets of the old QP
+  // cannot reach a new one) unless the quarantine is full (65,536 QPNs, or
+  // half of a smaller space). qpn_seed 0: the numbers come from the
+  // kernel's CSPRNG (getrandom); else from a fixed sequence of that seed,
+  // for tests and simulations that must repeat. max_qpn below the 24-bit
+  // limit only shrinks the space (tests).
+  uint64_t qpn_seed = 0;
+  uint32_t max_qpn = DeviceLimits::kMaxQpn;
+  uint64_t qpn_quarantine_ns = 1'000'000'000;
   // When a bad lkey (unknown, another PD's, out of the MR, no access) is
   // found. false, as in libibverbs: post_send accepts the WR, and it
   // completes with LOC_PROT_ERR when it runs. true: post_send and post_recv

@@ -122,6 +122,7 @@ struct DeviceLimits {
   static constexpr uint8_t kMaxRdAtomic = 16;
   static constexpr uint64_t kMaxMsgSize = 1ull << 31;
   static constexpr uint32_t kMaxQpn = 0xFFFFFF;
+  static constexpr uint32_t kFirstQpn = 0x11;  // lower QPNs are reserved (QP0, QP1)
 };
 
 // Where a peer engine lives: IPv4 address (host byte order) and the UDP port
