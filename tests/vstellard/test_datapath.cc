@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -367,7 +369,8 @@ class DataPath : public ::testing::Test {
   std::unique_ptr<Frontend> fa_, fb_;
   std::unique_ptr<Guest> a_, b_;
 
-  void StartDaemon(uint64_t poll_us = 50, std::function<void(Daemon&)> before = {}) {
+  void StartDaemon(uint64_t poll_us = 50, std::function<void(Daemon&)> before = {},
+                   std::function<void(DaemonOptions&)> tune = {}) {
     char tmpl[] = "/tmp/vstellard-dp-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -376,7 +379,7 @@ class DataPath : public ::testing::Test {
     // daemon's own thread.
     std::promise<std::string> started;
     auto fut = started.get_future();
-    t_ = std::thread([&, poll_us, before] {
+    t_ = std::thread([&, poll_us, before, tune] {
       std::string err;
       for (int attempt = 0; attempt < 20; attempt++) {
         DaemonOptions o;
@@ -384,6 +387,7 @@ class DataPath : public ::testing::Test {
         o.udp_port = uint16_t(20000 + (getpid() * 37 + attempt * 1009) % 30000);
         o.paths = 4;
         o.poll_us = poll_us;
+        if (tune) tune(o);
         auto d = std::make_unique<Daemon>(o);
         if (d->Start(&err)) {
           if (before) before(*d);
@@ -745,6 +749,60 @@ TEST_F(DataPath, ProducerIndexBeyondTheRingStopsOnlyThatQp) {
   EXPECT_EQ(ca->status, 0);
   EXPECT_EQ(cb->status, 0);
   EXPECT_FALSE(StatsOf(0).fatal);
+}
+
+// Issue 13 #1: the doorbell scan took every WQE a QP announced before it
+// looked at the next QP (up to 1,024 QPs x 4,096 WQEs in one loop turn).
+// Now each queue gives at most --wqe-budget WQEs per turn and the scan
+// goes round robin: a QP with one WQE is served after at most one budget's
+// worth of a full QP's, and the full QP's rest follows in later turns.
+TEST_F(DataPath, FullQueueGetsOnlyItsBudgetPerTurn) {
+  constexpr uint32_t kBudget = 4;
+  std::mutex mu;
+  std::vector<uint32_t> order;  // QPN of each receive WQE fetched
+  StartDaemon(
+      50,
+      [&](Daemon& d) {
+        d.SetAfterWqeCopyHook([&](unsigned, uint32_t qpn, bool send, uint32_t) {
+          std::lock_guard<std::mutex> g(mu);
+          if (!send) order.push_back(qpn);
+        });
+      },
+      [&](DaemonOptions& o) { o.wqe_budget_queue = kBudget; });
+  TwoGuests();
+  GQp x = a_->CreateQp(), y = a_->CreateQp();
+  GQp& full = x.qpn < y.qpn ? x : y;  // scanned first
+  GQp& one = x.qpn < y.qpn ? y : x;
+  ASSERT_EQ(a_->Modify(full.qpn, kInitMask, VSTELLAR_QPS_INIT), 0);
+  ASSERT_EQ(a_->Modify(one.qpn, kInitMask, VSTELLAR_QPS_INIT), 0);
+  // Let the data path go idle, so it sees both doorbells in one scan.
+  for (int i = 0; i < 5000 && !a_->NeedKick(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(a_->NeedKick());
+  auto write_recv = [&](GQp& q) {
+    vstellar_recv_wqe w{};
+    w.wr_id = q.rq_pi;
+    w.num_sge = 1;
+    const vstellar_sge s = a_->Sge(0, 64);
+    std::memcpy(a_->RqSlot(q, q.rq_pi), &w, sizeof(w));
+    std::memcpy(a_->RqSlot(q, q.rq_pi) + sizeof(w), &s, sizeof(s));
+    q.rq_pi++;
+  };
+  for (uint32_t i = 0; i < (1u << kRqLog); i++) write_recv(full);
+  write_recv(one);
+  a_->Ring(VSTELLAR_DB_SLOT_SIZE * full.slot + offsetof(vstellar_db_qp, rq_pi), full.rq_pi, false);
+  a_->Ring(VSTELLAR_DB_SLOT_SIZE * one.slot + offsetof(vstellar_db_qp, rq_pi), one.rq_pi, false);
+  fa_->Kick(VSTELLAR_VQ_KICK);
+  for (int i = 0; i < 5000; i++) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (order.size() == (1u << kRqLog) + 1) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::lock_guard<std::mutex> g(mu);
+  ASSERT_EQ(order.size(), (1u << kRqLog) + 1);  // nothing is lost: the rest came in later turns
+  const size_t before_one = size_t(std::find(order.begin(), order.end(), one.qpn) - order.begin());
+  EXPECT_LE(before_one, kBudget) << "the full QP gave " << before_one << " WQEs before the other QP got a turn";
 }
 
 TEST_F(DataPath, WqeRewrittenAfterTheDoorbellIsNotReadTwice) {
