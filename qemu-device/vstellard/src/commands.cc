@@ -15,6 +15,10 @@ namespace vstellard {
 
 namespace {
 
+// Completions the engine holds for a CQ before DrainCq moves them (one at
+// a time, in practice).
+constexpr uint32_t kEngineCqStaging = 256;
+
 constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 uint32_t cfg32(const __le32& v) { return le32toh(v); }
 
@@ -356,7 +360,11 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   CqObj o{};
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.cq = sh_.engine->create_cq(1u << log_cqe);
+  // The guest's ring is the CQ. The engine's CQ only stages completions:
+  // every one is drained into the ring as it is made (DrainCq, from
+  // on_completion), so a small one serves any guest CQ size, and daemon
+  // memory does not grow with what the guest asks for.
+  o.cq = sh_.engine->create_cq(std::min(1u << log_cqe, kEngineCqStaging));
   if (!o.cq) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;

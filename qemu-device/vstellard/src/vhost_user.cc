@@ -76,7 +76,11 @@ bool HasReply(Request r) {
 DeviceConfig DeviceConfig::Default() {
   // Ring sizes a guest may ask for: within the interface's ring limits, so
   // every layer's bounds hold for this device (virtio_vstellar.h).
-  constexpr uint32_t kMaxQpWr = 4096, kMaxCqe = 65536;
+  // max_cqe: a CQ's ring is guest memory and the engine only stages its
+  // completions (see CREATE_CQ), so the guest may size it like a hardware
+  // NIC's: libfabric's rxm asks for its rx + tx sizes times the universe
+  // size (98,688 CQEs with its defaults).
+  constexpr uint32_t kMaxQpWr = 4096, kMaxCqe = 1u << VSTELLAR_MAX_LOG_CQE;
   static_assert(kMaxQpWr <= (1u << VSTELLAR_MAX_LOG_WQE), "max_qp_wr over VSTELLAR_MAX_LOG_WQE");
   static_assert(kMaxCqe <= (1u << VSTELLAR_MAX_LOG_CQE), "max_cqe over VSTELLAR_MAX_LOG_CQE");
   DeviceConfig d;
