@@ -39,20 +39,27 @@ export GIDX
 """
 VSTELLAR_COMMON = "-x $GIDX"
 
-# The client may start before the server listens: retry the connection only,
-# for a bounded time (perftest exits at once when nobody listens).
-CLIENT_RETRY = """\
+def client_retry(not_listening, tries=60):
+    """A shell function `run_client CMD...`: runs CMD until it succeeds,
+    retrying (once a second, at most `tries` times) only while its output
+    matches the grep pattern `not_listening` (the server does not listen
+    yet); then prints CMD's output."""
+    return f"""\
 run_client() {{
   i=0
   while [ $i -lt {tries} ]; do
     "$@" > /tmp/client.out 2>&1 && {{ cat /tmp/client.out; return 0; }}
-    grep -q "Couldn't connect\\|Unable to perform rdma_client function\\|Failed to connect" \\
-      /tmp/client.out || {{ cat /tmp/client.out; return 1; }}
+    grep -q "{not_listening}" /tmp/client.out || {{ cat /tmp/client.out; return 1; }}
     i=$((i + 1)); sleep 1
   done
   cat /tmp/client.out; return 1
 }}
 """
+
+
+# perftest exits at once when nobody listens yet; these are its words.
+PERFTEST_NOT_LISTENING = ("Couldn't connect\\|Unable to perform rdma_client function"
+                          "\\|Failed to connect")
 
 
 def perftest_pair(tests, device, setup="", tries=60, common=""):
@@ -64,7 +71,7 @@ def perftest_pair(tests, device, setup="", tries=60, common=""):
     (VSTELLAR_COMMON selects the GID).
     """
     server = [setup, "set -e"]
-    client = [setup, CLIENT_RETRY.format(tries=tries), "set -e"]
+    client = [setup, client_retry(PERFTEST_NOT_LISTENING, tries), "set -e"]
     for i, (tool, args) in enumerate(tests):
         port = 18515 + i
         server.append(f"echo '== {tool} {args}'")

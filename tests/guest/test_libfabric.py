@@ -18,18 +18,8 @@ TESTS = [
     ("verbs msg", "-p verbs -e msg -I 100 -S 4096"),
     ("verbs rxm rdm", "-p 'verbs;ofi_rxm' -e rdm -I 100 -S 4096"),
 ]
-CLIENT_RETRY = """\
-run_client() {
-  i=0
-  while [ $i -lt 60 ]; do
-    "$@" > /tmp/client.out 2>&1 && { cat /tmp/client.out; return 0; }
-    grep -q "Connection refused\\|ctrl/connect\\|ctrl_init" /tmp/client.out ||
-      { cat /tmp/client.out; return 1; }
-    i=$((i + 1)); sleep 1
-  done
-  cat /tmp/client.out; return 1
-}
-"""
+# The client may start before the server listens.
+CLIENT_RETRY = pt.client_retry("Connection refused\\|ctrl/connect\\|ctrl_init")
 
 
 def scripts():

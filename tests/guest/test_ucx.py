@@ -38,18 +38,8 @@ ENV = f"export UCX_NET_DEVICES={DEV} UCX_LOG_LEVEL=info"
 
 # ucx_perftest's server takes the test parameters from its client and
 # serves one test; the client retries until the server listens (bounded).
-CLIENT_RETRY = """\
-run_client() {
-  i=0
-  while [ $i -lt 60 ]; do
-    "$@" > /tmp/client.out 2>&1 && { cat /tmp/client.out; return 0; }
-    grep -q "connect() failed\\|Connection refused" /tmp/client.out ||
-      { cat /tmp/client.out; return 1; }
-    i=$((i + 1)); sleep 1
-  done
-  cat /tmp/client.out; return 1
-}
-"""
+# The client may start before the server listens.
+CLIENT_RETRY = pt.client_retry("connect() failed\\|Connection refused")
 
 
 def scripts():
