@@ -66,7 +66,9 @@ class Datagram : public ::testing::Test {
     ia.recv_cq = s.rcq;
     Qp* qp = s.eng->create_qp(s.pd, ia);
     if (!qp) return nullptr;
-    if (t == QpType::GSI) EXPECT_EQ(s.eng->set_gsi_gids(qp, {gid_of(s.ip)}), 0);
+    if (t == QpType::GSI) {
+      EXPECT_EQ(s.eng->set_gsi_gids(qp, {gid_of(s.ip)}), 0);
+    }
     EXPECT_EQ(to_rts(*s.eng, qp, t == QpType::GSI ? 0x80010000u : kQkey), 0);
     return qp;
   }
