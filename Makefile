@@ -3,6 +3,7 @@
 #   make demo    two guests run ib_write_bw against each other (README)
 #   make test    build everything, then run every test (unit, host, guest)
 #   make bench   run the benchmarks; JSON and PNG land in out/bench/
+#   make fuzz    run each fuzz target FUZZ_SECONDS (600); crashes in out/fuzz/
 #   make deps    install the Debian packages the rest needs (run first by all)
 #
 # Host C++ (engine, vstellard, tests) builds with CMake/Ninja in build/.
@@ -16,12 +17,12 @@ BUILD := build
 OUT := out
 NINJA_JOBS ?= $(shell nproc)
 
-.PHONY: all deps host guest kmod demo test test-unit test-guest bench clean distclean-cache help
+.PHONY: all deps host guest kmod demo test test-unit test-guest bench fuzz clean distclean-cache help
 
 all: deps host guest
 
 help:
-	@sed -n '3,7p' Makefile | sed 's/^# *//'
+	@sed -n '3,8p' Makefile | sed 's/^# *//'
 
 deps:
 	@tools/install-deps.sh
@@ -88,6 +89,12 @@ bench: all
 	@mkdir -p $(OUT)/bench
 	@for b in tools/bench/*/run; do echo "== $$b"; BUILD_DIR=$(BUILD) $$b $(OUT)/bench || exit 1; done
 	@echo "results: $(OUT)/bench/"
+
+# libFuzzer targets (tests/fuzz), built with clang in $(BUILD)/fuzz; each
+# grows its corpus and keeps what it finds in $(OUT)/fuzz/<target>/.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@FUZZ_BUILD=$(BUILD)/fuzz FUZZ_OUT=$(OUT)/fuzz tools/fuzz.sh all $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD) $(OUT)

@@ -8,6 +8,10 @@ set -euo pipefail
 # Host build: engine, vstellard, tests, benchmarks.
 pkgs_build=(build-essential cmake ninja-build pkg-config git liburing-dev
 	libgtest-dev libgmock-dev libbenchmark-dev)
+# Fuzz targets (tests/fuzz, tools/fuzz.sh): clang, and libFuzzer with the
+# sanitizer runtimes (libclang_rt.fuzzer), which Debian ships in
+# libclang-rt-14-dev.
+pkgs_fuzz=(clang libclang-rt-14-dev)
 # QEMU 7.2 from source (tools/build-qemu.sh); seabios is the guest BIOS,
 # since Debian's dfsg source tarball carries no firmware blobs.
 pkgs_qemu=(meson libfdt-dev gcc-multilib libglib2.0-dev libpixman-1-dev zlib1g-dev dpkg-dev seabios)
@@ -25,7 +29,7 @@ pkgs_mpi=(libopenmpi-dev)
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 
-want=("${pkgs_build[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
+want=("${pkgs_build[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
 	"${pkgs_run[@]}")
 
 [[ $(id -u) == 0 ]] || die "must run as root (apt-get install); try: sudo make deps"

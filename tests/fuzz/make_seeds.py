@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora in tests/fuzz/corpus/<target>/: a handful of small
+valid inputs per fuzz target, so that the fuzzer starts past the parsers'
+first checks. The files are committed; rerun this after changing an input
+format (python3 tests/fuzz/make_seeds.py)."""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- wire: records ctl(1) len(2 BE) packet; see fuzz_wire.cc ----
+SEND, SEND_IMM, WRITE, WRITE_IMM, READ_REQ, READ_RESP = 1, 2, 3, 4, 5, 6
+CMP_SWAP, FETCH_ADD, ATOMIC_RESP, ACK, UD_SEND = 7, 8, 9, 10, 11
+F_FIRST, F_LAST = 1, 2
+TO_QP, TO_MR, RUN = 2, 4, 16
+PSN = 1000  # both QPs start at PSN 1000 in the fuzz fixture
+
+
+def base(op, psn=PSN, flags=F_FIRST | F_LAST, payload=0):
+    # version<<4, op, flags, dst_qpn, src_qpn (patched), psn, path, payload_len, ts
+    return struct.pack(">BBHIIIHHI", 1 << 4, op, flags, 0, 0, psn, 0, payload, 0)
+
+
+def data_pkt(op, payload, va=0, msg_off=0, msg_len=None, rsn=0, psn=PSN, flags=F_FIRST | F_LAST):
+    msg_len = len(payload) if msg_len is None else msg_len
+    ext = struct.pack(">QIIIIII", va, 0, msg_off, msg_len, rsn, 0, 0)
+    return base(op, psn, flags, len(payload)) + ext + payload
+
+
+def read_req(va, length, psn=PSN):
+    return base(READ_REQ, psn) + struct.pack(">QIIIHH", va, 0, length, 0, 1024, 0)
+
+
+def atomic(op, va, swap, compare=0, psn=PSN):
+    return base(op, psn) + struct.pack(">QIIQQ", va, 0, 0, swap, compare)
+
+
+def ack(cum, sack_words=(), syndrome=0):
+    ext = struct.pack(">IIBBHIHHII", cum, cum, len(sack_words), syndrome, 0, 0, 0, 1, cum, 0)
+    return base(ACK, payload=0) + ext + b"".join(struct.pack(">Q", w) for w in sack_words)
+
+
+def rec(ctl, pkt):
+    return struct.pack(">BH", ctl, len(pkt)) + pkt
+
+
+def wire():
+    w = TO_QP | TO_MR | RUN
+    write("wire", "write", rec(w, data_pkt(WRITE, b"\x11" * 64, va=128)))
+    write("wire", "write_two_packets",
+          rec(w, data_pkt(WRITE, b"\x22" * 32, va=0, msg_len=64, flags=F_FIRST)) +
+          rec(w, data_pkt(WRITE, b"\x33" * 32, va=0, msg_off=32, msg_len=64, psn=PSN + 1,
+                          flags=F_LAST)))
+    write("wire", "read", rec(w, read_req(256, 4096)))
+    write("wire", "atomics", rec(w, atomic(FETCH_ADD, 8, 5)) +
+          rec(w, atomic(CMP_SWAP, 16, 7, 0, psn=PSN + 1)))
+    write("wire", "send_no_recv", rec(TO_QP | RUN, data_pkt(SEND, b"hello")))
+    write("wire", "ack_sack", rec(TO_QP | RUN | 1, ack(PSN, (0x5,))))
+    write("wire", "nak", rec(TO_QP | RUN | 1, ack(PSN, (), syndrome=3)))
+    write("wire", "read_resp_unasked",
+          rec(TO_QP | RUN | 1, base(READ_RESP, payload=8) + struct.pack(">II", 0, 0) + b"x" * 8))
+    ud = base(UD_SEND, payload=4) + struct.pack(">IIIBBH", 0x80010000, 0, 0, 0, 64, 0) + \
+        bytes(32) + b"abcd"
+    write("wire", "ud", rec(RUN, ud))
+
+
+wire()
+
+
+# ---- commands: records type(1) len(2 LE) bytes; see fuzz_commands.cc ----
+QUERY_DEVICE, QUERY_PORT, ALLOC_UCONTEXT, DEALLOC_UCONTEXT, ALLOC_PD, DEALLOC_PD = 1, 2, 3, 4, 5, 6
+CREATE_CQ, RESIZE_CQ, DESTROY_CQ, REQ_NOTIFY_CQ, CREATE_QP, MODIFY_QP = 7, 8, 9, 10, 11, 12
+QUERY_QP, DESTROY_QP, REG_MR, DEREG_MR, ADD_GID = 13, 14, 15, 16, 17
+
+
+def cmd(op, body=b"", uctx=0):
+    req = struct.pack("<HHIII", op, 0, 7, uctx, len(body)) + body
+    return struct.pack("<BH", 0, len(req)) + req
+
+
+def ram(gpa, data):
+    payload = struct.pack("<I", gpa) + data
+    return struct.pack("<BH", 1, len(payload)) + payload
+
+
+def pages(*gpas):
+    return b"".join(struct.pack("<Q", g) for g in gpas)
+
+
+def commands():
+    handle = lambda h: struct.pack("<II", h, 0)
+    write("commands", "query", cmd(QUERY_DEVICE) + cmd(QUERY_PORT, struct.pack("<II", 1, 0)))
+    write("commands", "pd", cmd(ALLOC_PD) + cmd(DEALLOC_PD, handle(1)))
+    write("commands", "ucontext", cmd(ALLOC_UCONTEXT) + cmd(ALLOC_PD, uctx=1) +
+          cmd(DEALLOC_UCONTEXT, handle(1)))
+    # A CQ of 64 CQEs in the page at 1 MiB, then destroyed.
+    cq = struct.pack("<IIIIQ", 6, 0, 12, 1, 0) + pages(1 << 20)
+    write("commands", "cq", cmd(CREATE_CQ, cq) + cmd(REQ_NOTIFY_CQ, struct.pack("<II", 1, 0)) +
+          cmd(DESTROY_CQ, handle(1)))
+    # An MR over two pages given by a page list.
+    mr = struct.pack("<IIQQII", 1, 0x7, 0x10000, 8192, 12, 2) + pages(2 << 20, (2 << 20) + 4096)
+    write("commands", "mr", cmd(ALLOC_PD) + cmd(REG_MR, mr) + cmd(DEREG_MR, handle(1)))
+    # An RC QP: PD, two CQs, rings of 16 WQEs (stride 2^7 SQ, 2^5 RQ) in one page each.
+    qp = struct.pack("<IIIBBBBBBBBIIIIIQQ", 1, 1, 2, 2, 0, 4, 7, 4, 5, 12, 0,
+                     1, 1, 0, 1, 1, 0, 0) + pages(3 << 20, (3 << 20) + 4096)
+    write("commands", "qp", cmd(ALLOC_PD) + cmd(CREATE_CQ, cq) +
+          cmd(CREATE_CQ, struct.pack("<IIIIQ", 6, 0, 12, 1, 0) + pages((1 << 20) + 4096)) +
+          cmd(CREATE_QP, qp) + cmd(QUERY_QP, handle(1)) + cmd(DESTROY_QP, handle(1)))
+    write("commands", "gid", cmd(ADD_GID, bytes(32)))
+    write("commands", "ram_then_bad", ram(4096, b"\xff" * 64) + cmd(0x7f) + cmd(QUERY_DEVICE, b"x"))
+
+
+commands()
+
+
+# ---- vhost_user: records ctl(1) len(2 LE) bytes; see fuzz_vhost_user.cc ----
+GET_FEATURES, SET_FEATURES, SET_OWNER, SET_MEM_TABLE = 1, 2, 3, 5
+SET_VRING_NUM, SET_VRING_ADDR, SET_VRING_BASE, GET_VRING_BASE = 8, 9, 10, 11
+SET_VRING_KICK, SET_VRING_CALL = 12, 13
+GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES, GET_QUEUE_NUM, SET_VRING_ENABLE = 15, 16, 17, 18
+GET_CONFIG = 24
+VERSION = 1
+
+
+def vmsg(req, payload=b"", flags=VERSION):
+    return struct.pack("<III", req, flags, len(payload)) + payload
+
+
+def chunk(data, nfds=0, doorbell=False):
+    return struct.pack("<BH", nfds | (4 if doorbell else 0), len(data)) + data
+
+
+def vhost_user():
+    u64 = lambda v: struct.pack("<Q", v)
+    hello = (vmsg(GET_FEATURES) + vmsg(SET_FEATURES, u64(1 << 32 | 1 << 30)) +
+             vmsg(GET_PROTOCOL_FEATURES) + vmsg(SET_PROTOCOL_FEATURES, u64(0)) + vmsg(SET_OWNER))
+    write("vhost_user", "handshake", chunk(hello))
+    # One 64 KiB RAM region at GPA 0 (its memfd rides along), then ring 0.
+    table = struct.pack("<II", 1, 0) + struct.pack("<QQQQ", 0, 64 << 10, 0x7f0000000000, 0)
+    base = 0x7f0000000000
+    ring = (vmsg(SET_VRING_NUM, struct.pack("<II", 0, 64)) +
+            vmsg(SET_VRING_ADDR, struct.pack("<IIQQQQ", 0, 0, base, base + 0x2000, base + 0x1000, 0)) +
+            vmsg(SET_VRING_BASE, struct.pack("<II", 0, 0)) +
+            vmsg(SET_VRING_ENABLE, struct.pack("<II", 0, 1)) +
+            vmsg(GET_VRING_BASE, struct.pack("<II", 0, 0)))
+    write("vhost_user", "memory_and_ring",
+          chunk(hello) + chunk(vmsg(SET_MEM_TABLE, table), nfds=1) + chunk(ring))
+    kick = vmsg(SET_VRING_KICK, u64(0))
+    write("vhost_user", "kick_fd", chunk(hello) + chunk(kick, nfds=1))
+    write("vhost_user", "config", chunk(hello + vmsg(GET_QUEUE_NUM) +
+                                        vmsg(GET_CONFIG, struct.pack("<III", 0, 16, 0) + bytes(16))))
+    # A message split in three reads: header in two parts, then the payload.
+    m = vmsg(SET_FEATURES, u64(1 << 32))
+    write("vhost_user", "split", chunk(m[:5]) + chunk(m[5:12]) + chunk(m[12:]))
+    write("vhost_user", "need_reply", chunk(vmsg(SET_OWNER, flags=VERSION | 8)))
+
+
+vhost_user()
+
+
+# ---- datapath: records type(1) len(2 LE) bytes; see fuzz_datapath.cc ----
+def datapath():
+    def rec(t, data):
+        return struct.pack("<BH", t, len(data)) + data
+    kick = rec(3, b"")
+    handle = lambda h: struct.pack("<II", h, 0)
+    # Every commands seed, with a kick after it.
+    for name in sorted(os.listdir(os.path.join(HERE, "corpus", "commands"))):
+        with open(os.path.join(HERE, "corpus", "commands", name), "rb") as f:
+            write("datapath", "cmds_" + name, f.read() + kick)
+    # A user context, its PD, two CQs, an RC QP with its rings in RAM, an
+    # MR; a send WQE in the SQ and sq_pi = 1 in QP slots 8..15 of doorbell
+    # page 0 and 1; a receive WQE and rq_pi = 1 likewise.
+    cq = lambda gpa: struct.pack("<IIIIQ", 6, 0, 12, 1, 0) + pages(gpa)
+    qp = struct.pack("<IIIBBBBBBBBIIIIIQQ", 1, 1, 2, 2, 0, 4, 7, 4, 5, 12, 0,
+                     1, 1, 0, 1, 1, 0, 0) + pages(3 << 20, (3 << 20) + 4096)
+    mr = struct.pack("<IIQQII", 1, 0x7, 0x10000, 8192, 12, 2) + pages(2 << 20, (2 << 20) + 4096)
+    setup = (cmd(ALLOC_UCONTEXT) + cmd(ALLOC_PD, uctx=1) + cmd(CREATE_CQ, cq(1 << 20), uctx=1) +
+             cmd(CREATE_CQ, cq((1 << 20) + 4096), uctx=1) + cmd(CREATE_QP, qp, uctx=1) +
+             cmd(REG_MR, mr, uctx=1))
+    send_wqe = struct.pack("<QBBBBIII", 0x1234, 0, 1, 1, 0, 0, 0, 0) + bytes(32) + \
+        struct.pack("<QII", 0x10000, 64, 0)
+    recv_wqe = struct.pack("<QBBBBIII", 0x5678, 0, 0, 1, 0, 0, 0, 0) + struct.pack("<QII", 0x10000, 64, 0)
+    doorbells = b"".join(rec(2, struct.pack("<I", page * 4096 + slot * 8) + struct.pack("<II", 1, 1))
+                         for page in (0, 1) for slot in range(8, 16))
+    write("datapath", "send_recv", setup + rec(1, struct.pack("<I", 3 << 20) + send_wqe) +
+          rec(1, struct.pack("<I", (3 << 20) + 4096) + recv_wqe) + doorbells + kick)
+    write("datapath", "kick_only", doorbells + kick)
+
+
+datapath()
