@@ -35,6 +35,13 @@ using namespace vstellard;
 
 constexpr uint64_t kRamSize = 4ull << 20;
 
+// QPNs from a fixed sequence, not getrandom: an input must replay.
+vstellar::EngineConfig EngineConfig() {
+  vstellar::EngineConfig c;
+  c.qpn_seed = 1;
+  return c;
+}
+
 struct NoEvents : DataPathEvents {
   void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
   void NotifyCq(uint32_t, const vstellar_cq_notify&) override {}
@@ -48,13 +55,15 @@ struct DeviceParts {
     if (!ram.ok() || !pvdma.Attach(ram.Table(), &err)) abort();
     net.attach(1, &engine);
     shared.engine = &engine;
+    // CQ notification queue 0 is set up (CREATE_CQ asks for a live one).
+    session.mutable_vring(VSTELLAR_VQ_CQN0).num = 64;
   }
   ~DeviceParts() { cmds.DestroyAll(); }
 
   GuestRam ram{kRamSize};
   Pvdma pvdma;
   vstellar::SimNet net;
-  vstellar::Engine engine{vstellar::EngineConfig{}, net.add_node(1), net};
+  vstellar::Engine engine{EngineConfig(), net.add_node(1), net};
   DeviceShared shared;
   Session session{DeviceConfig::Default()};
   ObjectTables objects;

@@ -14,12 +14,14 @@
 //   2  doorbell write: offset(4, LE, modulo the region size), then the bytes
 //   3  kick: the data path polls its doorbells, then 1 ms of engine time
 //
-// What counts as a bug: a sanitizer report or a crash.
+// What counts as a bug: a sanitizer report or a crash. FUZZ_TRACE=1 in the
+// environment prints each command's status (for writing seeds).
 #include <endian.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +40,13 @@ using namespace vstellard;
 constexpr uint64_t kRamSize = 4ull << 20;
 constexpr uint64_t kDbGpa = 0xfe000000, kDbSize = 64 << 10;
 constexpr uint64_t kRamVa = 0x7f0000000000ull, kDbVa = 0x7f1000000000ull;
+
+// QPNs from a fixed sequence, not getrandom: an input must replay.
+vstellar::EngineConfig EngineConfig() {
+  vstellar::EngineConfig c;
+  c.qpn_seed = 1;
+  return c;
+}
 
 struct NoEvents : DataPathEvents {
   void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
@@ -98,6 +107,8 @@ struct Device {
     net.attach(1, &engine);
     shared.engine = &engine;
     shared.poll_ns = 0;  // a kick polls until idle, then sleeps
+    // CQ notification queue 0 is set up (CREATE_CQ asks for a live one).
+    session.mutable_vring(VSTELLAR_VQ_CQN0).num = 64;
   }
   ~Device() { cmds.DestroyAll(); }
 
@@ -106,7 +117,7 @@ struct Device {
   Session session{DeviceConfig::Default()};
   Pvdma pvdma;
   vstellar::SimNet net;
-  vstellar::Engine engine{vstellar::EngineConfig{}, net.add_node(1), net};
+  vstellar::Engine engine{EngineConfig(), net.add_node(1), net};
   DeviceShared shared;
   ObjectTables objects;
   NoEvents events;
@@ -117,6 +128,7 @@ struct Device {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool trace = getenv("FUZZ_TRACE") != nullptr;
   Device dev;
   size_t pos = 0;
   while (pos + 3 <= size) {
@@ -130,7 +142,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0: {
         if (len < sizeof(vstellar_cmd_hdr)) break;  // Device answers these itself
         std::vector<uint8_t> req(p, p + len), resp;
-        dev.cmds.Execute(req, &resp);
+        uint16_t status = dev.cmds.Execute(req, &resp);
+        if (trace) {  // for writing seeds: which command failed
+          vstellar_cmd_hdr h;
+          std::memcpy(&h, req.data(), sizeof(h));
+          fprintf(stderr, "cmd %s -> status %u, resp", vstellar_cmd_name(le16toh(h.opcode)), status);
+          for (uint8_t b : resp) fprintf(stderr, " %02x", b);
+          fprintf(stderr, "\n");
+        }
         break;
       }
       case 1: dev.ram.Store(p, len); break;
@@ -140,6 +159,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         dev.net.run_for(1'000'000);
         break;
     }
+  }
+  if (trace) {
+    const DataPathCounters& n = dev.dp.counters();
+    fprintf(stderr, "kicks %llu wqes %llu bad_wqes %llu cqes %llu\n", (unsigned long long)n.db_kicks,
+            (unsigned long long)n.wqes, (unsigned long long)n.bad_wqes, (unsigned long long)n.cqes);
   }
   return 0;
 }

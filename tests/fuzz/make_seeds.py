@@ -180,12 +180,17 @@ def datapath():
     # MR; a send WQE in the SQ and sq_pi = 1 in QP slots 8..15 of doorbell
     # page 0 and 1; a receive WQE and rq_pi = 1 likewise.
     cq = lambda gpa: struct.pack("<IIIIQ", 6, 0, 12, 1, 0) + pages(gpa)
-    qp = struct.pack("<IIIBBBBBBBBIIIIIQQ", 1, 1, 2, 2, 0, 4, 7, 4, 5, 12, 0,
+    # Handles: context 1, PD 2, CQs 3 and 4 (one counter for all objects).
+    qp = struct.pack("<IIIBBBBBBBBIIIIIQQ", 2, 3, 4, 2, 0, 4, 7, 4, 5, 12, 0,
                      1, 1, 0, 1, 1, 0, 0) + pages(3 << 20, (3 << 20) + 4096)
-    mr = struct.pack("<IIQQII", 1, 0x7, 0x10000, 8192, 12, 2) + pages(2 << 20, (2 << 20) + 4096)
+    mr = struct.pack("<IIQQII", 2, 0x7, 0x10000, 8192, 12, 2) + pages(2 << 20, (2 << 20) + 4096)
+    # MODIFY_QP to INIT (state, access, pkey index, port); the QPN is what
+    # the fuzz fixture's fixed QPN sequence gives the first QP.
+    attr = struct.pack("<IBBBBIIIIIHBBBBBBI", 0x39, 1, 0, 0, 1, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0)
+    to_init = struct.pack("<II", 0xb2ce68, 0) + attr + bytes(32)
     setup = (cmd(ALLOC_UCONTEXT) + cmd(ALLOC_PD, uctx=1) + cmd(CREATE_CQ, cq(1 << 20), uctx=1) +
              cmd(CREATE_CQ, cq((1 << 20) + 4096), uctx=1) + cmd(CREATE_QP, qp, uctx=1) +
-             cmd(REG_MR, mr, uctx=1))
+             cmd(REG_MR, mr, uctx=1) + cmd(MODIFY_QP, to_init, uctx=1))
     send_wqe = struct.pack("<QBBBBIII", 0x1234, 0, 1, 1, 0, 0, 0, 0) + bytes(32) + \
         struct.pack("<QII", 0x10000, 64, 0)
     recv_wqe = struct.pack("<QBBBBIII", 0x5678, 0, 0, 1, 0, 0, 0, 0) + struct.pack("<QII", 0x10000, 64, 0)
