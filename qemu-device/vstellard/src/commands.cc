@@ -71,6 +71,7 @@ Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectT
 // list), then the owning context's, then goes to its command's handler.
 uint16_t Commands::Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp) {
   vstellar_cmd_hdr h;
+  if (req.size() < sizeof(h)) return VSTELLAR_STATUS_BAD_LENGTH;  // the caller checks too
   std::memcpy(&h, req.data(), sizeof(h));
   const uint16_t op = le16toh(h.opcode);
   const uint32_t uctx = le32toh(h.ucontext), len = le32toh(h.length);
