@@ -8,74 +8,24 @@
 #include <string>
 #include <vector>
 
-#include <vstellar/engine.h>
-#include <vstellar/sim_net.h>
-
-#include "vstellard/commands.h"
-#include "vstellard/datapath.h"
-#include "vstellard/guest_ram.h"
+#include "vstellard/device_parts.h"
 
 namespace vstellard {
 namespace {
 
-struct RecordedEvents : DataPathEvents {
-  void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override {
-    events.push_back(type);
-  }
-  void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) override { notifies++; }
-  bool DeviceFatal() const override { return fatal; }
-  std::vector<uint16_t> events;
-  int notifies = 0;
-  bool fatal = false;
-};
-
 // One device's parts without the Device: the session only for its config.
-class DeviceParts : public ::testing::Test {
+class DeviceParts : public ::testing::Test, protected PartsHarness {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(ram_.ok());
     std::string err;
-    ASSERT_TRUE(pvdma_.Attach(ram_.Table(), &err)) << err;
-    net_.attach(1, &engine_);
-    shared_.engine = &engine_;
+    ASSERT_TRUE(Start(&err)) << err;
   }
   void TearDown() override { cmds_.DestroyAll(); }
-
-  // Runs one command; returns its status, *resp its response body.
-  uint16_t Run(uint16_t op, uint32_t uctx, const void* body, size_t len, std::vector<uint8_t>* resp = nullptr) {
-    vstellar_cmd_hdr h{};
-    h.opcode = htole16(op);
-    h.ucontext = htole32(uctx);
-    h.length = htole32(uint32_t(len));
-    std::vector<uint8_t> req(sizeof(h) + len);
-    std::memcpy(req.data(), &h, sizeof(h));
-    if (len) std::memcpy(req.data() + sizeof(h), body, len);
-    std::vector<uint8_t> scratch;
-    return cmds_.Execute(req, resp ? resp : &scratch);
-  }
-  uint32_t AllocPd(uint32_t uctx) {
-    std::vector<uint8_t> resp;
-    EXPECT_EQ(Run(VSTELLAR_CMD_ALLOC_PD, uctx, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
-    vstellar_resp_alloc_pd r{};
-    std::memcpy(&r, resp.data(), std::min(resp.size(), sizeof(r)));
-    return le32toh(r.pdn);
-  }
-
-  GuestRam ram_{4ull << 20};
-  Pvdma pvdma_;
-  vstellar::SimNet net_;
-  vstellar::Engine engine_{vstellar::EngineConfig{}, net_.add_node(1), net_};
-  DeviceShared shared_;
-  Session session_{DeviceConfig::Default()};
-  ObjectTables objects_;
-  RecordedEvents events_;
-  DataPath dp_{0, shared_, session_, pvdma_, objects_, events_};
-  Commands cmds_{shared_, session_, pvdma_, objects_, dp_};
 };
 
 TEST_F(DeviceParts, EveryOpcodeIsCheckedAgainstTheCommandList) {
-  EXPECT_EQ(Run(0, 0, nullptr, 0), VSTELLAR_STATUS_BAD_OPCODE);
-  EXPECT_EQ(Run(VSTELLAR_CMD_MAX + 1, 0, nullptr, 0), VSTELLAR_STATUS_BAD_OPCODE);
+  EXPECT_EQ(Command(0, 0, nullptr, 0), VSTELLAR_STATUS_BAD_OPCODE);
+  EXPECT_EQ(Command(VSTELLAR_CMD_MAX + 1, 0, nullptr, 0), VSTELLAR_STATUS_BAD_OPCODE);
   for (uint16_t op = 1; op <= VSTELLAR_CMD_MAX; op++) {
     const auto* info = vstellar_cmd_info(op);
     ASSERT_NE(info, nullptr);
@@ -83,7 +33,7 @@ TEST_F(DeviceParts, EveryOpcodeIsCheckedAgainstTheCommandList) {
     // makes the length a minimum, so too few bytes is the test there).
     std::vector<uint8_t> body(info->req_len + 1, 0);
     const size_t len = (info->flags & VSTELLAR_CMDF_PAGES) ? 0 : body.size();
-    EXPECT_EQ(Run(op, 0, body.data(), len), VSTELLAR_STATUS_BAD_LENGTH) << info->name;
+    EXPECT_EQ(Command(op, 0, body.data(), len), VSTELLAR_STATUS_BAD_LENGTH) << info->name;
   }
 }
 
@@ -92,13 +42,13 @@ TEST_F(DeviceParts, ReservedOpcodesAnswerUnsupported) {
     const auto* info = vstellar_cmd_info(op);
     if (!(info->flags & VSTELLAR_CMDF_RESERVED)) continue;
     std::vector<uint8_t> body(info->req_len, 0);
-    EXPECT_EQ(Run(op, 0, body.data(), body.size()), VSTELLAR_STATUS_UNSUPPORTED) << info->name;
+    EXPECT_EQ(Command(op, 0, body.data(), body.size()), VSTELLAR_STATUS_UNSUPPORTED) << info->name;
   }
 }
 
 TEST_F(DeviceParts, QueryDeviceAnswersTheConfig) {
   std::vector<uint8_t> resp;
-  ASSERT_EQ(Run(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
+  ASSERT_EQ(Command(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
   ASSERT_EQ(resp.size(), sizeof(vstellar_resp_query_device));
   vstellar_resp_query_device r;
   std::memcpy(&r, resp.data(), sizeof(r));
@@ -109,16 +59,16 @@ TEST_F(DeviceParts, QueryDeviceAnswersTheConfig) {
 
 TEST_F(DeviceParts, ObjectsBelongToTheirContext) {
   std::vector<uint8_t> resp;
-  ASSERT_EQ(Run(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
+  ASSERT_EQ(Command(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
   vstellar_resp_alloc_ucontext u;
   std::memcpy(&u, resp.data(), sizeof(u));
   const uint32_t uctx = le32toh(u.ucontext);
   const uint32_t pdn = AllocPd(uctx);
   EXPECT_EQ(objects_.pds.size(), 1u);
   vstellar_cmd_handle h{htole32(pdn), 0};
-  EXPECT_EQ(Run(VSTELLAR_CMD_DEALLOC_PD, 0, &h, sizeof(h)), VSTELLAR_STATUS_BAD_HANDLE);  // not the kernel's
-  EXPECT_EQ(Run(VSTELLAR_CMD_DEALLOC_PD, uctx + 1, &h, sizeof(h)), VSTELLAR_STATUS_BAD_HANDLE);
-  EXPECT_EQ(Run(VSTELLAR_CMD_DEALLOC_PD, uctx, &h, sizeof(h)), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(Command(VSTELLAR_CMD_DEALLOC_PD, 0, &h, sizeof(h)), VSTELLAR_STATUS_BAD_HANDLE);  // not the kernel's
+  EXPECT_EQ(Command(VSTELLAR_CMD_DEALLOC_PD, uctx + 1, &h, sizeof(h)), VSTELLAR_STATUS_BAD_HANDLE);
+  EXPECT_EQ(Command(VSTELLAR_CMD_DEALLOC_PD, uctx, &h, sizeof(h)), VSTELLAR_STATUS_OK);
   EXPECT_TRUE(objects_.pds.empty());
 }
 
@@ -134,7 +84,7 @@ TEST_F(DeviceParts, CreateQpTakesRingLimitsFromTheInterfaceHeader) {
   cq.cmd.num_pages = htole32(1);
   cq.page = htole64(0x10000);
   std::vector<uint8_t> resp;
-  ASSERT_EQ(Run(VSTELLAR_CMD_CREATE_CQ, 0, &cq, sizeof(cq), &resp), VSTELLAR_STATUS_OK);
+  ASSERT_EQ(Command(VSTELLAR_CMD_CREATE_CQ, 0, &cq, sizeof(cq), &resp), VSTELLAR_STATUS_OK);
   vstellar_resp_create_cq r;
   std::memcpy(&r, resp.data(), sizeof(r));
 
@@ -147,15 +97,15 @@ TEST_F(DeviceParts, CreateQpTakesRingLimitsFromTheInterfaceHeader) {
   c.rq_log_wqe = 4;
   c.sq_log_stride = VSTELLAR_MIN_SQ_LOG_STRIDE;
   c.rq_log_stride = VSTELLAR_MIN_RQ_LOG_STRIDE;
-  EXPECT_EQ(Run(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(Command(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_LIMIT);
   c.sq_log_wqe = 4;
   c.sq_log_stride = VSTELLAR_MIN_SQ_LOG_STRIDE - 1;
-  EXPECT_EQ(Run(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(Command(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
   c.sq_log_stride = VSTELLAR_MAX_LOG_STRIDE + 1;
-  EXPECT_EQ(Run(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(Command(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
   c.sq_log_stride = VSTELLAR_MIN_SQ_LOG_STRIDE;
   c.rq_log_stride = VSTELLAR_MIN_RQ_LOG_STRIDE - 1;
-  EXPECT_EQ(Run(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(Command(VSTELLAR_CMD_CREATE_QP, 0, &c, sizeof(c)), VSTELLAR_STATUS_BAD_FIELD);
   EXPECT_TRUE(objects_.qps.empty());
 }
 

@@ -9,61 +9,18 @@
 #include <string>
 #include <vector>
 
-#include <vstellar/engine.h>
-#include <vstellar/sim_net.h>
-
-#include "vstellard/commands.h"
-#include "vstellard/datapath.h"
-#include "vstellard/guest_ram.h"
+#include "vstellard/device_parts.h"
 
 namespace vstellard {
 namespace {
 
-struct NoEvents : DataPathEvents {
-  void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
-  void NotifyCq(uint32_t, const vstellar_cq_notify&) override {}
-  bool DeviceFatal() const override { return false; }
-};
-
-class ControlSecurity : public ::testing::Test {
+class ControlSecurity : public ::testing::Test, protected PartsHarness {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(ram_.ok());
     std::string err;
-    ASSERT_TRUE(pvdma_.Attach(ram_.Table(), &err)) << err;
-    net_.attach(1, &engine_);
-    shared_.engine = &engine_;
+    ASSERT_TRUE(Start(&err)) << err;
   }
   void TearDown() override { cmds_.DestroyAll(); }
-
-  uint16_t Run(uint16_t op, uint32_t uctx, const void* body, size_t len, std::vector<uint8_t>* resp) {
-    vstellar_cmd_hdr h{};
-    h.opcode = htole16(op);
-    h.ucontext = htole32(uctx);
-    h.length = htole32(uint32_t(len));
-    std::vector<uint8_t> req(sizeof(h) + len);
-    std::memcpy(req.data(), &h, sizeof(h));
-    if (len) std::memcpy(req.data() + sizeof(h), body, len);
-    return cmds_.Execute(req, resp);
-  }
-  uint32_t AllocPd() {
-    std::vector<uint8_t> resp;
-    EXPECT_EQ(Run(VSTELLAR_CMD_ALLOC_PD, 0, nullptr, 0, &resp), VSTELLAR_STATUS_OK);
-    vstellar_resp_alloc_pd r{};
-    std::memcpy(&r, resp.data(), std::min(resp.size(), sizeof(r)));
-    return le32toh(r.pdn);
-  }
-
-  GuestRam ram_{4ull << 20};
-  Pvdma pvdma_;
-  vstellar::SimNet net_;
-  vstellar::Engine engine_{vstellar::EngineConfig{}, net_.add_node(1), net_};
-  DeviceShared shared_;
-  Session session_{DeviceConfig::Default()};
-  ObjectTables objects_;
-  NoEvents events_;
-  DataPath dp_{0, shared_, session_, pvdma_, objects_, events_};
-  Commands cmds_{shared_, session_, pvdma_, objects_, dp_};
 };
 
 // Issue 13 #10: after 2^32 allocations the handle counter wraps. A handle
