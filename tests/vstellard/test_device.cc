@@ -10,8 +10,7 @@
 #include <chrono>
 #include <thread>
 
-#include "vstellard/daemon.h"
-#include "vstellard/frontend.h"
+#include "vstellard/daemon_test.h"
 
 using namespace vstellard;
 
@@ -19,40 +18,8 @@ namespace {
 
 constexpr uint64_t MiB = 1ull << 20;
 
-class Device : public ::testing::Test {
+class Device : public DaemonTest {
  protected:
-  std::string dir_, sock_;
-  std::unique_ptr<Daemon> d_;
-  std::thread t_;
-
-  void StartDaemon(DaemonOptions o = {}) {
-    char tmpl[] = "/tmp/vstellard-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    sock_ = dir_ + "/s";
-    o.socket = sock_;
-    d_ = std::make_unique<Daemon>(o);
-    std::string err;
-    ASSERT_TRUE(d_->Start(&err)) << err;
-    t_ = std::thread([this] { d_->Run(); });
-  }
-  void SetUp() override {}
-  void TearDown() override {
-    if (d_) {
-      d_->Stop();
-      t_.join();
-      d_.reset();
-    }
-    if (!sock_.empty()) unlink(sock_.c_str());
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
-  std::unique_ptr<Frontend> Connect(FrontendOptions fo = {}) {
-    auto f = std::make_unique<Frontend>(fo);
-    std::string err;
-    EXPECT_TRUE(f->Connect(sock_, &err)) << err;
-    EXPECT_TRUE(f->StartQueues(&err)) << err;
-    return f;
-  }
   DeviceStats StatsOf(size_t i) {
     auto v = d_->Stats();
     EXPECT_GT(v.size(), i);

@@ -18,46 +18,14 @@
 #include <memory>
 #include <thread>
 
-#include "vstellard/daemon.h"
-#include "vstellard/frontend.h"
+#include "vstellard/daemon_test.h"
 
 using namespace vstellard;
 
 namespace {
 
-class DaemonSecurity : public ::testing::Test {
+class DaemonSecurity : public DaemonTest {
  protected:
-  std::string dir_, sock_;
-  std::unique_ptr<Daemon> d_;
-  std::thread t_;
-
-  void StartDaemon(DaemonOptions o = {}) {
-    char tmpl[] = "/tmp/vstellard-sec-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    sock_ = dir_ + "/s";
-    o.socket = sock_;
-    d_ = std::make_unique<Daemon>(o);
-    std::string err;
-    ASSERT_TRUE(d_->Start(&err)) << err;
-    t_ = std::thread([this] { d_->Run(); });
-  }
-  void TearDown() override {
-    if (d_) {
-      d_->Stop();
-      t_.join();
-      d_.reset();
-    }
-    if (!sock_.empty()) unlink(sock_.c_str());
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
-  std::unique_ptr<Frontend> Connect(FrontendOptions fo = {}) {
-    auto f = std::make_unique<Frontend>(fo);
-    std::string err;
-    EXPECT_TRUE(f->Connect(sock_, &err)) << err;
-    EXPECT_TRUE(f->StartQueues(&err)) << err;
-    return f;
-  }
   // Loop turns while nothing is asked of the daemon for `ms`.
   uint64_t IdleWakeups(int ms) {
     const uint64_t w0 = d_->wakeups();
