@@ -480,23 +480,22 @@ void DataPath::DrainCq(uint32_t cqh) {
       c.opcode = uint8_t(wc.opcode);
       c.status = uint8_t(wc.status);
       c.vendor_err = uint8_t(wc.vendor_err);
-      if (recv && (wc.wc_flags & vstellar::WC_SRQ)) {
-        // From the QP's SRQ: wqe_idx names the SRQ slot.
-        auto s = obj_.srqs.find(q.srqh);
-        if (q.recv_cqn != cqh || s == obj_.srqs.end()) continue;
-        auto w = s->second.wrid.find(idx);
-        if (w == s->second.wrid.end()) continue;
-        c.wr_id = htole64(w->second);
-        s->second.wrid.erase(w);
-        c.wc_flags |= VSTELLAR_CQE_SRQ;
-        if (s->second.blocked) {  // a QP took WQEs: the engine's SRQ has room again
-          s->second.blocked = false;
-          blocked = true;
-        }
-      }
       if (recv) {
         if (q.recv_cqn != cqh) continue;
-        if (!(wc.wc_flags & vstellar::WC_SRQ)) {
+        if (wc.wc_flags & vstellar::WC_SRQ) {
+          // From the QP's SRQ: wqe_idx names the SRQ slot.
+          auto s = obj_.srqs.find(q.srqh);
+          if (s == obj_.srqs.end()) continue;
+          auto w = s->second.wrid.find(idx);
+          if (w == s->second.wrid.end()) continue;
+          c.wr_id = htole64(w->second);
+          s->second.wrid.erase(w);
+          c.wc_flags |= VSTELLAR_CQE_SRQ;
+          if (s->second.blocked) {  // a QP took WQEs: the engine's SRQ has room again
+            s->second.blocked = false;
+            blocked = true;
+          }
+        } else {
           if (q.rq_wrid.empty()) continue;
           c.wr_id = htole64(q.rq_wrid[idx & (q.rq_wrid.size() - 1)]);
         }
