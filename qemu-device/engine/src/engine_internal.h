@@ -257,6 +257,7 @@ class EngineCore {
   // srq.cc: a QP on an SRQ takes WQEs until it holds `want` uncompleted
   // ones (or the SRQ or the QP's rq runs out); returns what it holds.
   uint64_t take_srq_wqes(QpImpl& qp, uint64_t want);
+  bool owns_srq(const SrqImpl* srq) const;  // made by this engine and not destroyed
   QpImpl* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
 

@@ -94,10 +94,7 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   if (!pd || !init.send_cq || !init.recv_cq) return nullptr;
   if (c.max_send_wr < 1 || c.max_send_wr > DeviceLimits::kMaxQpWr) return nullptr;
   SrqImpl* srq = init.srq ? impl(init.srq) : nullptr;
-  if (srq && (init.qp_type == QpType::GSI || srq->pd() != pd ||
-              std::find_if(srqs_.begin(), srqs_.end(),
-                           [&](const auto& s) { return s.get() == srq; }) == srqs_.end()))
-    return nullptr;
+  if (srq && (!owns_srq(srq) || init.qp_type == QpType::GSI || srq->pd() != pd)) return nullptr;
   if (!srq && (c.max_recv_wr < 1 || c.max_recv_wr > DeviceLimits::kMaxQpWr)) return nullptr;
   if (c.max_send_sge > DeviceLimits::kMaxSge || (!srq && c.max_recv_sge > DeviceLimits::kMaxSge))
     return nullptr;

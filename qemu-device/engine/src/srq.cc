@@ -22,18 +22,18 @@ SrqImpl* EngineCore::create_srq(Pd* pd, const SrqInitAttr& init) {
   return srqs_.back().get();
 }
 
-static bool owns(const std::vector<std::unique_ptr<SrqImpl>>& srqs, const SrqImpl* srq) {
-  return srq && std::any_of(srqs.begin(), srqs.end(), [&](const auto& s) { return s.get() == srq; });
+bool EngineCore::owns_srq(const SrqImpl* srq) const {
+  return srq && std::any_of(srqs_.begin(), srqs_.end(), [&](const auto& s) { return s.get() == srq; });
 }
 
 int EngineCore::modify_srq(SrqImpl* srq, uint32_t limit) {
-  if (!owns(srqs_, srq) || limit >= srq->max_wr()) return EINVAL;
+  if (!owns_srq(srq) || limit >= srq->max_wr()) return EINVAL;
   srq->limit_ = limit;
   return 0;
 }
 
 int EngineCore::destroy_srq(SrqImpl* srq) {
-  if (!owns(srqs_, srq)) return EINVAL;
+  if (!owns_srq(srq)) return EINVAL;
   if (srq->refs) return EBUSY;
   srq->pd_->refs--;
   srqs_.erase(std::find_if(srqs_.begin(), srqs_.end(), [&](const auto& s) { return s.get() == srq; }));
@@ -41,7 +41,7 @@ int EngineCore::destroy_srq(SrqImpl* srq) {
 }
 
 int EngineCore::post_srq_recv(SrqImpl* srq, const RecvWr& wr, WcStatus* why) {
-  if (!owns(srqs_, srq)) return EINVAL;
+  if (!owns_srq(srq)) return EINVAL;
   if (srq->room() == 0) return ENOMEM;
   if (WcStatus bad = check_recv(srq->pd(), srq->max_sge(), wr); bad != WcStatus::SUCCESS) {
     if (why) *why = bad;
