@@ -86,6 +86,16 @@
  */
 #define VIRTIO_VSTELLAR_F_UC		7
 #define VIRTIO_VSTELLAR_F_RESIZE_CQ	8
+/*
+ * Reserved likewise (numbers fixed now so that work in flight cannot
+ * collide): memory windows type 1 and 2 (ALLOC_MW, DEALLOC_MW, the BIND_MW
+ * WQE), memory management extensions for kernel users (ALLOC_MR, the
+ * REG_MR and LOCAL_INV WQEs, SEND_WITH_INV, kernel RC QPs) and UD
+ * multicast (ATTACH_MCAST, DETACH_MCAST).
+ */
+#define VIRTIO_VSTELLAR_F_MW		9
+#define VIRTIO_VSTELLAR_F_MEM_MGT	10
+#define VIRTIO_VSTELLAR_F_MCAST		11
 
 /*
  * Every device feature bit, once: the driver negotiates this list and the
@@ -100,7 +110,10 @@
 	X(VIRTIO_VSTELLAR_F_INLINE)					\
 	X(VIRTIO_VSTELLAR_F_SRQ)					\
 	X(VIRTIO_VSTELLAR_F_UC)						\
-	X(VIRTIO_VSTELLAR_F_RESIZE_CQ)
+	X(VIRTIO_VSTELLAR_F_RESIZE_CQ)					\
+	X(VIRTIO_VSTELLAR_F_MW)						\
+	X(VIRTIO_VSTELLAR_F_MEM_MGT)					\
+	X(VIRTIO_VSTELLAR_F_MCAST)
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -244,7 +257,18 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
 	X(QUERY_SRQ,	    0x18, VSTELLAR_BODY(vstellar_cmd_handle),	\
 	  VSTELLAR_BODY(vstellar_resp_query_srq), 0)			\
 	X(DESTROY_SRQ,	    0x19, VSTELLAR_BODY(vstellar_cmd_handle),	\
-	  VSTELLAR_NO_BODY, 0)
+	  VSTELLAR_NO_BODY, 0)						\
+	/* reserved: numbers fixed, bodies come with their features */	\
+	X(ALLOC_MR,	    0x1a, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
+	  VSTELLAR_CMDF_RESERVED)					\
+	X(ALLOC_MW,	    0x1b, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
+	  VSTELLAR_CMDF_RESERVED)					\
+	X(DEALLOC_MW,	    0x1c, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
+	  VSTELLAR_CMDF_RESERVED)					\
+	X(ATTACH_MCAST,	    0x1d, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
+	  VSTELLAR_CMDF_RESERVED)					\
+	X(DETACH_MCAST,	    0x1e, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
+	  VSTELLAR_CMDF_RESERVED)
 
 enum vstellar_cmd_opcode {
 #define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
@@ -876,6 +900,11 @@ enum vstellar_wr_opcode {
 	VSTELLAR_WR_RDMA_READ		= 4,
 	VSTELLAR_WR_ATOMIC_CMP_SWP	= 5,
 	VSTELLAR_WR_ATOMIC_FETCH_ADD	= 6,
+	/* reserved, with VIRTIO_VSTELLAR_F_MEM_MGT / _F_MW */
+	VSTELLAR_WR_LOCAL_INV		= 7,
+	VSTELLAR_WR_SEND_WITH_INV	= 8,
+	VSTELLAR_WR_REG_MR		= 9,
+	VSTELLAR_WR_BIND_MW		= 10,
 };
 
 #define VSTELLAR_WQE_SIGNALED		(1u << 0)
