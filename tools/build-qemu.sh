@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Build QEMU 7.2 from Debian bookworm's source package with vStellar's own
 # files (qemu-device/qemu/) laid over it, for x86_64-softmmu with only the
-# devices we need. The result is cached in $VSTELLAR_CACHE/qemu-<key>, where
-# <key> hashes every input: source version, our files, this script.
+# devices we need.
+#
+# Two cache levels, because our files change often and QEMU's never do:
+#  - $VSTELLAR_CACHE/qemutree-<base>: the unpacked, configured QEMU tree and
+#    its build directory, keyed by what makes a cold build (source version,
+#    configure flags, hook.sh, this script). It is reused: a change to our
+#    device files or to include/vstellar/ rebuilds only what includes them
+#    (about a minute instead of five on 2 cores).
+#  - $VSTELLAR_CACHE/qemu-<key>: the finished binary and its firmware
+#    directory, keyed by every input, so a result never changes under a
+#    recorded build/guest.env.
 #
 # Prints the path of the qemu-system-x86_64 binary on stdout.
 set -euo pipefail
@@ -20,57 +29,81 @@ configure_flags=(
 # vstellard; QEMU's copy comes from include/vstellar, so it keys the build.
 abi_headers=$VSTELLAR_TOP/include/vstellar
 key=$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay" "$abi_headers" "$0")
+base=$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay/hook.sh" "$0")
 out=$VSTELLAR_CACHE/qemu-$key
+tree=$VSTELLAR_CACHE/qemutree-$base
 bin=$out/build/qemu-system-x86_64
 
-if [[ -x $bin && -e $out/.complete ]]; then
+done_already() {
+	[[ -x $bin && -e $out/.complete ]] || return 1
 	touch "$out/.complete"
 	echo "$bin"
-	exit 0
-fi
+}
+done_already && exit 0
 lock_entry "$out"
-if [[ -x $bin && -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$bin"
-	exit 0
-fi
+done_already && exit 0
 
-fetch_source qemu "$QEMU_SRC_VERSION"
-dsc=$(ls "$VSTELLAR_CACHE"/src/qemu_"${QEMU_SRC_VERSION#*:}".dsc)
+# The shared tree: one build at a time (fd 8; lock_entry holds fd 9).
+exec 8> "$tree.lock"
+flock 8
 start=$SECONDS
-# Built in place (meson records absolute paths); .complete marks success.
-rm -rf "$out" && mkdir -p "$out"
-log "unpacking $dsc (Debian's patches applied) into $out"
-# apt-get checked the tarballs against the signed index when it fetched them.
-dpkg-source -q --no-check -x "$dsc" "$out/src" >/dev/null
+if [[ ! -e $tree/.configured ]]; then
+	fetch_source qemu "$QEMU_SRC_VERSION"
+	dsc=$(ls "$VSTELLAR_CACHE"/src/qemu_"${QEMU_SRC_VERSION#*:}".dsc)
+	# Built in place (meson records absolute paths).
+	rm -rf "$tree" && mkdir -p "$tree"
+	log "unpacking $dsc (Debian's patches applied) into $tree"
+	# apt-get checked the tarballs against the signed index when it fetched them.
+	dpkg-source -q --no-check -x "$dsc" "$tree/src" >/dev/null
 
-# The dfsg tarball has no edk2 firmware blobs to unpack; QEMU would try
-# whenever bzip2 is installed. We boot with SeaBIOS, so never unpack them.
-sed -i 's/^\( *unpack_edk2_blobs = \)bzip2.found()/\1false/' "$out/src/meson.build"
-grep -q 'unpack_edk2_blobs = false$' "$out/src/meson.build" ||
-	die "could not turn off unpack_edk2_blobs in QEMU's meson.build"
+	# The dfsg tarball has no edk2 firmware blobs to unpack; QEMU would try
+	# whenever bzip2 is installed. We boot with SeaBIOS, so never unpack them.
+	sed -i 's/^\( *unpack_edk2_blobs = \)bzip2.found()/\1false/' "$tree/src/meson.build"
+	grep -q 'unpack_edk2_blobs = false$' "$tree/src/meson.build" ||
+		die "could not turn off unpack_edk2_blobs in QEMU's meson.build"
+	cp -a "$overlay/." "$tree/src/"
+	(cd "$tree/src" && ./hook.sh) || die "qemu-device/qemu/hook.sh failed"
 
-# Our files: added, never editing QEMU's own except through hook.sh.
-cp -a "$overlay/." "$out/src/"
-mkdir -p "$out/src/include/vstellar"
-cp -a "$abi_headers/." "$out/src/include/vstellar/"
-if [[ -x $out/src/hook.sh ]]; then
-	(cd "$out/src" && ./hook.sh) || die "qemu-device/qemu/hook.sh failed"
+	mkdir -p "$tree/build"
+	log "configuring: ${configure_flags[*]}"
+	(cd "$tree/build" && ../src/configure "${configure_flags[@]}" > configure.log 2>&1) ||
+		die "QEMU configure failed; see $tree/build/configure.log"
+	touch "$tree/.configured"
+	log "building (2 jobs; about 5 minutes cold)"
+else
+	log "rebuilding what our files touch in $tree"
 fi
 
-mkdir -p "$out/build"
-log "configuring: ${configure_flags[*]}"
-(cd "$out/build" && ../src/configure "${configure_flags[@]}" > configure.log 2>&1) ||
-	die "QEMU configure failed; see $out/build/configure.log"
-log "building (2 jobs; about 5 minutes cold)"
-ninja -C "$out/build" -j"$(nproc)" qemu-system-x86_64 > "$out/build/build.log" 2>&1 ||
-	die "QEMU build failed; see $out/build/build.log"
+# Our files over QEMU's: copy only those whose bytes differ, so that ninja
+# sees new mtimes just there and rebuilds only what depends on them.
+sync_into() {
+	local from=$1 to=$2 f
+	while IFS= read -r -d '' f; do
+		cmp -s "$from/$f" "$to/$f" || install -D -m644 "$from/$f" "$to/$f"
+	done < <(cd "$from" && find . -type f -print0)
+}
+sync_into "$overlay" "$tree/src"
+chmod +x "$tree/src/hook.sh"
+sync_into "$abi_headers" "$tree/src/include/vstellar"
+
+ninja -C "$tree/build" -j"$(nproc)" qemu-system-x86_64 > "$tree/build/build.log" 2>&1 ||
+	die "QEMU build failed; see $tree/build/build.log"
 # The option ROM for -kernel boot (linuxboot_dma.bin) is built by make, not
 # ninja, with the host gcc in 32-bit mode (gcc-multilib).
-make -C "$out/build/pc-bios/optionrom" > "$out/build/optionrom.log" 2>&1 &&
-	[[ -f $out/build/pc-bios/optionrom/linuxboot_dma.bin ]] ||
-	die "QEMU option ROMs failed to build; see $out/build/optionrom.log"
-touch "$out/.complete"
+make -C "$tree/build/pc-bios/optionrom" > "$tree/build/optionrom.log" 2>&1 &&
+	[[ -f $tree/build/pc-bios/optionrom/linuxboot_dma.bin ]] ||
+	die "QEMU option ROMs failed to build; see $tree/build/optionrom.log"
+
+# The result: the binary and the firmware directory the launcher passes
+# with -L (symlinks into the source resolved), nothing that points back
+# into the tree, which the next build changes.
+rm -rf "$out" && mkdir -p "$out/build"
+cp "$tree/build/qemu-system-x86_64" "$bin"
+cp -rL "$tree/build/pc-bios" "$out/build/pc-bios"
+touch "$out/.complete" "$tree/.complete"
+flock -u 8
 prune_cache qemu
+# Trees are about 500 MB; keep the newest two (two QEMU pins in flight).
+VSTELLAR_CACHE_KEEP=2 prune_cache qemutree
 log "QEMU built in $((SECONDS - start)) s: $bin"
 echo "$bin"
