@@ -121,7 +121,8 @@ struct Guest {
   }
   // The kernel's side instead: its doorbell page (KERNEL_DB), a kernel PD
   // and CQ, no MR (kernel SGEs use the local DMA lkey and guest-physical
-  // addresses), and the GID the kernel's GID cache would add.
+  // addresses), and the GID the kernel's GID cache would add (none for
+  // ip_last 0).
   void SetupKernel(uint8_t ip_last) {
     CmdResult r = f.Command(VSTELLAR_CMD_KERNEL_DB, 0, nullptr, 0, 8);
     ASSERT_EQ(r.status(), 0);
@@ -140,7 +141,7 @@ struct Guest {
     g.gid[12] = 127;
     g.gid[15] = ip_last;
     g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-    ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
+    if (ip_last) ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
   }
   // UD/GSI: RESET -> INIT (Q_Key) -> RTR -> RTS.
   uint16_t ToRtsUd(uint32_t qpn, bool gsi, uint32_t qkey) {
@@ -948,7 +949,8 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   Guest& A = *a_;
   Guest& B = *b_;
   A.SetupKernel(1);
-  B.SetupKernel(1);
+  // B's kernel has no address: the daemon's one (127.0.0.1) is A's.
+  B.SetupKernel(0);
   // The kernel page is given once; user contexts cannot ask for it.
   EXPECT_EQ(A.f.Command(VSTELLAR_CMD_KERNEL_DB, 0, nullptr, 0, 8).status(), VSTELLAR_STATUS_BUSY);
 
@@ -957,30 +959,37 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   ASSERT_EQ(st, 0);
   A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
   EXPECT_EQ(st, VSTELLAR_STATUS_LIMIT);  // one QP 1 per device
-  GQp ud = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  GQp ud = A.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  GQp udb = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
   ASSERT_EQ(st, 0);
   ASSERT_EQ(A.ToRtsUd(gsi.qpn, true, VSTELLAR_GSI_QKEY), 0);
   // A kernel QP may hold a controlled Q_Key (high bit set), as QP 1 does.
-  ASSERT_EQ(B.ToRtsUd(ud.qpn, false, VSTELLAR_GSI_QKEY), 0);
+  ASSERT_EQ(A.ToRtsUd(ud.qpn, false, VSTELLAR_GSI_QKEY), 0);
+  ASSERT_EQ(B.ToRtsUd(udb.qpn, false, VSTELLAR_GSI_QKEY), 0);
 
-  // B -> QP 1 of 127.0.0.1: a 256-byte "MAD" from guest-physical memory.
-  Fill(B.Buf(0), 256, 3);
+  // UD QP -> QP 1 of 127.0.0.1: a 256-byte "MAD" from guest-physical memory.
+  constexpr uint64_t kMad = 0x8000;  // offset of the sent MAD in the MR
+  Fill(A.Buf(kMad), 256, 3);
   std::memset(A.Buf(0), 0, 1024);
   A.PostRecv(gsi, 0x61, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
-  B.PostSend(ud, UdWqe(0x51, 1, VSTELLAR_GSI_QPN, 0x1234), {vstellar_sge{kMrGpa, 256, VSTELLAR_LOCAL_DMA_LKEY}});
-  auto sc = B.Poll();
+  A.PostSend(ud, UdWqe(0x51, 1, VSTELLAR_GSI_QPN, 0x1234), {vstellar_sge{kMrGpa + kMad, 256, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto sc = A.Poll();
   ASSERT_TRUE(sc);
   EXPECT_EQ(sc->status, 0);
   EXPECT_EQ(le64toh(sc->wr_id), 0x51u);
   // QP 1 wants Q_Key 0x80010000, so nothing arrives. Then with "the QP's
   // own Q_Key" (high bit set in the WQE), which is that one.
   EXPECT_FALSE(A.Poll(300));
-  B.PostSend(ud, UdWqe(0x52, 1, VSTELLAR_GSI_QPN, 0x80000000u), {vstellar_sge{kMrGpa, 256, VSTELLAR_LOCAL_DMA_LKEY}});
-  ASSERT_TRUE(B.Poll());
-  auto rc = A.Poll();
+  A.PostSend(ud, UdWqe(0x52, 1, VSTELLAR_GSI_QPN, 0x80000000u), {vstellar_sge{kMrGpa + kMad, 256, VSTELLAR_LOCAL_DMA_LKEY}});
+  std::optional<vstellar_cqe> rc;
+  for (int i = 0; i < 2; i++) {  // the send's and the receive's, in either order
+    auto c = A.Poll();
+    ASSERT_TRUE(c);
+    if (c->opcode == VSTELLAR_WC_RECV) rc = c;
+  }
   ASSERT_TRUE(rc);
   EXPECT_EQ(rc->status, 0);
-  EXPECT_EQ(rc->opcode, VSTELLAR_WC_RECV);
   EXPECT_EQ(le64toh(rc->wr_id), 0x61u);
   EXPECT_EQ(le32toh(rc->qpn), gsi.qpn);
   EXPECT_EQ(le32toh(rc->src_qp), ud.qpn);
@@ -988,12 +997,13 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   EXPECT_TRUE(rc->wc_flags & VSTELLAR_CQE_GRH);
   EXPECT_TRUE(rc->wc_flags & VSTELLAR_CQE_GRH_IPV4) << "IPv4 GIDs: the GRH area holds an IPv4 header";
   EXPECT_EQ(A.Buf(0)[20], 0x45);  // the IPv4 header of a RoCEv2 receive
-  EXPECT_EQ(std::memcmp(A.Buf(VSTELLAR_GRH_BYTES), B.Buf(0), 256), 0);
+  EXPECT_EQ(std::memcmp(A.Buf(VSTELLAR_GRH_BYTES), A.Buf(kMad), 256), 0);
 
-  // QP 1 answers from QP 1.
+  // QP 1 answers from QP 1, to another device's UD QP (receiving takes no
+  // address).
   Fill(A.Buf(2048), 100, 9);
-  B.PostRecv(ud, 0x62, {vstellar_sge{kMrGpa + 4096, 512, VSTELLAR_LOCAL_DMA_LKEY}});
-  A.PostSend(gsi, UdWqe(0x71, 1, ud.qpn, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa + 2048, 100, VSTELLAR_LOCAL_DMA_LKEY}});
+  B.PostRecv(udb, 0x62, {vstellar_sge{kMrGpa + 4096, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  A.PostSend(gsi, UdWqe(0x71, 1, udb.qpn, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa + 2048, 100, VSTELLAR_LOCAL_DMA_LKEY}});
   ASSERT_TRUE(A.Poll());
   rc = B.Poll();
   ASSERT_TRUE(rc);
@@ -1002,19 +1012,96 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   EXPECT_EQ(std::memcmp(B.Buf(4096 + VSTELLAR_GRH_BYTES), A.Buf(2048), 100), 0);
 
   // Hostile WQEs fail their QP only: a source GID the device does not
-  // have, then (on a fresh QP) a datagram larger than one packet.
-  A.PostSend(gsi, UdWqe(0x72, 1, ud.qpn, VSTELLAR_GSI_QKEY, 7), {vstellar_sge{kMrGpa, 16, VSTELLAR_LOCAL_DMA_LKEY}});
-  auto bad = A.Poll();
+  // have (B has none; A none at index 7), then (on a fresh QP) a datagram
+  // larger than one packet.
+  B.PostSend(udb, UdWqe(0x73, 1, VSTELLAR_GSI_QPN, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa, 16, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto bad = B.Poll();
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR));
-  EXPECT_EQ(B.QpState(ud.qpn), VSTELLAR_QPS_RTS);
-  GQp ud2 = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  A.PostSend(gsi, UdWqe(0x72, 1, ud.qpn, VSTELLAR_GSI_QKEY, 7), {vstellar_sge{kMrGpa, 16, VSTELLAR_LOCAL_DMA_LKEY}});
+  bad = A.Poll();
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR));
+  EXPECT_EQ(A.QpState(ud.qpn), VSTELLAR_QPS_RTS);
+  GQp ud2 = A.CreateQp(2, VSTELLAR_QPT_UD, &st);
   ASSERT_EQ(st, 0);
-  ASSERT_EQ(B.ToRtsUd(ud2.qpn, false, 0x1234), 0);
-  B.PostSend(ud2, UdWqe(0x53, 1, VSTELLAR_GSI_QPN, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa, 8192, VSTELLAR_LOCAL_DMA_LKEY}});
-  bad = B.Poll();
+  ASSERT_EQ(A.ToRtsUd(ud2.qpn, false, 0x1234), 0);
+  A.PostSend(ud2, UdWqe(0x53, 1, VSTELLAR_GSI_QPN, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa, 8192, VSTELLAR_LOCAL_DMA_LKEY}});
+  bad = A.Poll();
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_LEN_ERR));
+}
+
+// QP 1's traffic goes to the device that holds the address, never to
+// another (issue 13 #2): the daemon serves only its own address, and one
+// device at a time holds it. Writing it into a second device's GID table
+// fails; once the holder lets go, the other device may take it.
+TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
+  StartDaemon();
+  TwoDevices();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  A.SetupKernel(1);
+  B.SetupKernel(0);
+  auto gid = [](uint8_t last, uint32_t index) {
+    vstellar_cmd_gid g{};
+    g.port = 1;
+    g.index = index;
+    g.gid[10] = g.gid[11] = 0xff;
+    g.gid[12] = 127;
+    g.gid[15] = last;
+    g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+    return g;
+  };
+  auto add = [&](Guest& x, uint8_t last, uint32_t index) {
+    auto g = gid(last, index);
+    return x.Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status();
+  };
+  auto del = [&](Guest& x, uint32_t index) {
+    auto g = gid(0, index);
+    return x.Cmd(VSTELLAR_CMD_DEL_GID, &g, sizeof(g), 0).status();
+  };
+  EXPECT_EQ(add(B, 1, 0), VSTELLAR_STATUS_BUSY) << "A holds 127.0.0.1";
+  EXPECT_EQ(add(B, 9, 0), VSTELLAR_STATUS_ACCESS) << "the daemon does not serve 127.0.0.9";
+  EXPECT_EQ(add(A, 9, 1), VSTELLAR_STATUS_ACCESS);
+  EXPECT_EQ(add(A, 1, 1), VSTELLAR_STATUS_OK) << "the holder may list its address twice";
+
+  // B's QP 1 hears nothing sent to 127.0.0.1's QP 1; A's does.
+  uint16_t st = 0;
+  GQp gsia = A.CreateQp(2, VSTELLAR_QPT_GSI, &st);
+  ASSERT_EQ(st, 0);
+  GQp gsib = B.CreateQp(2, VSTELLAR_QPT_GSI, &st);
+  ASSERT_EQ(st, 0);
+  GQp ud = A.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(A.ToRtsUd(gsia.qpn, true, VSTELLAR_GSI_QKEY), 0);
+  ASSERT_EQ(B.ToRtsUd(gsib.qpn, true, VSTELLAR_GSI_QKEY), 0);
+  ASSERT_EQ(A.ToRtsUd(ud.qpn, false, VSTELLAR_GSI_QKEY), 0);
+  B.PostRecv(gsib, 0x91, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  A.PostRecv(gsia, 0x92, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  A.PostSend(ud, UdWqe(0x93, 1, VSTELLAR_GSI_QPN, 0x80000000u), {vstellar_sge{kMrGpa + 4096, 64, VSTELLAR_LOCAL_DMA_LKEY}});
+  bool got = false;
+  for (int i = 0; i < 2; i++) {
+    auto c = A.Poll();
+    ASSERT_TRUE(c);
+    got |= le64toh(c->wr_id) == 0x92u && c->status == 0;
+  }
+  EXPECT_TRUE(got);
+  EXPECT_FALSE(B.Poll(300));
+
+  // Released (both indexes), the address is B's to take, and then A's
+  // second add fails.
+  EXPECT_EQ(del(A, 0), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(add(B, 1, 0), VSTELLAR_STATUS_BUSY) << "A still lists it at index 1";
+  EXPECT_EQ(del(A, 1), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(add(B, 1, 0), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(add(A, 1, 0), VSTELLAR_STATUS_BUSY);
+  // A device that goes away gives its address back.
+  b_.reset();
+  fb_.reset();
+  for (int i = 0; i < 100 && add(A, 1, 0) != VSTELLAR_STATUS_OK; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(add(A, 1, 0), VSTELLAR_STATUS_OK);
 }
 
 // User space gets UD QPs, but neither QP 1 nor the local DMA lkey.

@@ -87,6 +87,13 @@ uint16_t Commands::Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>
 }
 
 void Commands::DestroyAll() {
+  // The device's addresses go back to the daemon first, so another device
+  // can take them (there are none without an engine's GSI QPs to matter,
+  // but a holder must never outlive its tables).
+  std::vector<vstellar::Gid> held;
+  for (auto& [i, g] : obj_.gids) held.push_back(g);
+  obj_.gids.clear();
+  for (const auto& g : held) ReleaseGid(g);
   if (!sh_.engine) return;
   std::vector<uint32_t> owners;
   for (auto& [h, u] : obj_.uctx) owners.push_back(h);
@@ -94,7 +101,6 @@ void Commands::DestroyAll() {
   DestroyAllOf(0);
   obj_.uctx.clear();
   obj_.db_pages_used.clear();
-  obj_.gids.clear();
 }
 
 // ------------------------------------------------------------------ objects
@@ -703,16 +709,41 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   const uint32_t index = le32toh(cmd.index);
   if (index >= cfg32(session_.device().config.gid_table_len)) return VSTELLAR_STATUS_BAD_FIELD;
   if (!add) {
-    if (!obj_.gids.erase(index)) return VSTELLAR_STATUS_BAD_HANDLE;
+    auto it = obj_.gids.find(index);
+    if (it == obj_.gids.end()) return VSTELLAR_STATUS_BAD_HANDLE;
+    const vstellar::Gid g = it->second;
+    obj_.gids.erase(it);
+    ReleaseGid(g);
     SyncGsiGids();
     return VSTELLAR_STATUS_OK;
   }
   if (le32toh(cmd.gid_type) != VSTELLAR_GID_TYPE_ROCE_V2) return VSTELLAR_STATUS_BAD_FIELD;
-  std::array<uint8_t, 16> g;
+  vstellar::Gid g;
   std::memcpy(g.data(), cmd.gid, 16);
+  // Only an address this daemon serves, and only while no other device
+  // holds it: a guest cannot take another guest's QP 1 traffic or send as
+  // its address by writing that address into its own GID table.
+  if (!sh_.served_gids.count(g)) return VSTELLAR_STATUS_ACCESS;
+  auto held = sh_.gid_holder.find(g);
+  if (held != sh_.gid_holder.end() && held->second != &obj_) return VSTELLAR_STATUS_BUSY;
+  auto old = obj_.gids.find(index);
+  if (old != obj_.gids.end()) {
+    const vstellar::Gid prev = old->second;
+    obj_.gids.erase(old);
+    ReleaseGid(prev);
+  }
   obj_.gids[index] = g;
+  sh_.gid_holder[g] = &obj_;
   SyncGsiGids();
   return VSTELLAR_STATUS_OK;
+}
+
+// Gives a GID back once no index of this device's table holds it any more.
+void Commands::ReleaseGid(const vstellar::Gid& g) {
+  for (auto& [i, other] : obj_.gids)
+    if (other == g) return;
+  auto held = sh_.gid_holder.find(g);
+  if (held != sh_.gid_holder.end() && held->second == &obj_) sh_.gid_holder.erase(held);
 }
 
 template <>

@@ -101,6 +101,12 @@ bool Daemon::Start(std::string* err) {
   shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
   shared_.host_ip = o_.ip;
+  // The engine's sockets are bound to this one address, so it is the one
+  // GID any device here can send from and be reached at.
+  vstellar::Gid own{};
+  own[10] = own[11] = 0xff;
+  for (int i = 0; i < 4; i++) own[12 + i] = uint8_t(o_.ip >> (24 - 8 * i));
+  shared_.served_gids.insert(own);
 
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

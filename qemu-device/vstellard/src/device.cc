@@ -318,8 +318,8 @@ bool Device::OwnsEngineCq(const vstellar::Cq* cq) const {
 // ------------------------------------------------------------------ reset, stats
 
 void Device::ResetState() {
-  if (!sh_.engine) return;
   cmds_.DestroyAll();
+  if (!sh_.engine) return;
   events_.clear();
   for (auto& d : cq_notifies_) d.clear();
   fatal_ = false;

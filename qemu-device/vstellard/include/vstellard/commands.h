@@ -48,6 +48,7 @@ class Commands {
   bool DatagramsOn() const;
   bool SrqsOn() const;
   uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
+  void ReleaseGid(const vstellar::Gid& g);
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <set>
 
 #include <vstellar/engine.h>
 
@@ -19,6 +21,13 @@ struct DeviceShared {
   TranslationMode translation = TranslationMode::kEmtt;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
   uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
+  // GIDs (addresses) this daemon serves: the IPv4-mapped --ip, the address
+  // its sockets are bound to. ADD_GID takes only these, and each one belongs
+  // to at most one device at a time: QP 1 datagrams for a GID go to its
+  // holder's GSI QP and nowhere else, and only the holder sends from it
+  // (issue 13 #2). The holder is its device's object tables.
+  std::set<vstellar::Gid> served_gids;
+  std::map<vstellar::Gid, const void*> gid_holder;
   // Test hook: called after a command was copied out of guest memory and
   // before it is validated (tests change guest memory here: double fetch).
   std::function<void(unsigned device)> after_copy;
