@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		2
+#define VSTELLAR_ABI_MINOR		3
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -87,14 +87,21 @@
 #define VIRTIO_VSTELLAR_F_UC		7
 #define VIRTIO_VSTELLAR_F_RESIZE_CQ	8
 /*
- * Reserved likewise (numbers fixed now so that work in flight cannot
- * collide): memory windows type 1 and 2 (ALLOC_MW, DEALLOC_MW, the BIND_MW
- * WQE), memory management extensions for kernel users (ALLOC_MR, the
- * REG_MR and LOCAL_INV WQEs, SEND_WITH_INV, kernel RC QPs) and UD
- * multicast (ATTACH_MCAST, DETACH_MCAST).
+ * Memory windows type 1 and 2 (minor 3): ALLOC_MW, DEALLOC_MW, the BIND_MW
+ * WQE, LOCAL_INV and SEND_WITH_INV of windows, VSTELLAR_ACCESS_MW_BIND,
+ * resp_query_device.max_mw.
  */
 #define VIRTIO_VSTELLAR_F_MW		9
+/*
+ * Memory management extensions for kernel users (minor 3): ALLOC_MR, the
+ * REG_MR and LOCAL_INV WQEs on kernel QPs, SEND_WITH_INV, remote
+ * invalidation (VSTELLAR_CQE_WITH_INV), config.max_fast_reg_pages.
+ */
 #define VIRTIO_VSTELLAR_F_MEM_MGT	10
+/*
+ * Reserved (number fixed so that work in flight cannot collide): UD
+ * multicast (ATTACH_MCAST, DETACH_MCAST).
+ */
 #define VIRTIO_VSTELLAR_F_MCAST		11
 
 /*
@@ -176,12 +183,15 @@ struct virtio_vstellar_config {
 	__le32 db_page_count;		/* pages in shm region VSTELLAR_SHM_DOORBELL */
 	__le32 db_page_size;		/* VSTELLAR_DB_PAGE_SIZE */
 	__le32 db_slots;		/* doorbell slots per page (see db page) */
-	__le32 reserved[3];
+	__le32 max_fast_reg_pages;	/* minor 3, F_MEM_MGT: pages one
+					 * ALLOC_MR may ask for; 0 without */
+	__le32 reserved[2];
 };
 VSTELLAR_ABI_SIZE(virtio_vstellar_config, 128);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, node_guid, 16);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_ucontext, 40);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
+VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_fast_reg_pages, 116);
 
 /* ------------------------------------------------------------------ */
 /* Control queue: command header, status codes                          */
@@ -258,13 +268,15 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
 	  VSTELLAR_BODY(vstellar_resp_query_srq), 0)			\
 	X(DESTROY_SRQ,	    0x19, VSTELLAR_BODY(vstellar_cmd_handle),	\
 	  VSTELLAR_NO_BODY, 0)						\
+	/* minor 3, VIRTIO_VSTELLAR_F_MEM_MGT */				\
+	X(ALLOC_MR,	    0x1a, VSTELLAR_BODY(vstellar_cmd_alloc_mr),	\
+	  VSTELLAR_BODY(vstellar_resp_reg_mr), 0)			\
+	/* minor 3, VIRTIO_VSTELLAR_F_MW */					\
+	X(ALLOC_MW,	    0x1b, VSTELLAR_BODY(vstellar_cmd_alloc_mw),	\
+	  VSTELLAR_BODY(vstellar_resp_alloc_mw), 0)			\
+	X(DEALLOC_MW,	    0x1c, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
 	/* reserved: numbers fixed, bodies come with their features */	\
-	X(ALLOC_MR,	    0x1a, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
-	  VSTELLAR_CMDF_RESERVED)					\
-	X(ALLOC_MW,	    0x1b, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
-	  VSTELLAR_CMDF_RESERVED)					\
-	X(DEALLOC_MW,	    0x1c, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
-	  VSTELLAR_CMDF_RESERVED)					\
 	X(ATTACH_MCAST,	    0x1d, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
 	  VSTELLAR_CMDF_RESERVED)					\
 	X(DETACH_MCAST,	    0x1e, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
@@ -370,7 +382,7 @@ struct vstellar_resp_query_device {
 	__le32 max_srq;		/* minor 2: 0 without F_SRQ */
 	__le32 max_srq_wr;
 	__le32 max_srq_sge;
-	__le32 reserved;
+	__le32 max_mw;		/* minor 3: 0 without F_MW */
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_query_device, 112);
 
@@ -587,6 +599,11 @@ enum vstellar_qp_state {
 #define VSTELLAR_ACCESS_REMOTE_READ	(1u << 2)
 #define VSTELLAR_ACCESS_REMOTE_ATOMIC	(1u << 3)
 #define VSTELLAR_ACCESS_VALID		0x0000000fu
+/*
+ * Minor 3, F_MW: windows may be bound to the MR (REG_MR command or WQE
+ * only; never a QP access flag).
+ */
+#define VSTELLAR_ACCESS_MW_BIND		(1u << 4)
 
 /* Address vector (RoCEv2-style: GIDs are IPv6 or IPv4-mapped addresses) */
 struct vstellar_av {
@@ -766,6 +783,54 @@ struct vstellar_resp_query_srq {
 VSTELLAR_ABI_SIZE(vstellar_resp_query_srq, 16);
 
 /*
+ * Keys (minor 3). Every lkey and rkey is (index << 8) | key byte. The
+ * device picks the 24-bit index of an MR or a window from a CSPRNG when
+ * it creates the object and never changes it while the object lives; it
+ * is how a key names its object. The key byte is random at creation too;
+ * afterwards the consumer may choose it at each registration (REG_MR WQE,
+ * ib_update_fast_reg_key) or bind (BIND_MW: ibv_inc_rkey), so a stale key
+ * of a re-registered object no longer matches. An access whose key's
+ * index names no object, or whose key byte is not the current one, is a
+ * protection error (local) or a remote access error NAK (remote).
+ */
+#define VSTELLAR_KEY_INDEX(key)		((key) >> 8)
+#define VSTELLAR_KEY_BYTE(key)		((key) & 0xffu)
+
+/*
+ * ALLOC_MR (minor 3, F_MEM_MGT, kernel only: hdr.ucontext 0, else ACCESS):
+ * a fast-registration MR of the PD that can later map up to max_num_pages
+ * pages (1 .. config.max_fast_reg_pages). It starts FREE: no translation,
+ * every access fails until a REG_MR WQE makes it VALID. lkey == rkey.
+ * Response: struct vstellar_resp_reg_mr; DEREG_MR frees it.
+ */
+struct vstellar_cmd_alloc_mr {
+	__le32 pdn;
+	__le32 max_num_pages;
+	__le32 reserved[2];
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_alloc_mr, 16);
+
+/*
+ * ALLOC_MW (minor 3, F_MW): a memory window of the PD, IB type 1 or 2
+ * (type 2 is IB's 2B: usable only through the QP it was bound on).
+ * Type 1 starts VALID and unbound, type 2 FREE. DEALLOC_MW (cmd_handle)
+ * frees a window, bound or not; its rkey stops working at once.
+ */
+#define VSTELLAR_MW_TYPE_1		1
+#define VSTELLAR_MW_TYPE_2		2
+struct vstellar_cmd_alloc_mw {
+	__le32 pdn;
+	__le32 type;		/* VSTELLAR_MW_TYPE_* */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_alloc_mw, 8);
+
+struct vstellar_resp_alloc_mw {
+	__le32 mwn;		/* handle for DEALLOC_MW */
+	__le32 rkey;		/* current rkey; binds change its key byte */
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_alloc_mw, 8);
+
+/*
  * Local DMA lkey (minor 1): in an SGE of a kernel QP (hdr.ucontext 0) this
  * lkey means "addr is a guest-physical address", for local access only.
  * Never valid for a user QP. No MR key ever has this value.
@@ -900,7 +965,8 @@ enum vstellar_wr_opcode {
 	VSTELLAR_WR_RDMA_READ		= 4,
 	VSTELLAR_WR_ATOMIC_CMP_SWP	= 5,
 	VSTELLAR_WR_ATOMIC_FETCH_ADD	= 6,
-	/* reserved, with VIRTIO_VSTELLAR_F_MEM_MGT / _F_MW */
+	/* minor 3: F_MEM_MGT (REG_MR, LOCAL_INV of MRs, SEND_WITH_INV),
+	 * F_MW (BIND_MW, LOCAL_INV and SEND_WITH_INV of type 2 windows) */
 	VSTELLAR_WR_LOCAL_INV		= 7,
 	VSTELLAR_WR_SEND_WITH_INV	= 8,
 	VSTELLAR_WR_REG_MR		= 9,
@@ -920,7 +986,11 @@ struct vstellar_send_wqe {
 	__u8 num_sge;
 	__u8 reserved0;
 	__le32 inline_len;
-	__be32 imm_data;
+	union {
+		__be32 imm_data;	/* *_IMM */
+		/* LOCAL_INV, SEND_WITH_INV: the key to invalidate */
+		__le32 invalidate_rkey;
+	};
 	__le32 reserved1;
 	union {
 		struct {
@@ -946,10 +1016,52 @@ struct vstellar_send_wqe {
 			__le32 remote_qpn;
 			__le32 remote_qkey;
 		} ud;
+		/*
+		 * REG_MR (kernel QPs only): map the fast-registration MR
+		 * named by key's index to [iova, iova + length), the pages
+		 * listed at page_list (npages __le64 guest-physical
+		 * addresses, each aligned to 1 << page_shift; the list
+		 * itself is contiguous guest-physical memory, 8-byte
+		 * aligned). iova's offset in a page is the offset of the
+		 * first byte in the first page. key becomes the MR's lkey
+		 * and rkey. No SGEs.
+		 */
+		struct {
+			__le64 iova;
+			__le64 length;
+			__le64 page_list;
+			__le32 npages;		/* <= the MR's max_num_pages */
+			__le32 key;
+			__le32 access;		/* VSTELLAR_ACCESS_* */
+			__u8 page_shift;	/* a bit of page_size_cap */
+			__u8 reserved[3];
+		} reg_mr;
+		/*
+		 * BIND_MW: bind the window whose current rkey is mw_rkey to
+		 * [addr, addr + length) of the MR mr_lkey, with the remote
+		 * access rights in access; new_rkey (same index, the
+		 * consumer's key byte) becomes its rkey. mw_type says what
+		 * the poster meant (type 1: the ibv_bind_mw verb, type 2: a
+		 * work request); it must be the window's type. length 0
+		 * unbinds a type 1 window. No SGEs.
+		 */
+		struct {
+			__le64 addr;
+			__le64 length;
+			__le32 mw_rkey;
+			__le32 new_rkey;
+			__le32 mr_lkey;
+			__le32 access;		/* VSTELLAR_ACCESS_REMOTE_* */
+			__u8 mw_type;		/* VSTELLAR_MW_TYPE_* */
+			__u8 reserved[7];
+		} bind_mw;
 		__u8 raw[40];
 	} u;
 };
 VSTELLAR_ABI_SIZE(vstellar_send_wqe, 64);
+VSTELLAR_ABI_OFFSET(vstellar_send_wqe, invalidate_rkey, 16);
+VSTELLAR_ABI_OFFSET(vstellar_send_wqe, u.reg_mr.page_shift, 60);
+VSTELLAR_ABI_OFFSET(vstellar_send_wqe, u.bind_mw.mw_type, 56);
 
 /* Receive WQE: this header, then num_sge SGEs */
 struct vstellar_recv_wqe {
@@ -966,6 +1078,14 @@ enum vstellar_wc_opcode {
 	VSTELLAR_WC_RDMA_READ		= 2,
 	VSTELLAR_WC_COMP_SWAP		= 3,
 	VSTELLAR_WC_FETCH_ADD		= 4,
+	VSTELLAR_WC_BIND_MW		= 5,	/* minor 3 */
+	VSTELLAR_WC_LOCAL_INV		= 6,	/* minor 3 */
+	/*
+	 * Minor 3: a REG_MR WQE completed. ibv_wc_opcode has no such value
+	 * and the kernel's IB_WC_REG_MR moved between releases, so the
+	 * number is outside both; the driver maps it to IB_WC_REG_MR.
+	 */
+	VSTELLAR_WC_REG_MR		= 64,
 	VSTELLAR_WC_RECV		= 128,
 	VSTELLAR_WC_RECV_RDMA_WITH_IMM	= 129,
 };
@@ -983,6 +1103,11 @@ enum vstellar_wc_opcode {
  * where UCX's ud_verbs looks before it checks a datagram's destination.
  */
 #define VSTELLAR_CQE_GRH_IPV4		(1u << 3)
+/*
+ * Minor 3: a receive of SEND_WITH_INV; the device invalidated the key in
+ * cqe.invalidated_rkey (ibv_wc.invalidated_rkey, IBV_WC_WITH_INV).
+ */
+#define VSTELLAR_CQE_WITH_INV		(1u << 4)
 
 /*
  * CQE, 32 bytes. The device writes everything, then (release) the owner
@@ -993,7 +1118,10 @@ struct vstellar_cqe {
 	__le64 wr_id;
 	__le32 qpn;
 	__le32 byte_len;
-	__be32 imm_data;
+	union {
+		__be32 imm_data;		/* VSTELLAR_CQE_WITH_IMM */
+		__le32 invalidated_rkey;	/* VSTELLAR_CQE_WITH_INV */
+	};
 	__le32 src_qp;		/* UD receives */
 	__le16 wqe_idx;		/* low 16 bits of the completed WQE's index */
 	__u8 opcode;		/* enum vstellar_wc_opcode */
@@ -1005,5 +1133,6 @@ struct vstellar_cqe {
 };
 VSTELLAR_ABI_SIZE(vstellar_cqe, 32);
 VSTELLAR_ABI_OFFSET(vstellar_cqe, owner, 31);
+VSTELLAR_ABI_OFFSET(vstellar_cqe, invalidated_rkey, 16);
 
 #endif /* VSTELLAR_VIRTIO_VSTELLAR_H */

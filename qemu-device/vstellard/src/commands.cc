@@ -866,6 +866,34 @@ uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_SRQ>(uint32_t uctx, const uint8_t* b
   return VSTELLAR_STATUS_OK;
 }
 
+// ------------------------------------------------------------------ keys
+
+bool Commands::MemMgtOn() const {
+  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MEM_MGT);
+}
+
+bool Commands::WindowsOn() const {
+  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MW);
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!MemMgtOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
+  return VSTELLAR_STATUS_UNSUPPORTED;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
+  return VSTELLAR_STATUS_UNSUPPORTED;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
+  return VSTELLAR_STATUS_UNSUPPORTED;
+}
+
 // ------------------------------------------------------------------ dispatch
 
 // One case per entry of VSTELLAR_CMD_LIST: a reserved opcode answers

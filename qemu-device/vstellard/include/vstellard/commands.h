@@ -47,6 +47,8 @@ class Commands {
   uint16_t AddDbContext(uint32_t key, uint32_t* page);
   bool DatagramsOn() const;
   bool SrqsOn() const;
+  bool MemMgtOn() const;
+  bool WindowsOn() const;
   uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
   void ReleaseGid(const vstellar::Gid& g);
   void SyncGsiGids();
