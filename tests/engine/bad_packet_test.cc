@@ -132,6 +132,115 @@ TEST(BadPackets, ForgedResponsesAreIgnored) {
   still_works(t);
 }
 
+// Issue 13 #3: a request that breaks the rules but arrives ahead of the
+// expected PSN is dropped unanswered, so a blind packet with a guessed QPN
+// and any PSN in the window cannot kill the connection. In order, the same
+// packet is fatal, as IB says (OutOfBoundsRkeyOrAddressIsNaked).
+TEST(BadPackets, BadRequestAheadOfTheExpectedPsnDoesNotKillTheQp) {
+  Pair t;
+  const uint32_t epsn = impl(t.b.qp)->epsn;
+  for (uint32_t ahead : {1u, 7u, 200u})
+    t.net.inject(kIpA, kIpB, write_pkt(t, epsn + ahead, t.b.addr(0), t.b.mr->rkey() + 0x100, 64));
+  t.net.run_for(1'000'000);
+  EXPECT_EQ(t.b.eng->stats().early_errors, 3u);
+  EXPECT_EQ(t.b.eng->stats().naks_sent, 0u);
+  EXPECT_TRUE(untouched(t.b.buf));
+  EXPECT_EQ(t.b.qp->state(), QpState::RTS);
+  still_works(t);
+}
+
+wire::Packet read_req(uint32_t psn, uint64_t va, uint32_t rkey, uint32_t len, uint16_t seg,
+                      uint32_t msg_off = 0) {
+  wire::Packet p;
+  p.base.op = wire::Op::READ_REQ;
+  p.base.psn = psn;
+  p.rreq.va = va;
+  p.rreq.rkey = rkey;
+  p.rreq.len = len;
+  p.rreq.seg = seg;
+  p.rreq.msg_off = msg_off;
+  return p;
+}
+
+std::vector<uint8_t> encode_read_req(Pair& t, const wire::Packet& p) {
+  wire::Base b = p.base;
+  b.dst_qpn = t.b.qp->qpn();
+  b.src_qpn = t.a.qp->qpn();
+  std::vector<uint8_t> v(wire::kMaxHeaderLen);
+  v.resize(wire::encode(b, p.rreq, v.data()));
+  return v;
+}
+
+// Issue 13 #3: a READ request behind the expected PSN is executed again
+// only if it asks again for (a tail of) a READ this QP executed, with the
+// same key; a spoofed one asking for more (an amplification: 48 bytes in,
+// megabytes out) or for PSNs that were no READ is dropped.
+TEST(BadPackets, ReadReplaysAreBoundToReadsExecuted) {
+  Pair t;
+  still_works(t);  // a WRITE: its PSN was no READ
+  const uint32_t write_psn = impl(t.b.qp)->epsn - 1;
+  const uint32_t read_psn = impl(t.a.qp)->snd_nxt;
+  const uint16_t seg = uint16_t(impl(t.a.qp)->seg);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 7, 0, 3 * seg, 4096), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  ASSERT_EQ(wc[0].status, WcStatus::SUCCESS);
+  const uint64_t va = t.b.addr(4096);
+  const uint32_t rkey = t.b.mr->rkey();
+  const EngineStats before = t.b.eng->stats();
+
+  // Spoofed: longer than the READ, another key, a WRITE's PSN, a tail whose
+  // message offset or address does not line up.
+  for (const auto& p : {read_req(read_psn, va, rkey, 64 * seg, seg),
+                        read_req(read_psn, va, rkey + 0x100, seg, seg),
+                        read_req(write_psn, va, rkey, seg, seg),
+                        read_req(read_psn + 2, va + 2 * seg, rkey, seg, seg, 0),
+                        read_req(read_psn + 1, va, rkey, seg, seg)})
+    t.net.inject(kIpA, kIpB, encode_read_req(t, p));
+  t.net.run_for(1'000'000);
+  EXPECT_EQ(t.b.eng->stats().bad_reread, before.bad_reread + 5);
+  EXPECT_EQ(t.b.eng->stats().tx_bytes, before.tx_bytes) << "nothing was sent for them";
+  EXPECT_EQ(t.b.qp->state(), QpState::RTS);
+
+  // A real re-request of the last two segments is answered (the requester
+  // takes the responses as duplicates).
+  t.net.inject(kIpA, kIpB, encode_read_req(t, read_req(read_psn + 1, va + seg, rkey, 2 * seg, seg, seg)));
+  t.net.run_for(1'000'000);
+  EXPECT_EQ(t.b.eng->stats().bad_reread, before.bad_reread + 5);
+  EXPECT_GE(t.b.eng->stats().tx_bytes, before.tx_bytes + 2 * seg);
+  EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+  still_works(t);
+}
+
+// Issue 13 #3: a responder NAKs fatally only the PSN it expects next, which
+// is its cumulative PSN. A forged fatal NAK naming any other PSN is ignored,
+// so it cannot fail the WQE in flight.
+TEST(BadPackets, ForgedFatalNakIsIgnored) {
+  Pair t;
+  fill_random(t.a.buf.data(), 4096, 3);
+  const uint32_t psn = impl(t.a.qp)->snd_nxt;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 9, 0, 4096, 8192), 0);
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  b.dst_qpn = t.a.qp->qpn();
+  b.src_qpn = t.b.qp->qpn();
+  b.psn = psn;
+  wire::AckExt a;
+  a.syndrome = wire::Syndrome::NAK_REM_ACCESS;
+  a.nak_psn = psn;
+  a.cum_psn = psn - 1;  // not the responder's own cumulative PSN
+  a.sack_base = psn - 1;
+  std::vector<uint8_t> v(wire::kMaxHeaderLen + 128);
+  v.resize(wire::encode(b, a, v.data()));
+  t.net.inject(kIpB, kIpA, v);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(t.a.eng->stats().bad_ack, 1u);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data() + 8192, 4096), 0);
+  EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+}
+
 TEST(BadPackets, RandomGarbageNeverCrashes) {
   Pair t;
   std::mt19937_64 rng(5);

@@ -89,7 +89,11 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
 
   if (a.syndrome != wire::Syndrome::ACK) {
     stats_.naks_rcvd++;
-    if (!in_window(qp, a.nak_psn)) {
+    // A responder NAKs fatally only the PSN it expects next, its cumulative
+    // one (resp_error_now): any other fatal NAK is not from it.
+    const bool fatal = a.syndrome != wire::Syndrome::RNR_NAK;
+    if (!in_window(qp, a.nak_psn) || (fatal && a.nak_psn != a.cum_psn)) {
+      if (fatal) stats_.bad_ack++;
       comp_retire(qp);
       return;
     }

@@ -177,6 +177,12 @@ class QpImpl final : public Qp {
   struct AtomicReplay { uint32_t psn; uint64_t orig; bool valid; };
   AtomicReplay atomic_replay[32] = {};
   unsigned atomic_replay_next = 0;
+  // READs executed whose PSNs are still within a window behind epsn, in
+  // PSN order: a duplicate READ request is answered only if it asks again
+  // for (a tail of) one of these, so a spoofed "retransmission" cannot make
+  // the responder send what the peer never asked for (issue 13 #3).
+  struct ReadDone { uint32_t psn, npsn; uint64_t va; uint32_t rkey, len, msg_off; uint16_t seg; };
+  std::deque<ReadDone> reads_done;
 
   // ACK state: what arrived since the last ACK
   bool ack_pending = false;
@@ -284,6 +290,8 @@ class EngineCore {
   void resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now);
   void resp_data(QpImpl& qp, const wire::Packet& p);
   bool resp_read(QpImpl& qp, const wire::Packet& p);
+  void resp_reread(QpImpl& qp, const wire::Packet& p);
+  bool resp_error_now(QpImpl& qp, uint32_t psn);
   bool resp_atomic(QpImpl& qp, const wire::Packet& p);
   void send_atomic_resp(QpImpl& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig);
   void resp_mark(QpImpl& qp, uint32_t psn, uint32_t n);

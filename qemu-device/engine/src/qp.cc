@@ -286,6 +286,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
                              cfg_.single_path);
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
     qp->pending_rd.clear();
+    qp->reads_done.clear();
     for (auto& r : qp->atomic_replay) r.valid = false;
   }
   if (cur == QpState::RTR && next == QpState::RTS) init_transport(*qp);
@@ -340,6 +341,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.epsn = 0;
   std::fill(qp.rbits.begin(), qp.rbits.end(), 0);
   qp.pending_rd.clear();
+  qp.reads_done.clear();
   for (auto& r : qp.atomic_replay) r = QpImpl::AtomicReplay{};
   qp.atomic_replay_next = 0;
   qp.ack_pending = false;

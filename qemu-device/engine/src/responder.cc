@@ -30,13 +30,17 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
   const bool old = seq_lt(psn, qp.epsn);
   const bool in_win = !old && d < qp.window();
   auto note_ack = [&] {
+    // A duplicate from behind epsn asks for the cumulative ACK only: its
+    // PSN, which may lie anywhere in the other half of the sequence space,
+    // must not stretch the range the SACK bitmaps cover.
+    const uint32_t at = in_win ? psn : qp.epsn;
     if (!qp.ack_pending) {
       qp.ack_pending = true;
-      qp.ack_lo = qp.ack_hi = psn;
+      qp.ack_lo = qp.ack_hi = at;
       ack_list_.push_back(&qp);
     } else {
-      if (seq_lt(psn, qp.ack_lo)) qp.ack_lo = psn;
-      if (seq_lt(qp.ack_hi, psn)) qp.ack_hi = psn;
+      if (seq_lt(at, qp.ack_lo)) qp.ack_lo = at;
+      if (seq_lt(qp.ack_hi, at)) qp.ack_hi = at;
     }
     qp.rx_since_ack++;
     if (ce) qp.ce_since_ack++;
@@ -69,7 +73,7 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
       bool is_read = p.base.op == wire::Op::READ_REQ;
       if (old || (in_win && qp.rbit(psn))) {
         if (is_read) {
-          resp_read(qp, p);  // a re-request of (part of) a READ: reads are idempotent
+          resp_reread(qp, p);  // a re-request of (part of) a READ it executed
         } else {
           // A duplicate atomic must not execute twice: answer from the replay cache.
           for (auto& r : qp.atomic_replay)
@@ -198,12 +202,14 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
     }
   } else {
     if (e.msg_len > r->cap) {
+      if (!resp_error_now(qp, psn)) return;
       r->status = WcStatus::LOC_LEN_ERR;
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::LOC_LEN_ERR);
       return;
     }
     WcStatus st = WcStatus::SUCCESS;
     if (plen && !scatter(qp, r->sge, r->nsge, e.msg_off, p.payload, plen, st)) {
+      if (!resp_error_now(qp, psn)) return;
       r->status = st;
       resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, st);
       return;
@@ -237,6 +243,14 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     return false;
   }
   uint32_t n = std::max<uint32_t>(1, (e.len + e.seg - 1) / e.seg);
+  if (psn == qp.epsn) {  // a first execution (a reread names an older PSN)
+    // Keep what a requester may still ask again: READs whose PSNs are
+    // within one window behind epsn.
+    while (!qp.reads_done.empty() &&
+           qp.epsn - (qp.reads_done.front().psn + qp.reads_done.front().npsn) > qp.window())
+      qp.reads_done.pop_front();
+    qp.reads_done.push_back({psn, n, e.va, e.rkey, e.len, e.msg_off, e.seg});
+  }
   for (uint32_t k = 0; k < n; k++) {
     uint64_t off = uint64_t(k) * e.seg;
     uint32_t l = uint32_t(std::min<uint64_t>(e.seg, e.len - off));
@@ -270,6 +284,32 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     xmit(qp, b.path, hdr, hl, spans, ns, l, false);
   }
   return true;
+}
+
+// A READ request behind epsn: the requester lost (part of) the response and
+// asks again. Reads are idempotent, so it is executed again, but only if it
+// names PSNs, bytes and key of a READ this QP executed: what comes back is
+// at most what the peer asked for in the first place.
+void EngineCore::resp_reread(QpImpl& qp, const wire::Packet& p) {
+  const wire::ReadReqExt& e = p.rreq;
+  const uint32_t psn = p.base.psn;
+  // The last READ that starts at or before psn (the deque is in PSN order).
+  auto it = std::upper_bound(qp.reads_done.begin(), qp.reads_done.end(), psn,
+                             [&](uint32_t x, const QpImpl::ReadDone& r) { return seq_lt(x, r.psn); });
+  bool ok = it != qp.reads_done.begin();
+  if (ok) {
+    const QpImpl::ReadDone& r = *--it;
+    const uint32_t k = psn - r.psn;
+    const uint64_t skip = uint64_t(k) * r.seg;
+    ok = k < r.npsn && e.seg == r.seg && e.rkey == r.rkey && skip <= r.len &&
+         e.va == r.va + skip && e.msg_off == r.msg_off + skip && e.len <= r.len - skip;
+  }
+  if (!ok) {
+    stats_.bad_reread++;
+    return;
+  }
+  stats_.dup_pkts++;
+  resp_read(qp, p);
 }
 
 bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
@@ -339,9 +379,22 @@ void EngineCore::resp_complete_recvs(QpImpl& qp) {
   }
 }
 
+// Whether a request that breaks the rules should end the connection now:
+// only when it is the next one expected. One that arrived ahead of holes is
+// dropped unanswered instead, so that a blind packet with a guessed QPN and
+// a PSN anywhere in the window cannot kill the QP; if the peer really sent
+// it, the peer resends it and it fails in order (IB reports responder
+// errors in PSN order too).
+bool EngineCore::resp_error_now(QpImpl& qp, uint32_t psn) {
+  if (psn == qp.epsn) return true;
+  stats_.early_errors++;
+  return false;
+}
+
 // NAK a request. RNR is a wait; every other NAK is a fatal error for the
 // connection (IB class B/C/D responder errors), so the QP goes to ERR.
 void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
+  if (s != wire::Syndrome::RNR_NAK && !resp_error_now(qp, psn)) return;
   wire::Base b;
   b.op = wire::Op::ACK;
   b.dst_qpn = qp.attr.dest_qp_num;

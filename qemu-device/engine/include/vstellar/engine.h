@@ -73,6 +73,11 @@ struct EngineStats {
   uint64_t data_pkts_sent = 0, retx_pkts = 0, timeouts = 0;
   uint64_t acks_sent = 0, acks_rcvd = 0, naks_sent = 0, naks_rcvd = 0, rnr_naks_sent = 0;
   uint64_t dup_pkts = 0, out_of_window = 0, pending_rd_drops = 0;
+  // Requests that would end the connection (bad key, bad length) but came
+  // ahead of the expected PSN: dropped unanswered, so one blind packet
+  // cannot kill a QP; a real one is resent and then reported in order.
+  uint64_t early_errors = 0;
+  uint64_t bad_reread = 0;  // duplicate READs that match no READ executed
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
   uint64_t ud_sent = 0, ud_rcvd = 0;
