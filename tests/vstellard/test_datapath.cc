@@ -1104,6 +1104,86 @@ TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
   EXPECT_EQ(add(A, 1, 0), VSTELLAR_STATUS_OK);
 }
 
+// Issue 13 #5: what a guest makes the daemon allocate (here the engine's
+// window and rings of each RC QP) is charged to its device and to the
+// daemon. Over either limit, creating fails with NO_RESOURCES and nothing
+// is allocated; destroying gives the memory back, to any device; the
+// daemon's total never passes its limit.
+TEST_F(DataPath, HostMemoryIsChargedToTheDeviceThatAsks) {
+  StartDaemon(50, {}, [](DaemonOptions& o) {
+    o.device_memory_limit = 3ull << 20;
+    o.memory_limit = 5ull << 20;
+  });
+  TwoGuests();
+  auto used = [&](const std::string& key) {
+    const std::string js = d_->StatsJson();
+    const std::string pat = "\"memory\":{\"limit\":";
+    size_t at = js.find(pat);
+    EXPECT_NE(at, std::string::npos) << js;
+    at = js.find("\"" + key + "\":", at);
+    return std::stoull(js.substr(at + key.size() + 3));
+  };
+  auto fill = [&](Guest& g, std::vector<GQp>* made) {
+    for (int i = 0; i < 24; i++) {
+      uint16_t st = 0;
+      GQp q = g.CreateQp(4, VSTELLAR_QPT_RC, &st);
+      if (st) return st;
+      made->push_back(q);
+    }
+    return uint16_t(0);
+  };
+  std::vector<GQp> qa, qb;
+  EXPECT_EQ(fill(*a_, &qa), VSTELLAR_STATUS_NO_RESOURCES) << "A's device limit";
+  ASSERT_GE(qa.size(), 1u);
+  EXPECT_LE(used("used"), 5ull << 20);
+  EXPECT_EQ(fill(*b_, &qb), VSTELLAR_STATUS_NO_RESOURCES) << "the daemon's limit";
+  ASSERT_GE(qb.size(), 1u);
+  EXPECT_LT(qb.size(), qa.size()) << "B got only what A left of the daemon's 5 MiB";
+  EXPECT_LE(used("used"), 5ull << 20);
+  EXPECT_GE(used("refused"), 1u);
+  // A QP of A goes: B may create one more; everything goes: nothing is held.
+  vstellar_cmd_handle h{};
+  h.handle = qa.back().qpn;
+  ASSERT_EQ(a_->Cmd(VSTELLAR_CMD_DESTROY_QP, &h, sizeof(h), 0).status(), 0);
+  uint16_t st = 0;
+  b_->CreateQp(4, VSTELLAR_QPT_RC, &st);
+  EXPECT_EQ(st, 0);
+  a_.reset();
+  b_.reset();
+  fa_.reset();
+  fb_.reset();
+  for (int i = 0; i < 100 && used("used") != 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(used("used"), 0u);
+}
+
+// Issue 13 #5: a guest that never takes its CQ notifications cannot grow
+// the daemon's backlog of them: a CQ already waiting is not queued again.
+TEST_F(DataPath, CqNotificationBacklogIsOnePerCq) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  // More armed completions than the notification queue has buffers
+  // (FrontendOptions::ring_num), none of them taken.
+  for (uint32_t i = 1; i <= 150; i++) {
+    B.DbWord(VSTELLAR_DB_SLOT_SIZE * B.cq_slot + offsetof(vstellar_db_cq, arm)).store(htole32(i));
+    B.PostRecv(qb, i, {B.Sge(0, 64)});
+    A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, i), {A.Sge(0, 64)});
+    ASSERT_TRUE(A.Poll());
+    ASSERT_TRUE(B.Poll());
+  }
+  const std::string js = d_->StatsJson();
+  size_t at = js.find("\"cq_notify_backlog\":");
+  ASSERT_NE(at, std::string::npos);
+  uint32_t most = 0;
+  for (; at != std::string::npos; at = js.find("\"cq_notify_backlog\":", at + 1))
+    most = std::max<uint32_t>(most, uint32_t(std::stoul(js.substr(at + 20))));
+  EXPECT_LE(most, 1u) << js;
+}
+
 // User space gets UD QPs, but neither QP 1 nor the local DMA lkey.
 TEST_F(DataPath, UserContextsGetUdButNotQp1NorTheDmaLkey) {
   StartDaemon();

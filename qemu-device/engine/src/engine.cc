@@ -308,6 +308,12 @@ int Engine::post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why) {
 int Engine::set_gsi_gids(Qp* qp, const std::vector<Gid>& gids) {
   return core_->set_gsi_gids(impl(qp), gids);
 }
+size_t Engine::qp_footprint(const QpInitAttr& init) const { return core_->qp_footprint(init); }
+size_t Engine::srq_footprint(const SrqInitAttr& init) const {
+  return sizeof(SrqImpl) + size_t(init.max_wr) * sizeof(RecvWqe);
+}
+size_t Engine::cq_footprint(uint32_t cqe) const { return sizeof(Cq) + size_t(cqe) * sizeof(Wc); }
+
 Qp* Engine::find_qp(uint32_t qpn) { return core_->find_qp(qpn); }
 Mr* Engine::find_mr(uint32_t key) { return core_->find_mr(key); }
 void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {

@@ -124,6 +124,9 @@ inline SrqImpl& impl(Srq& srq) { return static_cast<SrqImpl&>(srq); }
 inline SrqImpl* impl(Srq* srq) { return static_cast<SrqImpl*>(srq); }
 inline const SrqImpl& impl(const Srq& srq) { return static_cast<const SrqImpl&>(srq); }
 
+// READ/atomic requests a responder holds until epsn reaches them, per QP.
+constexpr size_t kMaxPendingReads = 1024;
+
 // The whole QP: verbs state plus the transport state of its connection.
 // The requester side (send queue, PSN window, retransmission timers) and
 // the responder side (receive queue, arrival bitmap, ACK state) live
@@ -290,6 +293,7 @@ class EngineCore {
   void resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now);
   void resp_data(QpImpl& qp, const wire::Packet& p);
   bool resp_read(QpImpl& qp, const wire::Packet& p);
+  size_t qp_footprint(const QpInitAttr& init) const;
   void resp_reread(QpImpl& qp, const wire::Packet& p);
   bool resp_error_now(QpImpl& qp, uint32_t psn);
   bool resp_atomic(QpImpl& qp, const wire::Packet& p);

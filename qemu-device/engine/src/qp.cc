@@ -129,6 +129,21 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   return raw;
 }
 
+// What create_qp allocates for these attributes, and what the QP's bounded
+// side tables (held READs, READs done, atomic replays, timers) can grow to.
+size_t EngineCore::qp_footprint(const QpInitAttr& init) const {
+  const QpCap& c = init.cap;
+  size_t n = sizeof(QpImpl) + size_t(c.max_send_wr) * (sizeof(SendWqe) + c.max_inline_data);
+  n += size_t(init.srq ? init.srq->max_wr() : c.max_recv_wr) * sizeof(RecvWqe);
+  if (init.qp_type == QpType::RC) {
+    const size_t w = cfg_.window_pkts;
+    n += w * sizeof(PktRec) + w / 8;
+    n += w * (sizeof(RetxTimer) + sizeof(QpImpl::ReadDone));
+    n += kMaxPendingReads * sizeof(wire::Packet);
+  }
+  return n;
+}
+
 int EngineCore::destroy_qp(QpImpl* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   qp->pd_->refs--;

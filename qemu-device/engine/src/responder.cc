@@ -14,8 +14,6 @@
 namespace vstellar {
 namespace {
 
-constexpr size_t kMaxPendingRd = 1024;
-
 // IB encoding of min_rnr_timer, in microseconds.
 constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
                                  160,    240,   320,   480,   640,   960,    1280,   1920,
@@ -97,7 +95,7 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
       // Earlier PSNs still missing: hold the request until they arrive.
       for (auto& q : qp.pending_rd)
         if (q.base.psn == psn) return;
-      if (qp.pending_rd.size() >= kMaxPendingRd) {
+      if (qp.pending_rd.size() >= kMaxPendingReads) {
         stats_.pending_rd_drops++;
         return;
       }

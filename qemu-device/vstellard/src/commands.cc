@@ -64,7 +64,15 @@ bool ValidTransition(uint8_t cur, uint8_t next) {
 }  // namespace
 
 Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects, DataPath& datapath)
-    : sh_(shared), session_(session), pvdma_(pvdma), obj_(objects), dp_(datapath) {}
+    : sh_(shared), session_(session), pvdma_(pvdma), obj_(objects), dp_(datapath) {
+  obj_.memory.set_limit(sh_.device_memory_limit);
+}
+
+// Charges an object's host memory to this device and to the daemon before
+// anything is allocated for it (memory_budget.h).
+uint16_t Commands::Charge(uint64_t bytes, MemoryCharge* charge) {
+  return charge->Take(obj_.memory, sh_.memory, bytes) ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_NO_RESOURCES;
+}
 
 // Every request passes the checks its VSTELLAR_CMD_LIST entry implies (a
 // known opcode, a body of the listed size, or at least that with a page
@@ -365,13 +373,15 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.cqs.size() >= cfg32(c.max_cq)) return VSTELLAR_STATUS_LIMIT;
   CqObj o{};
+  const uint32_t staging = std::min(1u << log_cqe, kEngineCqStaging);
+  if (uint16_t s = Charge(sizeof(CqObj) + 8ull * n + sh_.engine->cq_footprint(staging), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   // The guest's ring is the CQ. The engine's CQ only stages completions:
   // every one is drained into the ring as it is made (DrainCq, from
   // on_completion), so a small one serves any guest CQ size, and daemon
   // memory does not grow with what the guest asks for.
-  o.cq = sh_.engine->create_cq(std::min(1u << log_cqe, kEngineCqStaging));
+  o.cq = sh_.engine->create_cq(staging);
   if (!o.cq) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
@@ -493,6 +503,10 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   init.sq_sig_all = cmd.sq_sig_all;
   init.qp_type = vstellar::QpType(type);
   init.srq = srq ? srq->srq : nullptr;
+  // The engine's rings and window, and our wr_id and opcode arrays.
+  const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
+  if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))
+    return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.qp = sh_.engine->create_qp(pd->second.pd, init);
   if (!o.qp) {
@@ -668,6 +682,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   const uint64_t off = iova & ((1ull << shift) - 1);
   if (n != PagesFor(off, length, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.mrs.size() >= cfg32(c.max_mr)) return VSTELLAR_STATUS_LIMIT;
+  // Each page's guest address and (eMTT) final host pointer.
+  MemoryCharge charge;
+  if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
   MrLayout l;
   l.iova = iova;
   l.length = length;
@@ -681,7 +698,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   vstellar::Mr* mr = sh_.engine->reg_mr(pd->second.pd, iova, length, access, std::move(t));
   if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
-  obj_.mrs[h] = MrObj{uctx, mr, pd->first};
+  obj_.mrs[h] = MrObj{uctx, mr, pd->first, std::move(charge)};
   vstellar_resp_reg_mr r{};
   r.mrn = htole32(h);
   r.lkey = htole32(mr->lkey());
@@ -797,11 +814,15 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + cmd.log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.srqs.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
   SrqObj o{};
-  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   vstellar::SrqInitAttr init;
   init.max_wr = 1u << cmd.log_wqe;
   init.max_sge = max_sge;
   init.limit = limit;
+  // The engine's ring, and our wr_id map (an entry per WQE held).
+  if (uint16_t s = Charge(sizeof(SrqObj) + 8ull * n + 32ull * init.max_wr + sh_.engine->srq_footprint(init),
+                          &o.charge))
+    return s;
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.srq = sh_.engine->create_srq(pd->second.pd, init);
   if (!o.srq) {

@@ -101,6 +101,8 @@ bool Daemon::Start(std::string* err) {
   shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
   shared_.host_ip = o_.ip;
+  shared_.memory.set_limit(o_.memory_limit);
+  shared_.device_memory_limit = o_.device_memory_limit;
   // The engine's sockets are bound to this one address, so it is the one
   // GID any device here can send from and be reached at.
   vstellar::Gid own{};
@@ -403,17 +405,23 @@ std::string Daemon::StatsJsonLocked() {
                   "%s{\"id\":%u,\"guest_bytes\":%llu,\"blocks_pinned\":%llu,\"bytes_pinned\":%llu,"
                   "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
                   "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u,"
-                  "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"closed\":%s}",
+                  "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"memory\":%llu,\"memory_peak\":%llu,"
+                  "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"closed\":%s}",
                   i ? "," : "", d.id, (unsigned long long)p.guest_bytes, (unsigned long long)p.blocks_pinned,
                   (unsigned long long)p.bytes_pinned, (unsigned long long)p.misses, (unsigned long long)p.hits,
                   (unsigned long long)p.faults, (unsigned long long)p.lock_errors,
                   (unsigned long long)p.attach_ns, (unsigned long long)d.commands,
                   (unsigned long long)d.commands_failed, d.fatal ? "true" : "false", d.qps, d.mrs,
                   (unsigned long long)d.wqes, (unsigned long long)d.bad_wqes, (unsigned long long)d.cqes,
-                  d.closed ? "true" : "false");
+                  (unsigned long long)d.memory, (unsigned long long)d.memory_peak,
+                  (unsigned long long)d.memory_refused, d.cq_notify_backlog, d.closed ? "true" : "false");
     out += b;
   }
-  out += "]";
+  std::snprintf(b, sizeof(b), "],\"memory\":{\"limit\":%llu,\"device_limit\":%llu,\"used\":%llu,\"peak\":%llu,\"refused\":%llu}",
+                (unsigned long long)shared_.memory.limit(), (unsigned long long)shared_.device_memory_limit,
+                (unsigned long long)shared_.memory.used(), (unsigned long long)shared_.memory.peak(),
+                (unsigned long long)shared_.memory.refused());
+  out += b;
   // The engine (shared by all devices): transport counters and, per path,
   // the packets sent, so a run shows how its traffic spread.
   if (engine_) {

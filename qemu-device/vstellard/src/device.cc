@@ -253,6 +253,7 @@ void Device::FlushCqNotifies() {
     auto& dq = cq_notifies_[i];
     while (!dq.empty()) {
       if (!PushToQueue(VSTELLAR_VQ_CQN0 + i, &dq.front(), sizeof(vstellar_cq_notify))) break;
+      cq_notify_waiting_.erase(le32toh(dq.front().cqn));
       dq.pop_front();
       cq_notify_n_++;
     }
@@ -261,7 +262,7 @@ void Device::FlushCqNotifies() {
 
 
 void Device::NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) {
-  cq_notifies_[cq_queue].push_back(n);
+  if (cq_notify_waiting_.insert(le32toh(n.cqn)).second) cq_notifies_[cq_queue].push_back(n);
   FlushCqNotifies();
 }
 
@@ -322,6 +323,7 @@ void Device::ResetState() {
   if (!sh_.engine) return;
   events_.clear();
   for (auto& d : cq_notifies_) d.clear();
+  cq_notify_waiting_.clear();
   fatal_ = false;
   dp_.Stop();
   auto& c = session_.mutable_device().config;
@@ -344,6 +346,10 @@ DeviceStats Device::stats() const {
   s.cqs = uint32_t(obj_.cqs.size());
   s.qps = uint32_t(obj_.qps.size());
   s.mrs = uint32_t(obj_.mrs.size());
+  s.memory = obj_.memory.used();
+  s.cq_notify_backlog = uint32_t(cq_notify_waiting_.size());
+  s.memory_peak = obj_.memory.peak();
+  s.memory_refused = obj_.memory.refused();
   const DataPathCounters& n = dp_.counters();
   s.wqes = n.wqes;
   s.bad_wqes = n.bad_wqes;

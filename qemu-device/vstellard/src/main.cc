@@ -45,6 +45,10 @@ int Usage(const char* argv0, int rc) {
                "  --wqe-budget-device N  WQEs per device per loop turn (default 1024)\n"
                "  --vhost-timeout-ms N   close a frontend that stalls mid-message this long\n"
                "                         (default 5000)\n"
+               "  --memory-limit SIZE    host memory all guests' QPs, CQs, SRQs and MRs may\n"
+               "                         hold in the daemon (default 4G; K, M, G suffixes)\n"
+               "  --device-memory-limit SIZE  the same for each device (default 1G); over\n"
+               "                         either, creating an object fails with ENOMEM\n"
                "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
                "                         (default: SIGUSR1 prints them to stderr)\n",
                argv0);
@@ -58,12 +62,28 @@ bool Num(const char* s, unsigned long long max, unsigned long long* out) {
   return errno == 0 && *end == 0 && *out <= max;
 }
 
+// A byte count with an optional K, M or G (binary) suffix.
+bool Size(const char* s, unsigned long long* out) {
+  char* end;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  unsigned shift = 0;
+  switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+  }
+  if (errno || end == s || *end || v == 0 || v > (~0ull >> shift)) return false;
+  *out = v << shift;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
   enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
-         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout };
+         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -79,6 +99,8 @@ int main(int argc, char** argv) {
                                 {"wqe-budget", required_argument, nullptr, kWqeBudget},
                                 {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
                                 {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
+                                {"memory-limit", required_argument, nullptr, kMemLimit},
+                                {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
   unsigned long long v;
@@ -141,6 +163,14 @@ int main(int argc, char** argv) {
       case kVhostTimeout:
         if (!Num(optarg, 3'600'000, &v) || v == 0) return Usage(argv[0], 2);
         o.vhost_timeout_ms = uint32_t(v);
+        break;
+      case kMemLimit:
+        if (!Size(optarg, &v)) return Usage(argv[0], 2);
+        o.memory_limit = v;
+        break;
+      case kDevMemLimit:
+        if (!Size(optarg, &v)) return Usage(argv[0], 2);
+        o.device_memory_limit = v;
         break;
       case 'h': return Usage(argv[0], 0);
       default: return Usage(argv[0], 2);

@@ -124,6 +124,12 @@ class Engine {
   int modify_srq(Srq* srq, uint32_t limit);  // limit < max_wr; 0 disarms
   int destroy_srq(Srq* srq);
   int post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why = nullptr);
+  // Host memory the engine holds for an object of these attributes (its
+  // rings, windows and bounded side tables), so that a device can charge
+  // it to the guest that asks before it creates the object.
+  size_t qp_footprint(const QpInitAttr& init) const;
+  size_t srq_footprint(const SrqInitAttr& init) const;
+  size_t cq_footprint(uint32_t cqe) const;
   // A GSI QP answers to QP 1 for exactly these GIDs (its owner's).
   int set_gsi_gids(Qp* qp, const std::vector<Gid>& gids);
   Qp* find_qp(uint32_t qpn);

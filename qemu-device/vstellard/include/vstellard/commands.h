@@ -43,6 +43,7 @@ class Commands {
   uint16_t Run(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
 
   uint16_t CheckUctx(uint32_t uctx) const;
+  uint16_t Charge(uint64_t bytes, MemoryCharge* charge);
   uint16_t ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::vector<uint64_t>* out) const;
   uint16_t AddDbContext(uint32_t key, uint32_t* page);
   bool DatagramsOn() const;

@@ -40,6 +40,10 @@ struct DaemonOptions {
   // A frontend that sends part of a vhost-user message and then nothing
   // for this long is closed (that device only).
   uint32_t vhost_timeout_ms = 5000;
+  // Host memory the guests' objects may hold (memory_budget.h): all
+  // devices together, and each device.
+  uint64_t memory_limit = uint64_t{4} << 30;
+  uint64_t device_memory_limit = uint64_t{1} << 30;
   std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
 };
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,10 @@ struct DeviceStats {
   uint64_t commands = 0, commands_failed = 0;
   uint16_t last_status = 0;
   uint64_t events = 0, events_dropped = 0, cq_notifies = 0;
+  uint32_t cq_notify_backlog = 0;  // notifications waiting for the guest to take them
   bool fatal = false;
   uint32_t ucontexts = 0, pds = 0, cqs = 0, qps = 0, mrs = 0;
+  uint64_t memory = 0, memory_peak = 0, memory_refused = 0;  // host bytes charged (memory_budget.h)
   // Data path
   uint64_t wqes = 0;        // SQ and RQ WQEs fetched from guest rings
   uint64_t bad_wqes = 0;    // WQEs that failed validation (QP moved to ERR)
@@ -125,7 +128,12 @@ class Device : private DataPathEvents {
   bool control_pending_ = false;  // the control queue may hold more
 
   std::deque<vstellar_event> events_;
+  // Notifications the guest has not taken from its CQ notification queues
+  // yet, at most one per CQ (a CQ already waiting is not queued again: the
+  // driver polls the whole CQ on one), so a guest that never takes them
+  // cannot grow this beyond its number of CQs.
   std::deque<vstellar_cq_notify> cq_notifies_[VSTELLAR_MAX_CQ_QUEUES];
+  std::unordered_set<uint32_t> cq_notify_waiting_;
   uint64_t commands_ = 0, commands_failed_ = 0, events_n_ = 0, events_dropped_ = 0, cq_notify_n_ = 0;
   uint16_t last_status_ = 0;
 };

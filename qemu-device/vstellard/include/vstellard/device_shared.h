@@ -9,6 +9,7 @@
 
 #include <vstellar/engine.h>
 
+#include "vstellard/memory_budget.h"
 #include "vstellard/pvdma.h"
 #include "vstellard/translate.h"
 
@@ -44,6 +45,10 @@ struct DeviceShared {
   uint32_t control_budget = 64;       // control commands per device
   uint32_t wqe_budget_queue = 64;     // WQEs per SQ, RQ or SRQ
   uint32_t wqe_budget_device = 1024;  // WQEs per device (all its queues)
+  // Host memory the guests' objects hold: all devices together, and the
+  // limit each device's own budget (ObjectTables::memory) gets.
+  MemoryBudget memory{uint64_t{4} << 30};
+  uint64_t device_memory_limit = uint64_t{1} << 30;
 };
 
 }  // namespace vstellard

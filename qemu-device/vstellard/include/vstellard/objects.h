@@ -13,6 +13,8 @@
 #include <vstellar/engine.h>
 #include <vstellar/virtio_vstellar.h>
 
+#include "vstellard/memory_budget.h"
+
 namespace vstellard {
 
 // Where a guest ring (SQ or RQ) is: its pages (guest-physical), the page
@@ -45,6 +47,7 @@ struct CqObj {
   uint32_t page_shift;
   uint64_t ring_offset;
   std::vector<uint64_t> pages;
+  MemoryCharge charge;
   bool armed = false;
   // Data path: CQEs written (free-running), arm value last consumed,
   // overflow latched (CQ_ERR sent, no more CQEs).
@@ -58,6 +61,7 @@ struct SrqObj {
   uint32_t owner;
   vstellar::Srq* srq;
   uint32_t pdn, slot;
+  MemoryCharge charge;
   RingGeom ring;
   uint32_t ci = 0;  // WQEs fetched (free-running)
   // The guest wr_id of each fetched WQE not yet completed, by its
@@ -84,6 +88,7 @@ struct QpObj {
   std::vector<uint64_t> sq_wrid, rq_wrid;
   std::vector<uint8_t> sq_op;
   uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
+  MemoryCharge charge;
   bool broken = false;   // doorbell record corrupt: not read until RESET
   bool blocked = false;  // the engine's queue was full: rescan after a completion
 };
@@ -92,9 +97,13 @@ struct MrObj {
   uint32_t owner;
   vstellar::Mr* mr;
   uint32_t pdn;
+  MemoryCharge charge;
 };
 
 struct ObjectTables {
+  // What this device's objects hold of host memory (first, so that it
+  // outlives every object's MemoryCharge).
+  MemoryBudget memory;
   // A fresh handle for a user context, PD, CQ, MR or SRQ: never 0 and
   // never one in use, also after the 32-bit counter wrapped (issue 13:
   // a wrapped counter overwrote a live object's entry).

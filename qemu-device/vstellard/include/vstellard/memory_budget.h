@@ -1,0 +1,91 @@
+// Host memory charged to the guests that asked for it (issue 13 #5).
+//
+// Guest RAM is the guest's own; what a guest makes vstellard allocate on
+// top of it (the engine's rings and windows for its QPs, CQs and SRQs, the
+// page lists and final translations of its MRs) is charged when the object
+// is created and given back when it is destroyed, against two limits: one
+// per device (--device-memory-limit) and one for the daemon
+// (--memory-limit). A request over either fails with NO_RESOURCES and
+// allocates nothing, so no guest can grow the daemon without bound or take
+// memory another guest needs.
+#pragma once
+
+#include <cstdint>
+
+namespace vstellard {
+
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(uint64_t limit = 0) : limit_(limit) {}
+  void set_limit(uint64_t limit) { limit_ = limit; }
+  uint64_t limit() const { return limit_; }
+  uint64_t used() const { return used_; }
+  uint64_t peak() const { return peak_; }
+  uint64_t refused() const { return refused_; }
+
+  bool TryCharge(uint64_t n) {
+    if (n > limit_ - used_ || used_ > limit_) {
+      refused_++;
+      return false;
+    }
+    used_ += n;
+    if (used_ > peak_) peak_ = used_;
+    return true;
+  }
+  void Refund(uint64_t n) { used_ -= n <= used_ ? n : used_; }
+
+ private:
+  uint64_t limit_;
+  uint64_t used_ = 0, peak_ = 0, refused_ = 0;
+};
+
+// One object's charge, held by the object (QpObj, CqObj, ...): moved with
+// it, given back once when it is destroyed, whichever path destroys it.
+class MemoryCharge {
+ public:
+  MemoryCharge() = default;
+  MemoryCharge(const MemoryCharge&) = delete;
+  MemoryCharge& operator=(const MemoryCharge&) = delete;
+  MemoryCharge(MemoryCharge&& o) noexcept : device_(o.device_), daemon_(o.daemon_), bytes_(o.bytes_) {
+    o.bytes_ = 0;
+  }
+  MemoryCharge& operator=(MemoryCharge&& o) noexcept {
+    if (this != &o) {
+      Release();
+      device_ = o.device_;
+      daemon_ = o.daemon_;
+      bytes_ = o.bytes_;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~MemoryCharge() { Release(); }
+
+  // Charges `bytes` to both budgets, or to neither (false).
+  bool Take(MemoryBudget& device, MemoryBudget& daemon, uint64_t bytes) {
+    Release();
+    if (!device.TryCharge(bytes)) return false;
+    if (!daemon.TryCharge(bytes)) {
+      device.Refund(bytes);
+      return false;
+    }
+    device_ = &device;
+    daemon_ = &daemon;
+    bytes_ = bytes;
+    return true;
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void Release() {
+    if (!bytes_) return;
+    device_->Refund(bytes_);
+    daemon_->Refund(bytes_);
+    bytes_ = 0;
+  }
+  MemoryBudget* device_ = nullptr;
+  MemoryBudget* daemon_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace vstellard
