@@ -9,13 +9,13 @@ local p = Proto("vstellar", "vStellar RNIC transport")
 local opcodes = {
   [1] = "SEND", [2] = "SEND_IMM", [3] = "WRITE", [4] = "WRITE_IMM", [5] = "READ_REQ",
   [6] = "READ_RESP", [7] = "CMP_SWAP", [8] = "FETCH_ADD", [9] = "ATOMIC_RESP", [10] = "ACK",
-  [11] = "UD_SEND", [12] = "UD_SEND_IMM",
+  [11] = "UD_SEND", [12] = "UD_SEND_IMM", [13] = "SEND_INV",
 }
 local syndromes = {
   [0] = "ACK", [1] = "RNR NAK", [2] = "NAK invalid request", [3] = "NAK remote access",
   [4] = "NAK remote operational error",
 }
-local ext_len = { [1] = 32, [2] = 32, [3] = 32, [4] = 32, [5] = 24, [6] = 8, [7] = 32, [8] = 32, [9] = 8, [10] = 28, [11] = 48, [12] = 48 }
+local ext_len = { [1] = 32, [2] = 32, [3] = 32, [4] = 32, [5] = 24, [6] = 8, [7] = 32, [8] = 32, [9] = 8, [10] = 28, [11] = 48, [12] = 48, [13] = 32 }
 
 local f = p.fields
 f.version = ProtoField.uint8("vstellar.version", "Version", base.DEC, nil, 0xF0)
@@ -94,7 +94,7 @@ function p.dissector(buf, pinfo, tree)
   local psn = buf(12, 4):uint()
   local info = string.format("%s QPN 0x%x PSN %u path %u", opcodes[op], buf(4, 4):uint(), psn, buf(16, 2):uint())
   local hl = 24 + ext_len[op]
-  if op >= 1 and op <= 4 then
+  if (op >= 1 and op <= 4) or op == 13 then
     t:add(f.va, buf(24, 8)); t:add(f.rkey, buf(32, 4)); t:add(f.msg_off, buf(36, 4))
     t:add(f.msg_len, buf(40, 4)); t:add(f.rsn, buf(44, 4)); t:add(f.imm, buf(48, 4))
     info = info .. string.format(" off %u/%u", buf(36, 4):uint(), buf(40, 4):uint())

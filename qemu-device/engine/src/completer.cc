@@ -19,6 +19,10 @@ WcOpcode wc_opcode(WrOpcode op) {
     case WrOpcode::RDMA_READ: return WcOpcode::RDMA_READ;
     case WrOpcode::ATOMIC_CMP_AND_SWP: return WcOpcode::COMP_SWAP;
     case WrOpcode::ATOMIC_FETCH_AND_ADD: return WcOpcode::FETCH_ADD;
+    case WrOpcode::SEND_WITH_INV: return WcOpcode::SEND;
+    case WrOpcode::LOCAL_INV: return WcOpcode::LOCAL_INV;
+    case WrOpcode::BIND_MW: return WcOpcode::BIND_MW;
+    case WrOpcode::REG_MR: return WcOpcode::REG_MR;
   }
   return WcOpcode::SEND;
 }
@@ -229,6 +233,7 @@ void EngineCore::comp_retire(QpImpl& qp) {
       wc.wr_id = w.wr_id;
       wc.status = w.status;
       wc.opcode = wc_opcode(w.op);
+      wc.vendor_err = w.vendor_err;
       wc.byte_len = w.op == WrOpcode::RDMA_READ ? uint32_t(w.len)
                     : is_rd_atomic(w.op)        ? 8
                                                 : uint32_t(w.len);

@@ -44,6 +44,7 @@ EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
     : cfg_(cfg), link_(link), clock_(clock) {
   if (!cfg_.validate()) cfg_ = EngineConfig{};
   qpn_random_.Seed(cfg_.qpn_seed);
+  key_random_.Seed(cfg_.key_seed);
   stats_.paths.resize(cfg_.num_paths);
 }
 
@@ -63,35 +64,64 @@ int EngineCore::dealloc_pd(Pd* pd) {
 Mr* EngineCore::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
                    std::shared_ptr<MemoryTranslator> mem) {
   if (!pd || !mem || length == 0) return nullptr;
-  if (access & ~ACCESS_ALL_SUPPORTED) return nullptr;
+  if (access & ~ACCESS_MR_SUPPORTED) return nullptr;
   if (iova + length < iova) return nullptr;  // wraps
   // IB: remote write/atomic need local write.
   if ((access & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC)) && !(access & ACCESS_LOCAL_WRITE))
     return nullptr;
-  size_t slot = 0;
-  while (slot < mrs_.size() && mrs_[slot]) slot++;
-  if (slot >= (1u << 24) - 1) return nullptr;
-  if (slot == mrs_.size()) mrs_.emplace_back();
-  // Key = slot+1 in the upper 24 bits, a changing tag in the low 8, so a key
-  // of a deregistered MR does not match the next MR in the same slot.
-  key_tag_ = (key_tag_ * 37 + 11) & 0xff;
-  uint32_t key = uint32_t(slot + 1) << 8 | key_tag_;
-  mrs_[slot] = std::make_unique<Mr>(pd, iova, length, access, key, std::move(mem));
+  const uint32_t key = alloc_key();
+  if (!key) return nullptr;
+  auto& mr = mrs_[key >> 8];
+  mr = std::make_unique<Mr>(pd, iova, length, access, key, std::move(mem));
   pd->refs++;
-  return mrs_[slot].get();
+  return mr.get();
+}
+
+Mr* EngineCore::alloc_mr(Pd* pd, uint32_t max_pages) {
+  if (!pd || max_pages == 0) return nullptr;
+  const uint32_t key = alloc_key();
+  if (!key) return nullptr;
+  auto& mr = mrs_[key >> 8];
+  mr = std::make_unique<Mr>(pd, key, max_pages);
+  pd->refs++;
+  return mr.get();
+}
+
+Mr* EngineCore::mr_by_index(uint32_t key) {
+  auto it = mrs_.find(key >> 8);
+  return it == mrs_.end() ? nullptr : it->second.get();
 }
 
 Mr* EngineCore::find_mr(uint32_t key) {
-  size_t slot = (key >> 8);
-  if (slot == 0 || slot > mrs_.size()) return nullptr;
-  Mr* mr = mrs_[slot - 1].get();
+  Mr* mr = mr_by_index(key);
   return (mr && mr->lkey() == key) ? mr : nullptr;
 }
 
 int EngineCore::dereg_mr(Mr* mr) {
-  if (!mr || find_mr(mr->lkey()) != mr) return EINVAL;
+  if (!mr || mr_by_index(mr->lkey()) != mr) return EINVAL;
+  if (mr->bound_windows_) return EBUSY;  // IB: windows are bound to it
   mr->pd()->refs--;
-  mrs_[(mr->lkey() >> 8) - 1].reset();
+  mrs_.erase(mr->lkey() >> 8);
+  return 0;
+}
+
+Mw* EngineCore::alloc_mw(Pd* pd, uint8_t type) {
+  if (!pd || (type != 1 && type != 2)) return nullptr;
+  const uint32_t key = alloc_key();
+  if (!key) return nullptr;
+  auto& mw = mws_[key >> 8];
+  mw = std::make_unique<Mw>(pd, type, key);
+  pd->refs++;
+  return mw.get();
+}
+
+int EngineCore::dealloc_mw(Mw* mw) {
+  if (!mw) return EINVAL;
+  auto it = mws_.find(mw->rkey() >> 8);
+  if (it == mws_.end() || it->second.get() != mw) return EINVAL;
+  unbind(*mw);
+  mw->pd()->refs--;
+  mws_.erase(it);
   return 0;
 }
 
@@ -283,6 +313,10 @@ Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
   return core_->reg_mr(pd, iova, length, access, std::move(mem));
 }
 int Engine::dereg_mr(Mr* mr) { return core_->dereg_mr(mr); }
+Mr* Engine::alloc_mr(Pd* pd, uint32_t max_pages) { return core_->alloc_mr(pd, max_pages); }
+Mr* Engine::mr_by_index(uint32_t key) { return core_->mr_by_index(key); }
+Mw* Engine::alloc_mw(Pd* pd, uint8_t type) { return core_->alloc_mw(pd, type); }
+int Engine::dealloc_mw(Mw* mw) { return core_->dealloc_mw(mw); }
 Cq* Engine::create_cq(uint32_t cqe) { return core_->create_cq(cqe); }
 int Engine::destroy_cq(Cq* cq) { return core_->destroy_cq(cq); }
 Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) { return core_->create_qp(pd, init); }

@@ -60,7 +60,17 @@ struct SendWqe {
   uint64_t rnr_hold_until = 0;
   bool rd_counted = false;  // counts against max_rd_atomic until retired
   UdDest ud;                // UD/GSI QPs: where the datagram goes
+  // REG_MR, BIND_MW (LOCAL_INV and SEND_WITH_INV keep their key in rkey)
+  FastRegWr reg;
+  BindMwWr bind;
+  uint32_t vendor_err = 0;  // VENDOR_*, with a failed key operation
 };
+
+// Work requests the requester executes itself, in send-queue order, with
+// no packet.
+inline bool is_local_op(WrOpcode op) {
+  return op == WrOpcode::REG_MR || op == WrOpcode::LOCAL_INV || op == WrOpcode::BIND_MW;
+}
 
 enum class PktKind : uint8_t { DATA, READ, ATOMIC };
 
@@ -98,6 +108,7 @@ struct RecvWqe {
   bool with_imm = false;
   bool write_imm = false;
   bool from_srq = false;  // taken from the QP's SRQ (completes with WC_SRQ)
+  bool with_inv = false;  // SEND_WITH_INV: imm holds the key it invalidated
   WcStatus status = WcStatus::SUCCESS;
 };
 
@@ -269,6 +280,26 @@ class EngineCore {
   bool owns_srq(const SrqImpl* srq) const;  // made by this engine and not destroyed
   QpImpl* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
+  Mr* alloc_mr(Pd* pd, uint32_t max_pages);
+  Mr* mr_by_index(uint32_t key);
+  Mw* alloc_mw(Pd* pd, uint8_t type);
+  int dealloc_mw(Mw* mw);
+
+  // keys.cc: memory keys. A new random key whose index no live MR or
+  // window has (0 if the space is full).
+  uint32_t alloc_key();
+  // The MR behind an rkey of a remote request to `qp`: an MR of the QP's
+  // PD, or a window bound for this QP, granting `need` on [va, va+len);
+  // nullptr if the key gives no such right.
+  Mr* remote_mr(const QpImpl& qp, uint32_t rkey, uint64_t va, uint64_t len, uint32_t need);
+  // REG_MR, LOCAL_INV, BIND_MW on `qp`; SUCCESS or the status, *vendor why.
+  WcStatus exec_local(QpImpl& qp, SendWqe& w, uint32_t* vendor);
+  // Invalidate `key` for `qp` (LOCAL_INV; remote: SEND_WITH_INV, which
+  // also requires the object to be VALID). check_only: change nothing.
+  WcStatus invalidate(QpImpl& qp, uint32_t key, bool remote, bool check_only, uint32_t* vendor);
+  void unbind(Mw& mw);
+  // A destroyed QP's type 2 windows become INVALID.
+  void invalidate_qp_windows(const QpImpl& qp);
 
   // ---- driving (engine.cc) ----
   void receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce);
@@ -353,9 +384,10 @@ class EngineCore {
   };
   std::deque<QuarantinedQpn> qpn_quarantine_;  // oldest first
   std::unordered_set<uint32_t> quarantined_qpns_;
-  uint32_t key_tag_ = 0x5a;
+  IdRandom key_random_;
   std::vector<std::unique_ptr<Pd>> pds_;
-  std::vector<std::unique_ptr<Mr>> mrs_;  // slot (key >> 8) - 1
+  std::unordered_map<uint32_t, std::unique_ptr<Mr>> mrs_;  // by key index (key >> 8)
+  std::unordered_map<uint32_t, std::unique_ptr<Mw>> mws_;  // by key index, never one of an MR's
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::unordered_map<uint32_t, std::unique_ptr<QpImpl>> qps_;
   std::vector<std::unique_ptr<SrqImpl>> srqs_;

@@ -150,6 +150,7 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   qp->send_cq->refs--;
   qp->recv_cq->refs--;
   if (qp->srq) qp->srq->refs--;
+  invalidate_qp_windows(*qp);
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
   const uint32_t qpn = qp->qpn_;
@@ -399,7 +400,13 @@ void EngineCore::qp_to_error(QpImpl& qp) {
 // access. The status is the one the WR completes with when a device
 // (vstellard) turns the refusal into a completion.
 WcStatus EngineCore::check_send(const QpImpl& qp, const SendWr& wr) {
-  if (unsigned(wr.opcode) > unsigned(WrOpcode::ATOMIC_FETCH_AND_ADD)) return WcStatus::LOC_QP_OP_ERR;
+  if (unsigned(wr.opcode) > unsigned(WrOpcode::SEND_WITH_INV) && wr.opcode != WrOpcode::REG_MR)
+    return WcStatus::LOC_QP_OP_ERR;
+  if (is_local_op(wr.opcode)) {
+    // No data: the work request is the key operation (RC QPs only).
+    if (qp.is_ud() || wr.num_sge || (wr.send_flags & SEND_INLINE)) return WcStatus::LOC_QP_OP_ERR;
+    return WcStatus::SUCCESS;
+  }
   if (wr.num_sge > qp.init.cap.max_send_sge) return WcStatus::LOC_LEN_ERR;
   if (wr.num_sge && !wr.sg_list) return WcStatus::LOC_QP_OP_ERR;
   const bool inl = (wr.send_flags & SEND_INLINE) != 0;
@@ -430,7 +437,8 @@ WcStatus EngineCore::check_send(const QpImpl& qp, const SendWr& wr) {
     if (wr.remote_addr % 8) return WcStatus::LOC_QP_OP_ERR;  // IB: atomics are 8-byte aligned
     return WcStatus::SUCCESS;
   }
-  const bool remote = wr.opcode != WrOpcode::SEND && wr.opcode != WrOpcode::SEND_WITH_IMM;
+  const bool remote = wr.opcode != WrOpcode::SEND && wr.opcode != WrOpcode::SEND_WITH_IMM &&
+                      wr.opcode != WrOpcode::SEND_WITH_INV;
   if (remote && wr.remote_addr + len < wr.remote_addr) return WcStatus::LOC_LEN_ERR;  // wraps
   return WcStatus::SUCCESS;
 }
@@ -459,7 +467,9 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
   w.flags = wr.send_flags;
   w.imm = wr.imm_data;
   w.raddr = wr.remote_addr;
-  w.rkey = wr.rkey;
+  w.rkey = wr.opcode == WrOpcode::LOCAL_INV || wr.opcode == WrOpcode::SEND_WITH_INV ? wr.invalidate_rkey : wr.rkey;
+  if (wr.opcode == WrOpcode::REG_MR) w.reg = wr.reg;
+  if (wr.opcode == WrOpcode::BIND_MW) w.bind = wr.bind;
   w.cmp_add = wr.compare_add;
   w.swap = wr.swap;
   w.len = len;

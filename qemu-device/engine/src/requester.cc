@@ -15,6 +15,7 @@ wire::Op data_op(WrOpcode op) {
   switch (op) {
     case WrOpcode::SEND: return wire::Op::SEND;
     case WrOpcode::SEND_WITH_IMM: return wire::Op::SEND_IMM;
+    case WrOpcode::SEND_WITH_INV: return wire::Op::SEND_INV;
     case WrOpcode::RDMA_WRITE: return wire::Op::WRITE;
     default: return wire::Op::WRITE_IMM;
   }
@@ -54,7 +55,7 @@ bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
   else
     w.npkts = std::max<uint32_t>(1, uint32_t((w.len + w.seg - 1) / w.seg));
   w.first_psn = qp.snd_nxt;
-  if (w.op == WrOpcode::SEND || w.op == WrOpcode::SEND_WITH_IMM ||
+  if (w.op == WrOpcode::SEND || w.op == WrOpcode::SEND_WITH_IMM || w.op == WrOpcode::SEND_WITH_INV ||
       w.op == WrOpcode::RDMA_WRITE_WITH_IMM)
     w.rsn = qp.next_rsn++;
   w.rnr_left = qp.attr.rnr_retry;
@@ -78,6 +79,23 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
       if (is_rd_atomic(w.op) && qp.rd_atomic_outstanding >= max_rd) return false;
       // Fence: wait until every earlier READ/atomic has completed.
       if ((w.flags & SEND_FENCE) && qp.rd_atomic_outstanding > 0) return false;
+      if (is_local_op(w.op)) {
+        // An invalidation waits for every earlier WQE to complete: their
+        // retransmissions may still read the MR it takes away.
+        if (w.op == WrOpcode::LOCAL_INV && qp.sq_head != idx) return false;
+        w.started = true;
+        uint32_t vendor = 0;
+        WcStatus st = exec_local(qp, w, &vendor);
+        if (st != WcStatus::SUCCESS) {
+          w.vendor_err = vendor;
+          comp_fail_wqe(qp, idx, st);
+          return false;
+        }
+        w.done = true;
+        comp_retire(qp);
+        budget--;
+        continue;
+      }
       if (!req_start(qp, idx, w)) return false;
     }
     if (w.done || w.pkts_sent >= w.npkts) {

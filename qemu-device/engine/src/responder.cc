@@ -50,6 +50,7 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
   switch (p.base.op) {
     case wire::Op::SEND:
     case wire::Op::SEND_IMM:
+    case wire::Op::SEND_INV:
     case wire::Op::WRITE:
     case wire::Op::WRITE_IMM:
       if (old || (in_win && qp.rbit(psn))) {
@@ -179,10 +180,9 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
   if (op == wire::Op::WRITE || op == wire::Op::WRITE_IMM) {
     // IB (C9-88): a zero-length RDMA WRITE checks no R_Key and touches no
     // memory; UCX's rc_verbs flushes with one whose rkey is 0.
-    Mr* mr = e.msg_len ? find_mr(e.rkey) : nullptr;
     uint64_t va = e.va + e.msg_off;
-    if (e.msg_len && (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) ||
-                      va < e.va || !mr->allows(va, plen, ACCESS_REMOTE_WRITE))) {
+    Mr* mr = e.msg_len && va >= e.va ? remote_mr(qp, e.rkey, va, plen, ACCESS_REMOTE_WRITE) : nullptr;
+    if (e.msg_len && (!mr || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE))) {
       resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
       return;
     }
@@ -199,6 +199,15 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       r->write_imm = true;
     }
   } else {
+    if (op == wire::Op::SEND_INV) {
+      // The key must be one this QP may invalidate, from the first packet
+      // on; it is invalidated when the last one has arrived.
+      uint32_t vendor = 0;
+      if (invalidate(qp, e.rkey, /*remote=*/true, /*check_only=*/true, &vendor) != WcStatus::SUCCESS) {
+        resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
+        return;
+      }
+    }
     if (e.msg_len > r->cap) {
       if (!resp_error_now(qp, psn)) return;
       r->status = WcStatus::LOC_LEN_ERR;
@@ -218,6 +227,12 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       r->byte_len = e.msg_len;
       r->imm = e.imm;
       r->with_imm = op == wire::Op::SEND_IMM;
+      r->with_inv = op == wire::Op::SEND_INV;
+      if (r->with_inv) {
+        uint32_t vendor = 0;
+        invalidate(qp, e.rkey, /*remote=*/true, /*check_only=*/false, &vendor);  // checked above
+        r->imm = e.rkey;
+      }
       r->write_imm = false;
     }
   }
@@ -234,9 +249,8 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     return false;
   }
   // As for WRITE, a zero-length READ checks no R_Key.
-  Mr* mr = find_mr(e.rkey);
-  if (e.len && (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ) ||
-                !mr->allows(e.va, e.len, ACCESS_REMOTE_READ))) {
+  Mr* mr = e.len ? remote_mr(qp, e.rkey, e.va, e.len, ACCESS_REMOTE_READ) : nullptr;
+  if (e.len && (!mr || !(qp.attr.qp_access_flags & ACCESS_REMOTE_READ))) {
     resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
     return false;
   }
@@ -317,9 +331,8 @@ bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
     resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
     return false;
   }
-  Mr* mr = find_mr(e.rkey);
-  if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_ATOMIC) ||
-      !mr->allows(e.va, 8, ACCESS_REMOTE_ATOMIC)) {
+  Mr* mr = remote_mr(qp, e.rkey, e.va, 8, ACCESS_REMOTE_ATOMIC);
+  if (!mr || !(qp.attr.qp_access_flags & ACCESS_REMOTE_ATOMIC)) {
     resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
     return false;
   }
@@ -369,7 +382,8 @@ void EngineCore::resp_complete_recvs(QpImpl& qp) {
     wc.opcode = r.write_imm ? WcOpcode::RECV_RDMA_WITH_IMM : WcOpcode::RECV;
     wc.byte_len = r.byte_len;
     wc.imm_data = r.imm;
-    wc.wc_flags = (r.with_imm ? uint32_t(WC_WITH_IMM) : 0u) | (r.from_srq ? uint32_t(WC_SRQ) : 0u);
+    wc.wc_flags = (r.with_imm ? uint32_t(WC_WITH_IMM) : 0u) | (r.from_srq ? uint32_t(WC_SRQ) : 0u) |
+                  (r.with_inv ? uint32_t(WC_WITH_INV) : 0u);
     wc.qp_num = qp.qpn_;
     wc.src_qp = qp.attr.dest_qp_num;
     emit(qp.recv_cq, wc);

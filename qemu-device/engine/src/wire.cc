@@ -53,6 +53,7 @@ const char* to_string(Op op) {
     case Op::ACK: return "ACK";
     case Op::UD_SEND: return "UD_SEND";
     case Op::UD_SEND_IMM: return "UD_SEND_IMM";
+    case Op::SEND_INV: return "SEND_INV";
   }
   return "?";
 }
@@ -118,12 +119,12 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
   b.payload_len = r.u16();
   b.ts = r.u32();
   if (b.version != kVersion) return ParseError::BAD_VERSION;
-  if (op < uint8_t(Op::SEND) || op > uint8_t(Op::UD_SEND_IMM)) return ParseError::BAD_OPCODE;
+  if (op < uint8_t(Op::SEND) || op > uint8_t(Op::SEND_INV)) return ParseError::BAD_OPCODE;
   b.op = Op(op);
   size_t hl = kBaseLen + ext_len(b.op);
   if (len < hl) return ParseError::TRUNCATED;
   switch (b.op) {
-    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: {
+    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: case Op::SEND_INV: {
       DataExt& e = out.data;
       e.va = r.u64(); e.rkey = r.u32(); e.msg_off = r.u32(); e.msg_len = r.u32();
       e.rsn = r.u32(); e.imm = r.u32(); e.rsvd = r.u32();

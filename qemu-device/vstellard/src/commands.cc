@@ -135,6 +135,15 @@ void Commands::DestroyAllOf(uint32_t uctx) {
       ++it;
     }
   }
+  // Windows first: an MR with bound windows cannot be deregistered.
+  for (auto it = obj_.mws.begin(); it != obj_.mws.end();) {
+    if (it->second.owner == uctx) {
+      sh_.engine->dealloc_mw(it->second.mw);
+      it = obj_.mws.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto it = obj_.mrs.begin(); it != obj_.mrs.end();) {
     if (it->second.owner == uctx) {
       sh_.engine->dereg_mr(it->second.mr);
@@ -230,6 +239,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_DEVICE>(uint32_t uctx, const uint8_t* 
     r.max_srq_wr = c.max_qp_wr;
     r.max_srq_sge = c.max_recv_sge;
   }
+  if (WindowsOn()) r.max_mw = c.max_mr;
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
@@ -671,7 +681,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
   auto pd = obj_.pds.find(le32toh(cmd.pdn));
   if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (access & ~VSTELLAR_ACCESS_VALID) return VSTELLAR_STATUS_BAD_FIELD;
+  if (access & ~(VSTELLAR_ACCESS_VALID | (WindowsOn() ? VSTELLAR_ACCESS_MW_BIND : 0u))) return VSTELLAR_STATUS_BAD_FIELD;
   if ((access & (VSTELLAR_ACCESS_REMOTE_WRITE | VSTELLAR_ACCESS_REMOTE_ATOMIC)) &&
       !(access & VSTELLAR_ACCESS_LOCAL_WRITE))
     return VSTELLAR_STATUS_BAD_FIELD;
@@ -713,7 +723,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEREG_MR>(uint32_t uctx, const uint8_t* b, u
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
   auto it = obj_.mrs.find(le32toh(cmd.handle));
   if (it == obj_.mrs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (sh_.engine->dereg_mr(it->second.mr)) return VSTELLAR_STATUS_INTERNAL;
+  if (int e = sh_.engine->dereg_mr(it->second.mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
   obj_.mrs.erase(it);
   return VSTELLAR_STATUS_OK;
 }
@@ -897,22 +907,69 @@ bool Commands::WindowsOn() const {
   return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MW);
 }
 
+// A fast-registration MR: kernel only (REG_MR WQEs carry guest-physical
+// page lists, which only kernel QPs may post). It counts against max_mr.
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (!MemMgtOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
-  return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!MemMgtOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_alloc_mr>(b);
+  const virtio_vstellar_config& c = config();
+  if (uctx != 0) return VSTELLAR_STATUS_ACCESS;
+  if (!IsZero(cmd.reserved, sizeof(cmd.reserved))) return VSTELLAR_STATUS_BAD_FIELD;
+  auto pd = obj_.pds.find(le32toh(cmd.pdn));
+  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t n = le32toh(cmd.max_num_pages);
+  if (n == 0) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_fast_reg_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (obj_.mrs.size() >= cfg32(c.max_mr)) return VSTELLAR_STATUS_LIMIT;
+  // Charged for the most it may map: each page's guest address and final
+  // host pointer, built at every REG_MR WQE.
+  MemoryCharge charge;
+  if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
+  vstellar::Mr* mr = sh_.engine->alloc_mr(pd->second.pd, n);
+  if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
+  const uint32_t h = obj_.NewHandle();
+  obj_.mrs[h] = MrObj{uctx, mr, pd->first, std::move(charge)};
+  vstellar_resp_reg_mr r{};
+  r.mrn = htole32(h);
+  r.lkey = htole32(mr->lkey());
+  r.rkey = htole32(mr->rkey());
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
 }
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
-  return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_alloc_mw>(b);
+  const uint32_t type = le32toh(cmd.type);
+  auto pd = obj_.pds.find(le32toh(cmd.pdn));
+  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (type != VSTELLAR_MW_TYPE_1 && type != VSTELLAR_MW_TYPE_2) return VSTELLAR_STATUS_BAD_FIELD;
+  if (obj_.mws.size() >= cfg32(config().max_mr)) return VSTELLAR_STATUS_LIMIT;
+  MemoryCharge charge;
+  if (uint16_t s = Charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charge)) return s;
+  vstellar::Mw* mw = sh_.engine->alloc_mw(pd->second.pd, uint8_t(type));
+  if (!mw) return VSTELLAR_STATUS_NO_RESOURCES;
+  const uint32_t h = obj_.NewHandle();
+  obj_.mws[h] = MwObj{uctx, mw, pd->first, std::move(charge)};
+  vstellar_resp_alloc_mw r{};
+  r.mwn = htole32(h);
+  r.rkey = htole32(mw->rkey());
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
 }
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;  // not offered yet
-  return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.mws.find(le32toh(cmd.handle));
+  if (it == obj_.mws.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (sh_.engine->dealloc_mw(it->second.mw)) return VSTELLAR_STATUS_INTERNAL;
+  obj_.mws.erase(it);
+  return VSTELLAR_STATUS_OK;
 }
 
 // ------------------------------------------------------------------ dispatch

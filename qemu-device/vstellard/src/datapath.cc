@@ -16,6 +16,7 @@
 
 #include "vstellard/datapath.h"
 #include "vstellard/device_shared.h"
+#include "vstellard/translate.h"
 
 namespace vstellard {
 
@@ -37,6 +38,9 @@ void StoreLe32(uint8_t* p, uint32_t v) {
 
 uint8_t WcOpOfSend(uint8_t op) {
   switch (op) {
+    case VSTELLAR_WR_LOCAL_INV: return VSTELLAR_WC_LOCAL_INV;
+    case VSTELLAR_WR_REG_MR: return VSTELLAR_WC_REG_MR;
+    case VSTELLAR_WR_BIND_MW: return VSTELLAR_WC_BIND_MW;
     case VSTELLAR_WR_RDMA_WRITE:
     case VSTELLAR_WR_RDMA_WRITE_IMM: return VSTELLAR_WC_RDMA_WRITE;
     case VSTELLAR_WR_RDMA_READ: return VSTELLAR_WC_RDMA_READ;
@@ -47,6 +51,30 @@ uint8_t WcOpOfSend(uint8_t op) {
 }
 
 constexpr uint8_t St(WcStatus s) { return uint8_t(s); }
+
+// The engine's numbering of the key WQEs (libibverbs') and of their
+// failure reasons (the device's status codes).
+WrOpcode EngineOp(uint8_t op) {
+  switch (op) {
+    case VSTELLAR_WR_LOCAL_INV: return WrOpcode::LOCAL_INV;
+    case VSTELLAR_WR_SEND_WITH_INV: return WrOpcode::SEND_WITH_INV;
+    case VSTELLAR_WR_REG_MR: return WrOpcode::REG_MR;
+    case VSTELLAR_WR_BIND_MW: return WrOpcode::BIND_MW;
+    default: return WrOpcode(op);
+  }
+}
+static_assert(vstellar::VENDOR_BAD_FIELD == VSTELLAR_STATUS_BAD_FIELD &&
+              vstellar::VENDOR_BAD_HANDLE == VSTELLAR_STATUS_BAD_HANDLE &&
+              vstellar::VENDOR_BAD_STATE == VSTELLAR_STATUS_BAD_STATE &&
+              vstellar::VENDOR_BAD_ADDRESS == VSTELLAR_STATUS_BAD_ADDRESS &&
+              vstellar::VENDOR_ACCESS == VSTELLAR_STATUS_ACCESS && vstellar::VENDOR_BUSY == VSTELLAR_STATUS_BUSY,
+              "engine vendor_err values are the device's status codes");
+static_assert(vstellar::ACCESS_MW_BIND == VSTELLAR_ACCESS_MW_BIND && vstellar::ACCESS_ALL_SUPPORTED == VSTELLAR_ACCESS_VALID,
+              "access flags are passed through");
+
+bool AllZero(const uint8_t* p, size_t n) {
+  return std::all_of(p, p + n, [](uint8_t c) { return c == 0; });
+}
 
 }  // namespace
 
@@ -192,8 +220,10 @@ void DataPath::QpToErr(QpObj& q, uint16_t event, uint32_t info) {
 
 // A CQE the device writes itself (bad WQE, flush in ERR): the engine holds
 // nothing older for this queue (ERR flushed it), so order is kept.
-void DataPath::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status) {
+void DataPath::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status,
+                              uint8_t vendor_err) {
   vstellar_cqe c{};
+  c.vendor_err = vendor_err;
   c.wr_id = htole64(wr_id);
   c.qpn = htole32(q.qp->qpn());
   c.wqe_idx = htole16(uint16_t(idx));
@@ -202,11 +232,12 @@ void DataPath::CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id,
   WriteCqe(send ? q.send_cqn : q.recv_cqn, c);
 }
 
-uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges) {
+uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges,
+                               uint8_t* vendor) {
   vstellar_send_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint8_t op = w.opcode;
-  if (op > VSTELLAR_WR_ATOMIC_FETCH_ADD) return St(WcStatus::LOC_QP_OP_ERR);
+  if (op > VSTELLAR_WR_BIND_MW) return St(WcStatus::LOC_QP_OP_ERR);
   if (w.flags & ~(VSTELLAR_WQE_SIGNALED | VSTELLAR_WQE_SOLICITED | VSTELLAR_WQE_INLINE | VSTELLAR_WQE_FENCE))
     return St(WcStatus::LOC_QP_OP_ERR);
   const bool atomic = op == VSTELLAR_WR_ATOMIC_CMP_SWP || op == VSTELLAR_WR_ATOMIC_FETCH_ADD;
@@ -218,7 +249,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
   // are the engine's, in post_send.
   *wr = vstellar::SendWr{};
   wr->wr_id = 0;
-  wr->opcode = WrOpcode(op);
+  wr->opcode = EngineOp(op);
   wr->send_flags = ((w.flags & VSTELLAR_WQE_SIGNALED) ? uint32_t(vstellar::SEND_SIGNALED) : 0u) |
                    ((w.flags & VSTELLAR_WQE_SOLICITED) ? uint32_t(vstellar::SEND_SOLICITED) : 0u) |
                    ((w.flags & VSTELLAR_WQE_FENCE) ? uint32_t(vstellar::SEND_FENCE) : 0u);
@@ -252,6 +283,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     if (total > VSTELLAR_UD_MAX_PAYLOAD) return St(WcStatus::LOC_LEN_ERR);
     return CheckUdDest(w, &wr->ud);
   }
+  if (op >= VSTELLAR_WR_LOCAL_INV) return CheckKeyWqe(q, w, wr, vendor);
   if (atomic) {
     wr->remote_addr = le64toh(w.u.atomic.remote_addr);
     wr->rkey = le32toh(w.u.atomic.rkey);
@@ -261,6 +293,98 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     wr->remote_addr = le64toh(w.u.rdma.remote_addr);
     wr->rkey = le32toh(w.u.rdma.rkey);
   }
+  return St(WcStatus::SUCCESS);
+}
+
+// The memory-key WQEs (minor 3): LOCAL_INV, SEND_WITH_INV, REG_MR,
+// BIND_MW. Their feature must be negotiated; REG_MR only on kernel QPs
+// (its page list holds guest-physical addresses). The engine checks the
+// keys against its objects when the WQE executes, in queue order.
+uint8_t DataPath::CheckKeyWqe(QpObj& q, const vstellar_send_wqe& w, vstellar::SendWr* wr, uint8_t* vendor) {
+  const uint64_t f = session_.acked_features();
+  const bool mem_mgt = f & (uint64_t{1} << VIRTIO_VSTELLAR_F_MEM_MGT);
+  const bool windows = f & (uint64_t{1} << VIRTIO_VSTELLAR_F_MW);
+  const uint8_t op = w.opcode;
+  if (q.type != VSTELLAR_QPT_RC) return St(WcStatus::LOC_QP_OP_ERR);
+  if (op != VSTELLAR_WR_SEND_WITH_INV && (w.num_sge || w.inline_len || (w.flags & VSTELLAR_WQE_INLINE)))
+    return St(WcStatus::LOC_QP_OP_ERR);
+  switch (op) {
+    case VSTELLAR_WR_LOCAL_INV:
+    case VSTELLAR_WR_SEND_WITH_INV:
+      if (!mem_mgt && !windows) return St(WcStatus::LOC_QP_OP_ERR);
+      wr->invalidate_rkey = le32toh(w.invalidate_rkey);
+      wr->imm_data = 0;
+      return St(WcStatus::SUCCESS);
+    case VSTELLAR_WR_REG_MR:
+      if (!mem_mgt || q.owner != 0) {
+        *vendor = VSTELLAR_STATUS_ACCESS;
+        return St(WcStatus::LOC_QP_OP_ERR);
+      }
+      return CheckFastReg(q, w, &wr->reg, vendor);
+    case VSTELLAR_WR_BIND_MW: {
+      if (!windows || !AllZero(w.u.bind_mw.reserved, sizeof(w.u.bind_mw.reserved))) return St(WcStatus::LOC_QP_OP_ERR);
+      vstellar::BindMwWr& b = wr->bind;
+      b.mw_rkey = le32toh(w.u.bind_mw.mw_rkey);
+      b.new_rkey = le32toh(w.u.bind_mw.new_rkey);
+      b.mr_lkey = le32toh(w.u.bind_mw.mr_lkey);
+      b.addr = le64toh(w.u.bind_mw.addr);
+      b.length = le64toh(w.u.bind_mw.length);
+      b.access = le32toh(w.u.bind_mw.access);
+      b.mw_type = w.u.bind_mw.mw_type;
+      return St(WcStatus::SUCCESS);
+    }
+  }
+  return St(WcStatus::LOC_QP_OP_ERR);
+}
+
+// A REG_MR's values and page list, checked before the engine sees them: the
+// MR (a fast-registration MR of the QP's PD) may map at most the pages it
+// was allocated for, each an aligned page of guest RAM, read through PVDMA.
+// The translation is built here, at fetch time, and installed when the WQE
+// executes.
+uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::FastRegWr* reg, uint8_t* vendor) {
+  const auto& r = w.u.reg_mr;
+  const virtio_vstellar_config& c = session_.device().config;
+  auto fail = [&](uint8_t why, WcStatus st) {
+    *vendor = why;
+    return St(st);
+  };
+  if (!AllZero(r.reserved, sizeof(r.reserved))) return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
+  const uint32_t key = le32toh(r.key);
+  const vstellar::Mr* mr = sh_.engine->mr_by_index(key);
+  if (!mr || !mr->fast_reg() || mr->pd() != q.qp->pd()) return fail(VSTELLAR_STATUS_BAD_HANDLE, WcStatus::LOC_PROT_ERR);
+  const uint32_t n = le32toh(r.npages), shift = r.page_shift;
+  const uint64_t iova = le64toh(r.iova), length = le64toh(r.length);
+  const uint32_t access = le32toh(r.access);
+  const bool windows = session_.acked_features() & (uint64_t{1} << VIRTIO_VSTELLAR_F_MW);
+  const uint32_t allowed = VSTELLAR_ACCESS_VALID | (windows ? VSTELLAR_ACCESS_MW_BIND : 0u);
+  if (n == 0 || n > mr->max_pages() || shift >= 64 || !(le64toh(c.page_size_cap) & (uint64_t{1} << shift)) ||
+      length == 0 || iova + length < iova || length > le64toh(c.max_mr_size) || (access & ~allowed))
+    return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
+  const uint64_t ps = uint64_t{1} << shift;
+  const uint64_t off = iova & (ps - 1);
+  if ((off + length + ps - 1) >> shift > n) return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
+  const uint64_t list = le64toh(r.page_list);
+  if ((list & 7) || !pvdma_.Contains(list, 8ull * n)) return fail(VSTELLAR_STATUS_BAD_ADDRESS, WcStatus::LOC_PROT_ERR);
+  MrLayout l;
+  l.iova = iova;
+  l.length = length;
+  l.page_shift = shift;
+  l.pages.resize(n);
+  if (!pvdma_.Read(list, l.pages.data(), 8ull * n)) return fail(VSTELLAR_STATUS_BAD_ADDRESS, WcStatus::LOC_PROT_ERR);
+  for (uint64_t& a : l.pages) {
+    a = le64toh(a);
+    if (a & (ps - 1)) return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
+    if (!pvdma_.Contains(a, ps)) return fail(VSTELLAR_STATUS_BAD_ADDRESS, WcStatus::LOC_PROT_ERR);
+  }
+  uint16_t status = VSTELLAR_STATUS_OK;
+  if (sh_.translation == TranslationMode::kEmtt) reg->mem = EmttTranslator::Create(pvdma_, std::move(l), &status);
+  else reg->mem = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
+  if (!reg->mem) return fail(uint8_t(status ? status : VSTELLAR_STATUS_INTERNAL), WcStatus::LOC_PROT_ERR);
+  reg->key = key;
+  reg->iova = iova;
+  reg->length = length;
+  reg->access = access;
   return St(WcStatus::SUCCESS);
 }
 
@@ -377,11 +501,11 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
       CompleteDirect(q, send, idx, wr_id, op, St(WcStatus::WR_FLUSH_ERR));
       continue;
     }
-    uint8_t status;
+    uint8_t status, vendor = 0;
     vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
     if (send) {
       vstellar::SendWr wr;
-      status = CheckSendWqe(q, buf, stride, &wr, sges);
+      status = CheckSendWqe(q, buf, stride, &wr, sges, &vendor);
       wr.wr_id = idx;  // the engine's wr_id is the WQE index
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
       if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = St(why);
@@ -395,7 +519,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
     if (status != St(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
       QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
-      CompleteDirect(q, send, idx, wr_id, op, status);
+      CompleteDirect(q, send, idx, wr_id, op, status, vendor);
     }
   }
   return work;
@@ -505,6 +629,9 @@ void DataPath::DrainCq(uint32_t cqh) {
         if (wc.wc_flags & vstellar::WC_WITH_IMM) {
           c.wc_flags |= VSTELLAR_CQE_WITH_IMM;
           c.imm_data = htobe32(wc.imm_data);
+        } else if (wc.wc_flags & vstellar::WC_WITH_INV) {
+          c.wc_flags |= VSTELLAR_CQE_WITH_INV;
+          c.invalidated_rkey = htole32(wc.imm_data);
         }
       } else {
         if (q.send_cqn != cqh || q.sq_wrid.empty()) continue;

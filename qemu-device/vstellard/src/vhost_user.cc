@@ -109,8 +109,10 @@ DeviceConfig DeviceConfig::Default() {
   c.gid_table_len = htole32(16);
   c.db_page_size = htole32(VSTELLAR_DB_PAGE_SIZE);
   c.db_slots = htole32(VSTELLAR_DB_SLOTS_PER_PAGE);
+  c.max_fast_reg_pages = htole32(512);  // 2 MiB of 4 KiB pages per registration, as rxe
   d.device_features = Bit(VIRTIO_VSTELLAR_F_RC) | Bit(VIRTIO_VSTELLAR_F_UD) | Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS) |
-                      Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ);
+                      Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ) |
+                      Bit(VIRTIO_VSTELLAR_F_MEM_MGT) | Bit(VIRTIO_VSTELLAR_F_MW);
   return d;
 }
 

@@ -49,6 +49,11 @@ struct EngineConfig {
   uint64_t qpn_seed = 0;
   uint32_t max_qpn = DeviceLimits::kMaxQpn;
   uint64_t qpn_quarantine_ns = 1'000'000'000;
+  // Memory keys (issue 13): the 24-bit index of every MR and window key is
+  // drawn at random, so a host on the fabric cannot guess a live rkey; the
+  // key byte of a new object is random too. key_seed 0: the kernel's
+  // CSPRNG; else a fixed sequence of that seed (tests).
+  uint64_t key_seed = 0;
   // When a bad lkey (unknown, another PD's, out of the MR, no access) is
   // found. false, as in libibverbs: post_send accepts the WR, and it
   // completes with LOC_PROT_ERR when it runs. true: post_send and post_recv
@@ -101,7 +106,17 @@ class Engine {
   // translates those addresses to host memory.
   Mr* reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
              std::shared_ptr<MemoryTranslator> mem);
+  // EBUSY while windows are bound to it.
   int dereg_mr(Mr* mr);
+  // A fast-registration MR of at most max_pages pages, FREE (no access
+  // works) until a REG_MR work request registers it. lkey == rkey.
+  Mr* alloc_mr(Pd* pd, uint32_t max_pages);
+  // The MR whose key has the index of `key`, whatever its key byte (what
+  // a REG_MR names); nullptr if none.
+  Mr* mr_by_index(uint32_t key);
+  // Memory windows, type 1 or 2. Deallocating a bound window unbinds it.
+  Mw* alloc_mw(Pd* pd, uint8_t type);
+  int dealloc_mw(Mw* mw);
   Cq* create_cq(uint32_t cqe);
   int destroy_cq(Cq* cq);
   Qp* create_qp(Pd* pd, const QpInitAttr& init);  // nullptr on bad attributes

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 
 namespace vstellar {
 
@@ -20,6 +21,10 @@ enum class WrOpcode : uint8_t {
   RDMA_READ = 4,
   ATOMIC_CMP_AND_SWP = 5,
   ATOMIC_FETCH_AND_ADD = 6,
+  LOCAL_INV = 7,       // invalidate a fast-registration MR or a type 2 window
+  BIND_MW = 8,         // bind a window (type 1 through the bind verb, type 2 as a WR)
+  SEND_WITH_INV = 9,   // SEND; the responder invalidates invalidate_rkey
+  REG_MR = 32,         // fast registration (no libibverbs number: kernel users only)
 };
 
 enum class WcStatus : uint8_t {
@@ -54,6 +59,9 @@ enum class WcOpcode : uint8_t {
   RDMA_READ = 2,
   COMP_SWAP = 3,
   FETCH_ADD = 4,
+  BIND_MW = 5,
+  LOCAL_INV = 6,
+  REG_MR = 64,  // no libibverbs number (see VSTELLAR_WC_REG_MR)
   RECV = 128,
   RECV_RDMA_WITH_IMM = 129,
 };
@@ -67,7 +75,9 @@ enum : uint32_t {
   ACCESS_REMOTE_WRITE = 2,
   ACCESS_REMOTE_READ = 4,
   ACCESS_REMOTE_ATOMIC = 8,
-  ACCESS_ALL_SUPPORTED = 0xF,
+  ACCESS_ALL_SUPPORTED = 0xF,  // what a QP's qp_access_flags may hold
+  ACCESS_MW_BIND = 16,         // MRs only: windows may be bound to it
+  ACCESS_MR_SUPPORTED = 0x1F,  // what an MR's access may hold
 };
 
 // ibv_send_flags
@@ -82,7 +92,9 @@ enum : uint32_t {
 // WC_SRQ: a receive whose WQE came from the QP's SRQ (wr_id is the one
 // given to post_srq_recv). WC_GRH_IPV4: the GRH area of a datagram holds
 // an IPv4 header (RoCEv2 over IPv4), not an IPv6 one.
-enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2, WC_SRQ = 4, WC_GRH_IPV4 = 8 };
+// WC_WITH_INV: a SEND_WITH_INV arrived and its key was invalidated; the
+// key is in Wc::imm_data (ibv_wc.invalidated_rkey shares that word).
+enum : uint32_t { WC_GRH = 1, WC_WITH_IMM = 2, WC_SRQ = 4, WC_GRH_IPV4 = 8, WC_WITH_INV = 16 };
 
 // ibv_qp_attr_mask
 enum : uint32_t {
@@ -158,6 +170,30 @@ struct Sge {
   uint32_t lkey = 0;
 };
 
+class MemoryTranslator;
+
+// The memory-key operations of a send queue (WrOpcode::REG_MR, BIND_MW).
+// Keys are index << 8 | key byte (see Engine::alloc_mr).
+struct FastRegWr {
+  uint32_t key = 0;  // names the MR by its index; its byte becomes the MR's
+  uint64_t iova = 0;
+  uint64_t length = 0;
+  uint32_t access = 0;  // ACCESS_*, ACCESS_MW_BIND included
+  // The new translation of [iova, iova + length), built by the caller from
+  // the page list (vstellard: PVDMA/eMTT).
+  std::shared_ptr<MemoryTranslator> mem;
+};
+
+struct BindMwWr {
+  uint32_t mw_rkey = 0;   // the window's current rkey
+  uint32_t new_rkey = 0;  // same index, the consumer's key byte
+  uint32_t mr_lkey = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;    // 0: unbind (type 1)
+  uint32_t access = 0;    // ACCESS_REMOTE_*
+  uint8_t mw_type = 0;    // what the poster meant: 1 bind verb, 2 work request
+};
+
 struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::SEND;
@@ -170,12 +206,26 @@ struct SendWr {
   uint64_t compare_add = 0;  // atomics: compare (CAS) or add (FAA)
   uint64_t swap = 0;         // atomics: swap value (CAS)
   UdDest ud;                 // UD/GSI QPs only
+  uint32_t invalidate_rkey = 0;  // LOCAL_INV, SEND_WITH_INV
+  FastRegWr reg;                 // REG_MR
+  BindMwWr bind;                 // BIND_MW
 };
 
 struct RecvWr {
   uint64_t wr_id = 0;
   const Sge* sg_list = nullptr;
   uint32_t num_sge = 0;
+};
+
+// Wc::vendor_err of a failed REG_MR, LOCAL_INV or BIND_MW: why, in the
+// numbering of the device's status codes (VSTELLAR_STATUS_*).
+enum : uint32_t {
+  VENDOR_BAD_FIELD = 3,    // a value of the work request
+  VENDOR_BAD_HANDLE = 4,   // the key names no object of this QP's PD
+  VENDOR_BAD_STATE = 5,    // the object's state forbids it
+  VENDOR_BAD_ADDRESS = 8,  // the page list or a page is not guest memory
+  VENDOR_ACCESS = 9,       // access rights, key byte or bounds
+  VENDOR_BUSY = 10,        // windows are bound to the MR
 };
 
 struct Wc {

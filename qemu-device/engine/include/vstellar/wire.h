@@ -33,6 +33,7 @@ enum class Op : uint8_t {
   ACK = 10,         // AckExt + SACK bitmap words
   UD_SEND = 11,     // UdExt + payload: one unreliable datagram (UD/GSI QPs)
   UD_SEND_IMM = 12, // UdExt + payload
+  SEND_INV = 13,    // DataExt: a SEND whose rkey the responder invalidates
 };
 const char* to_string(Op op);
 
@@ -66,7 +67,7 @@ struct Base {
 
 struct DataExt {  // 32 bytes
   uint64_t va = 0;       // WRITE: message start address at the responder
-  uint32_t rkey = 0;     // WRITE
+  uint32_t rkey = 0;     // WRITE; SEND_INV: the key to invalidate
   uint32_t msg_off = 0;  // offset of this packet's payload in the message
   uint32_t msg_len = 0;  // total message length
   uint32_t rsn = 0;      // receive sequence number (SEND*, WRITE_IMM): which receive WQE
@@ -130,7 +131,7 @@ struct UdExt {
 
 constexpr size_t ext_len(Op op) {
   switch (op) {
-    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: return 32;
+    case Op::SEND: case Op::SEND_IMM: case Op::WRITE: case Op::WRITE_IMM: case Op::SEND_INV: return 32;
     case Op::READ_REQ: return 24;
     case Op::READ_RESP: return 8;
     case Op::CMP_SWAP: case Op::FETCH_ADD: return 32;
@@ -140,7 +141,7 @@ constexpr size_t ext_len(Op op) {
   }
   return 0;
 }
-inline bool is_data(Op op) { return op >= Op::SEND && op <= Op::WRITE_IMM; }
+inline bool is_data(Op op) { return (op >= Op::SEND && op <= Op::WRITE_IMM) || op == Op::SEND_INV; }
 inline bool is_ud(Op op) { return op == Op::UD_SEND || op == Op::UD_SEND_IMM; }
 
 // A parsed packet: host-order copies of every header field, and a pointer

@@ -75,13 +75,17 @@ class DataPath {
   bool ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget);
   bool ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget);
   void SrqToErr(uint32_t h, SrqObj& s, uint32_t info);
-  uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges);
+  uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges,
+                       uint8_t* vendor);
+  uint8_t CheckKeyWqe(QpObj& q, const vstellar_send_wqe& w, vstellar::SendWr* wr, uint8_t* vendor);
+  uint8_t CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::FastRegWr* reg, uint8_t* vendor);
   uint8_t CheckRecvWqe(uint32_t owner, uint32_t pdn, const uint8_t* buf, uint32_t len, vstellar::RecvWr* wr,
                        vstellar::Sge* sges);
   uint8_t CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vstellar::Sge* out);
   uint8_t CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud);
   void QpToErr(QpObj& q, uint16_t event, uint32_t info);
-  void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status);
+  void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status,
+                      uint8_t vendor_err = 0);
   void WriteCqe(uint32_t cqh, vstellar_cqe& cqe);
   static uint64_t NowNs();
 

@@ -100,6 +100,14 @@ struct MrObj {
   MemoryCharge charge;
 };
 
+// A memory window (minor 3, F_MW).
+struct MwObj {
+  uint32_t owner;
+  vstellar::Mw* mw;
+  uint32_t pdn;
+  MemoryCharge charge;
+};
+
 struct ObjectTables {
   // What this device's objects hold of host memory (first, so that it
   // outlives every object's MemoryCharge).
@@ -110,7 +118,8 @@ struct ObjectTables {
   uint32_t NewHandle() {
     for (;;) {
       const uint32_t h = next_handle++;
-      if (h != 0 && !uctx.count(h) && !pds.count(h) && !cqs.count(h) && !mrs.count(h) && !srqs.count(h))
+      if (h != 0 && !uctx.count(h) && !pds.count(h) && !cqs.count(h) && !mrs.count(h) && !srqs.count(h) &&
+          !mws.count(h))
         return h;
     }
   }
@@ -122,6 +131,7 @@ struct ObjectTables {
   std::map<uint32_t, QpObj> qps;  // by QPN
   std::map<uint32_t, MrObj> mrs;
   std::map<uint32_t, SrqObj> srqs;  // by handle (the guest's SRQN)
+  std::map<uint32_t, MwObj> mws;
   std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
 };
 
