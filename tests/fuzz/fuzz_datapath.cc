@@ -57,7 +57,7 @@ struct NoEvents : DataPathEvents {
 // A memfd the fuzzer writes through its own mapping.
 struct Memfd {
   Memfd(const char* name, uint64_t size) : size(size) {
-    fd = memfd_create(name, MFD_CLOEXEC);
+    fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, off_t(size)) != 0) abort();
     mem = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     if (mem == MAP_FAILED) abort();

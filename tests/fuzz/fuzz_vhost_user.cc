@@ -36,7 +36,7 @@ using namespace vstellard;
 constexpr size_t kMemfdSize = 64 << 10;
 
 int MakeMemfd(bool doorbell) {
-  int fd = memfd_create(doorbell ? "vstellar-doorbell" : "memory-backend-memfd", MFD_CLOEXEC);
+  int fd = memfd_create(doorbell ? "vstellar-doorbell" : "memory-backend-memfd", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ftruncate(fd, kMemfdSize) != 0) abort();
   return fd;
 }

@@ -152,4 +152,20 @@ TEST_F(DaemonSecurity, OneHeaderByteDoesNotBlockOtherDevices) {
   close(stall);
 }
 
+// #9: memory that cannot be sealed against shrinking (QEMU's doorbell memfd
+// before it was made with seals) could be truncated by its owner under the
+// daemon's mappings, and a later access would fault. Such a memory table is
+// refused: that device goes, and the daemon serves the others.
+TEST_F(DaemonSecurity, UnsealableGuestMemoryIsRefused) {
+  StartDaemon();
+  FrontendOptions fo;
+  fo.sealable_doorbell = false;
+  Frontend bad(fo);
+  std::string err;
+  const bool up = bad.Connect(sock_, &err) && bad.StartQueues(&err);
+  EXPECT_FALSE(up) << "an unsealable region was accepted";
+  auto good = Connect();
+  EXPECT_EQ(good->Command(VSTELLAR_CMD_ALLOC_PD, 0, nullptr, 0, 8).status(), VSTELLAR_STATUS_OK);
+}
+
 }  // namespace

@@ -36,7 +36,7 @@ uint64_t ReplyU64(const Outcome& o) {
 }
 
 Fd Memfd(const char* name, size_t size) {
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
   return Fd(fd);
@@ -216,7 +216,7 @@ TEST_F(VhostUser, VringFdsAndBase) {
   Ring(2);
   auto fdmsg = [](Request r, uint64_t u, bool with_fd) {
     Message m = MsgOf(r, u);
-    if (with_fd) m.fds.emplace_back(dup(0) >= 0 ? memfd_create("e", MFD_CLOEXEC) : -1);
+    if (with_fd) m.fds.emplace_back(dup(0) >= 0 ? memfd_create("e", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1);
     return m;
   };
   EXPECT_FALSE(s.Handle(fdmsg(Request::kSetVringKick, 2 | (1u << 9), true)).ok());  // reserved bit
@@ -237,7 +237,7 @@ TEST_F(VhostUser, VringFdsAndBase) {
   EXPECT_FALSE(s.vring(2).started);
   // A message that carries an fd it should not.
   Message extra = MsgOf(Request::kSetVringNum, VringState{2, 128});
-  extra.fds.emplace_back(memfd_create("x", MFD_CLOEXEC));
+  extra.fds.emplace_back(memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   EXPECT_FALSE(s.Handle(std::move(extra)).ok());
 }
 
@@ -286,7 +286,7 @@ TEST(VhostUserTransport, ReadsHeaderPayloadAndFds) {
   char buf[20];
   std::memcpy(buf, &h, 12);
   std::memcpy(buf + 12, &u, 8);
-  int efd = memfd_create("vstellar-doorbell", MFD_CLOEXEC);
+  int efd = memfd_create("vstellar-doorbell", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   iovec iov{buf, sizeof(buf)};
   msghdr msg{};

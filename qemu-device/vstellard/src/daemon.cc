@@ -101,6 +101,7 @@ bool Daemon::Start(std::string* err) {
   shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
   shared_.host_ip = o_.ip;
+  shared_.require_sealed_memory = o_.require_sealed_memory;
   shared_.memory.set_limit(o_.memory_limit);
   shared_.device_memory_limit = o_.device_memory_limit;
   // The engine's sockets are bound to this one address, so it is the one

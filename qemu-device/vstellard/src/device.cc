@@ -19,6 +19,7 @@ Device::Device(unsigned id, DeviceShared& shared)
       dp_(id, shared, session_, pvdma_, obj_, *this),
       cmds_(shared, session_, pvdma_, obj_, dp_),
       control_left_(shared.control_budget) {
+  pvdma_.set_require_sealed(shared.require_sealed_memory);
   // A node GUID of its own: EUI-64 (locally administered) from the host's
   // IPv4 address and the device number, so no two devices of a fabric share
   // one (ibv_devinfo, rdma_cm and the GID table tell devices apart by it).

@@ -45,6 +45,9 @@ int Usage(const char* argv0, int rc) {
                "  --wqe-budget-device N  WQEs per device per loop turn (default 1024)\n"
                "  --vhost-timeout-ms N   close a frontend that stalls mid-message this long\n"
                "                         (default 5000)\n"
+               "  --allow-unsealed-memory  accept guest memory that cannot be sealed against\n"
+               "                         shrinking (memory-backend-file); its owner could\n"
+               "                         then crash the daemon by truncating the file\n"
                "  --memory-limit SIZE    host memory all guests' QPs, CQs, SRQs and MRs may\n"
                "                         hold in the daemon (default 4G; K, M, G suffixes)\n"
                "  --device-memory-limit SIZE  the same for each device (default 1G); over\n"
@@ -83,7 +86,7 @@ bool Size(const char* s, unsigned long long* out) {
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
   enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
-         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit };
+         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
                                 {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
                                 {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
                                 {"memory-limit", required_argument, nullptr, kMemLimit},
+                                {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
                                 {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
@@ -164,6 +168,7 @@ int main(int argc, char** argv) {
         if (!Num(optarg, 3'600'000, &v) || v == 0) return Usage(argv[0], 2);
         o.vhost_timeout_ms = uint32_t(v);
         break;
+      case kAllowUnsealed: o.require_sealed_memory = false; break;
       case kMemLimit:
         if (!Size(optarg, &v)) return Usage(argv[0], 2);
         o.memory_limit = v;

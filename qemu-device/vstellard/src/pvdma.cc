@@ -104,6 +104,12 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
       *err = "pvdma: region at gpa " + std::to_string(m.gpa) + " refused: " + why;
       return false;
     }
+    if (!r->sealed && require_sealed_) {
+      *err = "pvdma: region at gpa " + std::to_string(m.gpa) +
+             " refused: its file cannot be sealed against shrinking (use memory-backend-memfd with seal=on, "
+             "QEMU's default, or run vstellard with --allow-unsealed-memory)";
+      return false;
+    }
     if (!r->sealed) unsealed++;
     r->gpa = m.gpa;
     r->size = m.size;

@@ -92,7 +92,7 @@ bool Frontend::Alive() {
 }
 
 bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table) {
-  ram_fd_ = memfd_create("guest-ram", MFD_CLOEXEC);
+  ram_fd_ = memfd_create("guest-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (ram_fd_ < 0 || ftruncate(ram_fd_, off_t(o_.mem_size)) != 0) {
     *err = std::string("memfd: ") + std::strerror(errno);
     return false;
@@ -104,7 +104,7 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
   }
   mem_ = static_cast<uint8_t*>(p);
   if (o_.doorbell) {
-    db_fd_ = memfd_create("vstellar-doorbell", MFD_CLOEXEC);
+    db_fd_ = memfd_create("vstellar-doorbell", MFD_CLOEXEC | (o_.sealable_doorbell ? MFD_ALLOW_SEALING : 0u));
     if (db_fd_ < 0 || ftruncate(db_fd_, 1 << 16) != 0) {
       *err = "doorbell memfd";
       return false;

@@ -108,7 +108,7 @@ struct GuestMrs {
   explicit GuestMrs(uint64_t size) {
     const uint64_t np = (size + 4095) / 4096;
     bytes = (2 * np * 4096 + (4ull << 20)) & ~((2ull << 20) - 1);
-    fd = memfd_create("guest-ram", MFD_CLOEXEC);
+    fd = memfd_create("guest-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (ftruncate(fd, off_t(bytes)) != 0) std::abort();
     std::vector<uint64_t> all(2 * np);
     for (uint64_t i = 0; i < all.size(); i++) all[i] = (2ull << 20) + i * 4096;

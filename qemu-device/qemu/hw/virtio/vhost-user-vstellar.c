@@ -445,7 +445,13 @@ static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
     int fd;
 
     /* vstellard finds the region in its memory table by this name */
-    fd = qemu_memfd_create("vstellar-doorbell", size, false, 0, 0, errp);
+    /*
+     * Sealed so that nobody can shrink it under vstellard's mappings (a
+     * daemon touching a truncated page would fault); vstellard refuses
+     * memory it cannot trust this way.
+     */
+    fd = qemu_memfd_create("vstellar-doorbell", size, false, 0,
+                           F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL, errp);
     if (fd < 0) {
         return false;
     }

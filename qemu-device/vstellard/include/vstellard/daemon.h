@@ -40,6 +40,8 @@ struct DaemonOptions {
   // A frontend that sends part of a vhost-user message and then nothing
   // for this long is closed (that device only).
   uint32_t vhost_timeout_ms = 5000;
+  // Guest memory must be sealed against shrinking (memfd seal=on).
+  bool require_sealed_memory = true;
   // Host memory the guests' objects may hold (memory_budget.h): all
   // devices together, and each device.
   uint64_t memory_limit = uint64_t{4} << 30;

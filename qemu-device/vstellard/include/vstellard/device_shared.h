@@ -19,6 +19,7 @@ struct DeviceShared {
   vstellar::Engine* engine = nullptr;
   Atc* atc = nullptr;
   PinMode pin = PinMode::kLazy;
+  bool require_sealed_memory = true;  // Pvdma::set_require_sealed
   TranslationMode translation = TranslationMode::kEmtt;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
   uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs

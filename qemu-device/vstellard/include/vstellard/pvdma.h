@@ -82,6 +82,11 @@ class Pvdma {
   Pvdma& operator=(const Pvdma&) = delete;
 
   PinMode mode() const { return mode_; }
+  // Refuse a memory table with a region whose file cannot be sealed
+  // against shrinking (vstellard's default; see docs/threat-model.md #9):
+  // such a file, shrunk by its owner after a block was mapped, would make
+  // an access fault (SIGBUS) in the daemon.
+  void set_require_sealed(bool on) { require_sealed_ = on; }
   // A process-unique id (never reused): translation caches key on it.
   uint64_t id() const { return id_; }
 
@@ -152,6 +157,7 @@ class Pvdma {
   bool FileCovers(const Region& r) const;
 
   PinMode mode_;
+  bool require_sealed_ = false;
   uint64_t id_;
   uint64_t generation_ = 0;
   std::shared_ptr<PinCounters> pins_ = std::make_shared<PinCounters>();

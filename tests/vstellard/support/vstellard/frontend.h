@@ -24,6 +24,7 @@ namespace vstellard {
 struct FrontendOptions {
   uint64_t mem_size = 64ull << 20;
   bool doorbell = true;       // a 64 KiB "vstellar-doorbell" memfd region
+  bool sealable_doorbell = true;  // its memfd allows seals (QEMU's since issue 13 #9)
   uint32_t ring_num = 64;
   uint32_t cq_queues = 1;
   bool event_idx = false;     // negotiate VIRTIO_RING_F_EVENT_IDX

@@ -18,7 +18,7 @@ class GuestRam {
   static constexpr uint64_t kVaBase = 0x7f0000000000ull;  // "QEMU's" address of gpa 0
 
   explicit GuestRam(uint64_t size) : size_(size) {
-    fd_ = memfd_create("guest-ram", MFD_CLOEXEC);
+    fd_ = memfd_create("guest-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd_ >= 0 && ftruncate(fd_, off_t(size)) == 0)
       mem_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
     if (mem_ == MAP_FAILED) mem_ = nullptr;
