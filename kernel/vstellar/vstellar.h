@@ -165,6 +165,18 @@ struct vstellar_mr {
 	bool dma;		/* get_dma_mr: the local DMA lkey, no device object */
 };
 
+/* Memory windows (F_MW), allocated for user space through uverbs. */
+struct vstellar_mw {
+	struct ib_mw ibmw;
+	u32 mwn;
+	u32 ucontext;
+};
+
+static inline struct vstellar_mw *to_vmw(struct ib_mw *mw)
+{
+	return container_of(mw, struct vstellar_mw, ibmw);
+}
+
 /* Kernel AHs only: the address vector copied into each UD WQE. */
 struct vstellar_ah {
 	struct ib_ah ibah;
@@ -268,6 +280,8 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   u64 virt_addr, int access_flags,
 				   struct ib_udata *udata);
 int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int vstellar_dealloc_mw(struct ib_mw *ibmw);
 int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
 		       struct ib_udata *udata);
 int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);

@@ -126,6 +126,11 @@ int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn)
 	return vstellar_cmd_release(dev, VSTELLAR_CMD_DEREG_MR, uctx, mrn);
 }
 
+int vstellar_cmd_dealloc_mw(struct vstellar_dev *dev, u32 uctx, u32 mwn)
+{
+	return vstellar_cmd_release(dev, VSTELLAR_CMD_DEALLOC_MW, uctx, mwn);
+}
+
 int vstellar_cmd_destroy_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn)
 {
 	return vstellar_cmd_release(dev, VSTELLAR_CMD_DESTROY_SRQ, uctx, srqn);
@@ -238,6 +243,25 @@ int vstellar_cmd_alloc_pd(struct vstellar_dev *dev, u32 uctx, u32 *pdn)
 	if (err)
 		return err;
 	*pdn = le32_to_cpu(resp.pdn);
+	return 0;
+}
+
+int vstellar_cmd_alloc_mw(struct vstellar_dev *dev, u32 uctx, u32 pdn,
+			  u32 type, u32 *mwn, u32 *rkey)
+{
+	struct vstellar_cmd_alloc_mw cmd = {
+		.pdn = cpu_to_le32(pdn),
+		.type = cpu_to_le32(type),
+	};
+	struct vstellar_resp_alloc_mw resp;
+	int err;
+
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_ALLOC_MW, uctx,
+				&cmd, sizeof(cmd), NULL, 0, &resp, sizeof(resp));
+	if (err)
+		return err;
+	*mwn = le32_to_cpu(resp.mwn);
+	*rkey = le32_to_cpu(resp.rkey);
 	return 0;
 }
 

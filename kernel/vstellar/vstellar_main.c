@@ -58,6 +58,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_ATOMIC,
 	VIRTIO_VSTELLAR_F_INLINE,
 	VIRTIO_VSTELLAR_F_SRQ,
+	VIRTIO_VSTELLAR_F_MW,
 };
 
 /* ---------------------------------------------------------------- */
@@ -483,6 +484,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.uverbs_abi_ver = VSTELLAR_UVERBS_ABI_VERSION,
 
 	.add_gid = vstellar_add_gid,
+	.alloc_mw = vstellar_alloc_mw,
 	.alloc_pd = vstellar_alloc_pd,
 	.alloc_ucontext = vstellar_alloc_ucontext,
 	.create_ah = vstellar_create_ah,
@@ -490,6 +492,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.create_qp = vstellar_create_qp,
 	.create_srq = vstellar_create_srq,
 	.create_user_ah = vstellar_create_ah,
+	.dealloc_mw = vstellar_dealloc_mw,
 	.dealloc_pd = vstellar_dealloc_pd,
 	.dealloc_ucontext = vstellar_dealloc_ucontext,
 	.del_gid = vstellar_del_gid,
@@ -521,6 +524,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vstellar_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vstellar_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vstellar_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vstellar_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vstellar_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vstellar_srq, ibsrq),

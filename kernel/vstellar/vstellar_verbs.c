@@ -83,6 +83,11 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 	props->device_cap_flags |= IB_DEVICE_PORT_ACTIVE_EVENT;
 	if (dev->kdb)
 		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_MW)) {
+		props->device_cap_flags |= IB_DEVICE_MEM_WINDOW |
+					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
+		props->max_mw = le32_to_cpu(a->max_mw);
+	}
 	return 0;
 }
 
@@ -826,8 +831,11 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	unsigned long pgsz;
 	int err;
 
+	BUILD_BUG_ON(VSTELLAR_ACCESS_MW_BIND != IB_ACCESS_MW_BIND);
 	access_flags &= ~IB_ACCESS_OPTIONAL;
-	if (access_flags & ~VSTELLAR_ACCESS_VALID)
+	if (access_flags & ~(VSTELLAR_ACCESS_VALID |
+			     (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
+			      VSTELLAR_ACCESS_MW_BIND : 0)))
 		return ERR_PTR(-EOPNOTSUPP);
 	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
 		return ERR_PTR(-EINVAL);
@@ -884,6 +892,46 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	ib_umem_release(mr->umem);
 	kfree(mr);
 	return 0;
+}
+
+/* ---------------------------------------------------------------- */
+/* Memory windows (F_MW)                                             */
+/* ---------------------------------------------------------------- */
+
+/*
+ * The device keeps the window and checks every bind and access; binding
+ * happens in the send queue (the provider's BIND_MW WQEs), so only
+ * allocation goes through the kernel.
+ */
+int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibmw->device);
+	struct vstellar_mw *mw = to_vmw(ibmw);
+	u32 type;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_MW)))
+		return -EOPNOTSUPP;
+	switch (ibmw->type) {
+	case IB_MW_TYPE_1:
+		type = VSTELLAR_MW_TYPE_1;
+		break;
+	case IB_MW_TYPE_2:
+		type = VSTELLAR_MW_TYPE_2;
+		break;
+	default:
+		return -EINVAL;
+	}
+	mw->ucontext = vstellar_uctx_handle(udata);
+	return vstellar_cmd_alloc_mw(dev, mw->ucontext, to_vpd(ibmw->pd)->pdn,
+				     type, &mw->mwn, &ibmw->rkey);
+}
+
+int vstellar_dealloc_mw(struct ib_mw *ibmw)
+{
+	struct vstellar_mw *mw = to_vmw(ibmw);
+
+	return vstellar_cmd_dealloc_mw(to_vdev(ibmw->device), mw->ucontext,
+				       mw->mwn);
 }
 
 /* ---------------------------------------------------------------- */
