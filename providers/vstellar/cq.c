@@ -65,6 +65,8 @@ static unsigned int vstellar_cqe_wc_flags(const struct vstellar_cqe *cqe)
 
 	if (cqe->wc_flags & VSTELLAR_CQE_WITH_IMM)
 		flags |= IBV_WC_WITH_IMM;
+	if (cqe->wc_flags & VSTELLAR_CQE_WITH_INV)
+		flags |= IBV_WC_WITH_INV;
 	if (cqe->wc_flags & VSTELLAR_CQE_GRH)
 		flags |= IBV_WC_GRH;
 	return flags;
@@ -97,6 +99,8 @@ static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
 	wc->wc_flags = vstellar_cqe_wc_flags(cqe);
 	if (wc->wc_flags & IBV_WC_WITH_IMM)
 		wc->imm_data = cqe->imm_data;
+	else if (wc->wc_flags & IBV_WC_WITH_INV)
+		wc->invalidated_rkey = le32toh(cqe->invalidated_rkey);
 	wc->sl = vstellar_cqe_sl(cqe);
 	vstellar_cqe_retire(cq, cqe);
 }
@@ -220,7 +224,15 @@ static uint32_t vstellar_read_byte_len(struct ibv_cq_ex *ibcq)
 
 static __be32 vstellar_read_imm_data(struct ibv_cq_ex *ibcq)
 {
-	return vstellar_cur_cqe(ibcq)->imm_data;
+	const struct vstellar_cqe *cqe = vstellar_cur_cqe(ibcq);
+
+	/*
+	 * ibv_wc_read_invalidated_rkey() reads this too, and wants the key in
+	 * host order, as ibv_wc.invalidated_rkey holds it.
+	 */
+	if (cqe->wc_flags & VSTELLAR_CQE_WITH_INV)
+		return (__force __be32)le32toh(cqe->invalidated_rkey);
+	return cqe->imm_data;
 }
 
 static uint32_t vstellar_read_qp_num(struct ibv_cq_ex *ibcq)

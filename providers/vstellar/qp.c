@@ -69,6 +69,12 @@ static int vstellar_wr_opcode(enum ibv_wr_opcode op)
 		return VSTELLAR_WR_ATOMIC_CMP_SWP;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return VSTELLAR_WR_ATOMIC_FETCH_ADD;
+	case IBV_WR_LOCAL_INV:
+		return VSTELLAR_WR_LOCAL_INV;
+	case IBV_WR_SEND_WITH_INV:
+		return VSTELLAR_WR_SEND_WITH_INV;
+	case IBV_WR_BIND_MW:
+		return VSTELLAR_WR_BIND_MW;
 	default:
 		return -1;
 	}
@@ -96,6 +102,7 @@ vstellar_send_wqe_start(struct vstellar_qp *qp, uint8_t opcode,
 static bool vstellar_opcode_inline_ok(uint8_t opcode)
 {
 	return opcode == VSTELLAR_WR_SEND || opcode == VSTELLAR_WR_SEND_IMM ||
+	       opcode == VSTELLAR_WR_SEND_WITH_INV ||
 	       opcode == VSTELLAR_WR_RDMA_WRITE ||
 	       opcode == VSTELLAR_WR_RDMA_WRITE_IMM;
 }
@@ -142,6 +149,47 @@ static int vstellar_wqe_set_sges(struct vstellar_qp *qp,
 	return 0;
 }
 
+/*
+ * A window's remote rights, from ibv_mw_bind_info.mw_access_flags. Local
+ * write means nothing for a window (the MR has it or not) and is ignored,
+ * as other providers do; zero-based windows are not offered.
+ */
+static int vstellar_mw_access(unsigned int flags, __le32 *out)
+{
+	const unsigned int remote = IBV_ACCESS_REMOTE_READ |
+				    IBV_ACCESS_REMOTE_WRITE |
+				    IBV_ACCESS_REMOTE_ATOMIC;
+
+	if (flags & ~(remote | IBV_ACCESS_LOCAL_WRITE))
+		return EINVAL;
+	*out = htole32(flags & remote);
+	return 0;
+}
+
+/*
+ * A BIND_MW WQE: the window's current rkey names it, new_rkey is the one
+ * it gets. type 1 comes from ibv_bind_mw(), type 2 from a work request.
+ */
+static int vstellar_wqe_set_bind(struct vstellar_qp *qp,
+				 struct vstellar_send_wqe *wqe,
+				 struct ibv_mw *mw, uint32_t new_rkey,
+				 const struct ibv_mw_bind_info *bi)
+{
+	if (!mw || qp->vqp.qp.qp_type != IBV_QPT_RC ||
+	    (bi->length && !bi->mr) ||
+	    (bi->mr && bi->mr->pd != mw->pd))
+		return EINVAL;
+	wqe->u.bind_mw.mw_rkey = htole32(mw->rkey);
+	wqe->u.bind_mw.new_rkey = htole32(new_rkey);
+	wqe->u.bind_mw.mr_lkey = htole32(bi->mr ? bi->mr->lkey : 0);
+	wqe->u.bind_mw.addr = htole64(bi->addr);
+	wqe->u.bind_mw.length = htole64(bi->length);
+	wqe->u.bind_mw.mw_type = mw->type == IBV_MW_TYPE_1 ?
+		VSTELLAR_MW_TYPE_1 : VSTELLAR_MW_TYPE_2;
+	return vstellar_mw_access(bi->mw_access_flags,
+				  &wqe->u.bind_mw.access);
+}
+
 static int vstellar_build_send(struct vstellar_qp *qp, struct ibv_send_wr *wr)
 {
 	struct vstellar_send_wqe *wqe;
@@ -149,7 +197,31 @@ static int vstellar_build_send(struct vstellar_qp *qp, struct ibv_send_wr *wr)
 
 	if (opcode < 0)
 		return EINVAL;
+	if (opcode >= VSTELLAR_WR_LOCAL_INV &&
+	    !(to_vctx(qp->vqp.qp.context)->features &
+	      (1U << VIRTIO_VSTELLAR_F_MW)))
+		return EINVAL;
 	wqe = vstellar_send_wqe_start(qp, opcode, wr->wr_id, wr->send_flags);
+
+	switch (opcode) {
+	case VSTELLAR_WR_LOCAL_INV:
+		if (qp->vqp.qp.qp_type != IBV_QPT_RC)
+			return EINVAL;
+		wqe->invalidate_rkey = htole32(wr->invalidate_rkey);
+		return 0;
+	case VSTELLAR_WR_BIND_MW:
+		/* a work request binds type 2 windows; ibv_bind_mw() type 1 */
+		if (!wr->bind_mw.mw || wr->bind_mw.mw->type != IBV_MW_TYPE_2)
+			return EINVAL;
+		return vstellar_wqe_set_bind(qp, wqe, wr->bind_mw.mw,
+					     wr->bind_mw.rkey,
+					     &wr->bind_mw.bind_info);
+	case VSTELLAR_WR_SEND_WITH_INV:
+		wqe->invalidate_rkey = htole32(wr->invalidate_rkey);
+		break;
+	default:
+		break;
+	}
 
 	switch (opcode) {
 	case VSTELLAR_WR_RDMA_WRITE_IMM:
@@ -208,6 +280,40 @@ static bool vstellar_sq_open(struct ibv_qp *ibqp)
 {
 	return ibqp->state != IBV_QPS_RESET && ibqp->state != IBV_QPS_INIT &&
 	       ibqp->state != IBV_QPS_RTR;
+}
+
+/*
+ * ibv_bind_mw(): type 1 windows are bound through the send queue too, by a
+ * BIND_MW WQE that completes like any other (IBV_WC_BIND_MW). The window
+ * takes the next key byte; mw->rkey is the new rkey once the WQE is posted.
+ */
+int vstellar_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *mw,
+		     struct ibv_mw_bind *mw_bind)
+{
+	struct vstellar_context *ctx = to_vctx(ibqp->context);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	struct vstellar_send_wqe *wqe;
+	uint32_t rkey = ibv_inc_rkey(mw->rkey);
+	int ret;
+
+	if (mw->type != IBV_MW_TYPE_1 || !vstellar_sq_open(ibqp) ||
+	    (mw_bind->send_flags & IBV_SEND_INLINE))
+		return EINVAL;
+	pthread_spin_lock(&qp->sq.lock);
+	if (vstellar_wq_full(&qp->sq)) {
+		pthread_spin_unlock(&qp->sq.lock);
+		return ENOMEM;
+	}
+	wqe = vstellar_send_wqe_start(qp, VSTELLAR_WR_BIND_MW, mw_bind->wr_id,
+				      mw_bind->send_flags);
+	ret = vstellar_wqe_set_bind(qp, wqe, mw, rkey, &mw_bind->bind_info);
+	if (!ret) {
+		qp->sq.pi++;
+		vstellar_ring_db(ctx, &qp->db->sq_pi, qp->sq.pi);
+		mw->rkey = rkey;
+	}
+	pthread_spin_unlock(&qp->sq.lock);
+	return ret;
 }
 
 int vstellar_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
@@ -422,6 +528,45 @@ static void vstellar_wr_send_imm(struct ibv_qp_ex *qpex, __be32 imm)
 		wqe->imm_data = imm;
 }
 
+static void vstellar_wr_send_inv(struct ibv_qp_ex *qpex,
+				 uint32_t invalidate_rkey)
+{
+	struct vstellar_send_wqe *wqe =
+		vstellar_wr_new(qpex, VSTELLAR_WR_SEND_WITH_INV);
+
+	if (wqe)
+		wqe->invalidate_rkey = htole32(invalidate_rkey);
+}
+
+static void vstellar_wr_local_inv(struct ibv_qp_ex *qpex,
+				  uint32_t invalidate_rkey)
+{
+	struct vstellar_send_wqe *wqe =
+		vstellar_wr_new(qpex, VSTELLAR_WR_LOCAL_INV);
+
+	if (wqe)
+		wqe->invalidate_rkey = htole32(invalidate_rkey);
+	qpex_to_vqp(qpex)->wr_cur = NULL;	/* takes no SGEs */
+}
+
+static void vstellar_wr_bind_mw(struct ibv_qp_ex *qpex, struct ibv_mw *mw,
+				uint32_t rkey,
+				const struct ibv_mw_bind_info *bind_info)
+{
+	struct vstellar_qp *qp = qpex_to_vqp(qpex);
+	struct vstellar_send_wqe *wqe = vstellar_wr_new(qpex,
+						       VSTELLAR_WR_BIND_MW);
+	int ret;
+
+	if (!wqe)
+		return;
+	qp->wr_cur = NULL;	/* takes no SGEs */
+	ret = (!mw || mw->type != IBV_MW_TYPE_2) ? EINVAL :
+	      vstellar_wqe_set_bind(qp, wqe, mw, rkey, bind_info);
+	if (ret && !qp->wr_err)
+		qp->wr_err = ret;
+}
+
 static void vstellar_wr_atomic(struct ibv_qp_ex *qpex, uint8_t opcode,
 			       uint32_t rkey, uint64_t remote_addr,
 			       uint64_t compare_add, uint64_t swap)
@@ -544,6 +689,12 @@ void vstellar_qp_ex_init(struct vstellar_qp *qp, uint64_t ops)
 		qpex->wr_atomic_cmp_swp = vstellar_wr_atomic_cmp_swp;
 	if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
 		qpex->wr_atomic_fetch_add = vstellar_wr_atomic_fetch_add;
+	if (ops & IBV_QP_EX_WITH_SEND_WITH_INV)
+		qpex->wr_send_inv = vstellar_wr_send_inv;
+	if (ops & IBV_QP_EX_WITH_LOCAL_INV)
+		qpex->wr_local_inv = vstellar_wr_local_inv;
+	if (ops & IBV_QP_EX_WITH_BIND_MW)
+		qpex->wr_bind_mw = vstellar_wr_bind_mw;
 	qpex->wr_set_sge = vstellar_wr_set_sge;
 	qpex->wr_set_sge_list = vstellar_wr_set_sge_list;
 	qpex->wr_set_inline_data = vstellar_wr_set_inline_data;

@@ -145,6 +145,46 @@ int vstellar_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+/*
+ * Memory windows (F_MW): the kernel allocates them (ALLOC_MW), the send
+ * queue binds them (qp.c).
+ */
+struct ibv_mw *vstellar_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	struct vstellar_context *ctx = to_vctx(pd->context);
+	struct ib_uverbs_alloc_mw_resp resp;
+	struct ibv_alloc_mw cmd;
+	struct ibv_mw *mw;
+	int ret;
+
+	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_MW))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	mw = calloc(1, sizeof(*mw));
+	if (!mw)
+		return NULL;
+	ret = ibv_cmd_alloc_mw(pd, type, mw, &cmd, sizeof(cmd), &resp,
+			       sizeof(resp));
+	if (ret) {
+		free(mw);
+		errno = ret;
+		return NULL;
+	}
+	return mw;
+}
+
+int vstellar_dealloc_mw(struct ibv_mw *mw)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_mw(mw);
+	if (ret)
+		return ret;
+	free(mw);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* QP table (CQEs name their QP by QPN)                                 */
 /* ------------------------------------------------------------------ */
@@ -345,7 +385,9 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 		return NULL;
 	}
 	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
-	    (attr->send_ops_flags & ~VSTELLAR_SEND_OPS)) {
+	    ((attr->send_ops_flags & ~VSTELLAR_SEND_OPS) ||
+	     ((attr->send_ops_flags & VSTELLAR_SEND_OPS_MW) &&
+	      !(ctx->features & (1U << VIRTIO_VSTELLAR_F_MW))))) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}

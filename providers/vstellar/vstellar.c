@@ -72,13 +72,16 @@ static int vstellar_query_port(struct ibv_context *context, uint8_t port,
 static void vstellar_free_context(struct ibv_context *ibctx);
 
 static const struct verbs_context_ops vstellar_ctx_ops = {
+	.alloc_mw = vstellar_alloc_mw,
 	.alloc_pd = vstellar_alloc_pd,
+	.bind_mw = vstellar_bind_mw,
 	.create_ah = vstellar_create_ah,
 	.create_cq = vstellar_create_cq,
 	.create_cq_ex = vstellar_create_cq_ex,
 	.create_qp = vstellar_create_qp,
 	.create_qp_ex = vstellar_create_qp_ex,
 	.create_srq = vstellar_create_srq,
+	.dealloc_mw = vstellar_dealloc_mw,
 	.dealloc_pd = vstellar_dealloc_pd,
 	.dereg_mr = vstellar_dereg_mr,
 	.destroy_ah = vstellar_destroy_ah,

@@ -209,7 +209,11 @@ static inline struct vstellar_ah *to_vah(struct ibv_ah *ibah)
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |      \
 	 IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |                  \
 	 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |        \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | VSTELLAR_SEND_OPS_MW)
+/* ... of them, those that need memory windows (F_MW) */
+#define VSTELLAR_SEND_OPS_MW                                                   \
+	(IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |                   \
+	 IBV_QP_EX_WITH_SEND_WITH_INV)
 
 /* Ring slot @idx of a work queue (any index: rings wrap). */
 static inline void *vstellar_wq_slot(struct vstellar_wq *wq, uint32_t idx)
@@ -240,6 +244,10 @@ int vstellar_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 			       uint64_t hca_va, int access);
 int vstellar_dereg_mr(struct verbs_mr *vmr);
+struct ibv_mw *vstellar_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int vstellar_dealloc_mw(struct ibv_mw *mw);
+int vstellar_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		     struct ibv_mw_bind *mw_bind);
 struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
 				  struct ibv_comp_channel *channel,
 				  int comp_vector);
