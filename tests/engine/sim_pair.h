@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct Side {
 
 struct PairOptions {
   EngineConfig cfg;
+  std::optional<EngineConfig> cfg_b;  // b's, if it differs from a's
   uint64_t seed = 1;
   uint64_t block = 0;  // HostMemory split size (0 = none)
   size_t buf_size = 1 << 20;
@@ -50,7 +52,7 @@ class Pair {
   void setup(Side& s, uint32_t ip) {
     s.ip = ip;
     Link& l = net.add_node(ip);
-    EngineConfig c = opt.cfg;
+    EngineConfig c = ip == kIpB && opt.cfg_b ? *opt.cfg_b : opt.cfg;
     c.seed = opt.seed * 31 + ip;
     if (!c.qpn_seed) c.qpn_seed = c.seed;  // QPNs repeat from run to run, as the network does
     s.eng = std::make_unique<Engine>(c, l, net);

@@ -289,6 +289,10 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     return 0;
   }
   if (cur == QpState::INIT && next == QpState::RTR) {
+    if (cfg_.integrity) {  // the peer is known from here on (integrity.h)
+      qp->mac_tx = PacketMac::ConnectionKey(cfg_.integrity_key, qp->qpn_, s.dest_qp_num);
+      qp->mac_rx = PacketMac::ConnectionKey(cfg_.integrity_key, s.dest_qp_num, qp->qpn_);
+    }
     // The responder starts here: expect rq_psn first.
     uint32_t path_bytes = mtu_bytes(s.path_mtu);
     // IB's largest MTU enum is 4096; a larger engine MTU applies when the QP

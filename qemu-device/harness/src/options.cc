@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include <vstellar/integrity_key.h>
+
 #include "vstellar/harness/harness.h"
 
 namespace vstellar::harness {
@@ -56,6 +58,8 @@ TRANSPORT
     --target-delay-us U
                       RTT above which the window shrinks (1000)
     --no-cc           disable congestion control (window only)
+    --integrity-key F integrity mode: a MAC on every packet, key in file F
+                      (64 hex digits; both sides need the same)
 
 WORKLOAD (client side; the server follows the client's choice)
     --mode M          bw: keep --depth WRs outstanding per QP for --duration
@@ -158,6 +162,12 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     else if (a == "--mode") { o.mode = v; ok = o.mode == "bw" || o.mode == "lat" || o.mode == "raw"; }
     else if (a == "--op") { o.op = v; ok = o.op == "write" || o.op == "send" || o.op == "read"; }
     else if (a == "--local-ip") ok = parse_ip(v, o.local_ip);
+    else if (a == "--integrity-key") {
+      std::string err;
+      ok = vstellar::ReadIntegrityKey(v, &o.eng.integrity_key, &err);
+      if (!ok) fprintf(stderr, "vstellar-harness: --integrity-key %s\n", err.c_str());
+      o.eng.integrity = ok;
+    }
     else if (a == "--peer-ip") ok = parse_ip(v, o.peer_ip);
     else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 600));
     else if (a == "--peer-port") o.peer_port = uint16_t(num(1, 65535));

@@ -85,6 +85,8 @@ bool Daemon::Start(std::string* err) {
   vstellar::EngineConfig ec;
   ec.num_paths = o_.paths;
   ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
+  ec.integrity = o_.integrity;
+  ec.integrity_key = o_.integrity_key;
   if (!ec.validate()) {
     *err = "bad engine configuration";
     return false;

@@ -12,6 +12,8 @@
 
 #include <arpa/inet.h>
 
+#include <vstellar/integrity_key.h>
+
 #include "vstellard/daemon.h"
 
 namespace {
@@ -45,6 +47,8 @@ int Usage(const char* argv0, int rc) {
                "  --wqe-budget-device N  WQEs per device per loop turn (default 1024)\n"
                "  --vhost-timeout-ms N   close a frontend that stalls mid-message this long\n"
                "                         (default 5000)\n"
+               "  --integrity-key FILE   integrity mode: a keyed MAC on every packet, with the\n"
+               "                         key in FILE (64 hex digits); every peer needs it\n"
                "  --allow-unsealed-memory  accept guest memory that cannot be sealed against\n"
                "                         shrinking (memory-backend-file); its owner could\n"
                "                         then crash the daemon by truncating the file\n"
@@ -86,7 +90,7 @@ bool Size(const char* s, unsigned long long* out) {
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
   enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
-         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed };
+         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
                                 {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
                                 {"memory-limit", required_argument, nullptr, kMemLimit},
                                 {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
+                                {"integrity-key", required_argument, nullptr, kIntegrityKey},
                                 {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                                 {"help", no_argument, nullptr, 'h'},
                                 {nullptr, 0, nullptr, 0}};
@@ -169,6 +174,15 @@ int main(int argc, char** argv) {
         o.vhost_timeout_ms = uint32_t(v);
         break;
       case kAllowUnsealed: o.require_sealed_memory = false; break;
+      case kIntegrityKey: {
+        std::string err;
+        if (!vstellar::ReadIntegrityKey(optarg, &o.integrity_key, &err)) {
+          std::fprintf(stderr, "%s: --integrity-key %s\n", argv[0], err.c_str());
+          return 2;
+        }
+        o.integrity = true;
+        break;
+      }
       case kMemLimit:
         if (!Size(optarg, &v)) return Usage(argv[0], 2);
         o.memory_limit = v;

@@ -8,6 +8,7 @@
 // MR's bytes only through it. The virtio backend passes its PVDMA/eMTT (or
 // ATC) translator; the harness passes HostMemory.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -61,6 +62,12 @@ struct EngineConfig {
   // WQE at once (vstellard's data-path rule). An MR deregistered after the
   // post is caught when the WR runs either way.
   bool lkeys_at_post = false;
+  // Integrity mode (issue 13): every packet carries a keyed MAC (a 28-byte
+  // trailer in front of the header) made from this 32-byte key shared by
+  // all daemons of the fabric; packets without a valid one are dropped
+  // (EngineStats::bad_mac). Every peer must run with the same key.
+  bool integrity = false;
+  std::array<uint8_t, 32> integrity_key{};
   CcConfig cc;
   bool validate();  // clamps/normalizes; false if unusable
 };
@@ -83,6 +90,7 @@ struct EngineStats {
   // cannot kill a QP; a real one is resent and then reported in order.
   uint64_t early_errors = 0;
   uint64_t bad_reread = 0;  // duplicate READs that match no READ executed
+  uint64_t bad_mac = 0;     // integrity mode: packets whose MAC did not verify
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
   uint64_t ud_sent = 0, ud_rcvd = 0;

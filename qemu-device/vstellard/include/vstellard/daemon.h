@@ -4,6 +4,7 @@
 // shared engine (one UDP link, one ATC) for all devices.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,9 @@ struct DaemonOptions {
   uint32_t vhost_timeout_ms = 5000;
   // Guest memory must be sealed against shrinking (memfd seal=on).
   bool require_sealed_memory = true;
+  // Integrity mode (docs/wire-format.md): a MAC on every packet.
+  bool integrity = false;
+  std::array<uint8_t, 32> integrity_key{};
   // Host memory the guests' objects may hold (memory_budget.h): all
   // devices together, and each device.
   uint64_t memory_limit = uint64_t{4} << 30;

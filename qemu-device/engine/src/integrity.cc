@@ -1,0 +1,105 @@
+// Integrity mode: see integrity.h.
+#include "integrity.h"
+
+#include <sodium.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "vstellar/integrity_key.h"
+
+namespace vstellar {
+namespace {
+
+MacKey Derive(const MacKey& shared, const uint8_t* label, size_t n) {
+  MacKey k;
+  crypto_generichash(k.data(), k.size(), label, n, shared.data(), shared.size());
+  return k;
+}
+
+void PutBe32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = uint8_t(v >> (24 - 8 * i));
+}
+
+// The tag of nonce || data (|| more spans) under the one-time key that
+// ChaCha20 gives for this nonce.
+class Tagger {
+ public:
+  Tagger(const MacKey& key, const uint8_t* nonce) {
+    uint8_t otk[crypto_onetimeauth_poly1305_KEYBYTES];
+    crypto_stream_chacha20_ietf(otk, sizeof(otk), nonce, key.data());
+    crypto_onetimeauth_poly1305_init(&st_, otk);
+    sodium_memzero(otk, sizeof(otk));
+    Update(nonce, PacketMac::kNonceLen);
+  }
+  void Update(const uint8_t* p, size_t n) { crypto_onetimeauth_poly1305_update(&st_, p, n); }
+  void Final(uint8_t* tag) { crypto_onetimeauth_poly1305_final(&st_, tag); }
+
+ private:
+  crypto_onetimeauth_poly1305_state st_;
+};
+
+}  // namespace
+
+static_assert(PacketMac::kNonceLen == crypto_stream_chacha20_ietf_NONCEBYTES);
+static_assert(PacketMac::kTagLen == crypto_onetimeauth_poly1305_BYTES);
+
+bool PacketMac::Init() { return sodium_init() >= 0; }
+
+uint32_t PacketMac::RandomSalt() { return randombytes_random(); }
+
+MacKey PacketMac::ConnectionKey(const MacKey& shared, uint32_t from_qpn, uint32_t to_qpn) {
+  uint8_t label[28] = "vstellar-mac-rc-v1";  // 19 bytes with its NUL, then the QPNs
+  PutBe32(label + 20, from_qpn);
+  PutBe32(label + 24, to_qpn);
+  return Derive(shared, label, sizeof(label));
+}
+
+MacKey PacketMac::DatagramKey(const MacKey& shared) {
+  static const uint8_t label[] = "vstellar-mac-ud-v1";
+  return Derive(shared, label, sizeof(label) - 1);
+}
+
+void PacketMac::Sign(const MacKey& key, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload,
+                     size_t nspans, uint8_t* out) {
+  PutBe32(out, salt_);
+  const uint64_t c = counter_++;
+  for (int i = 0; i < 8; i++) out[4 + i] = uint8_t(c >> (56 - 8 * i));
+  Tagger t(key, out);
+  t.Update(hdr, hdr_len);
+  for (size_t i = 0; i < nspans; i++) t.Update(payload[i].ptr, payload[i].len);
+  t.Final(out + kNonceLen);
+}
+
+bool PacketMac::Verify(const MacKey& key, const uint8_t* pkt, size_t len) {
+  if (len < kTrailerLen) return false;
+  Tagger t(key, pkt);
+  t.Update(pkt + kTrailerLen, len - kTrailerLen);
+  uint8_t tag[kTagLen];
+  t.Final(tag);
+  return crypto_verify_16(tag, pkt + kNonceLen) == 0;
+}
+
+bool ReadIntegrityKey(const std::string& path, std::array<uint8_t, 32>* key, std::string* err) {
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (!f) {
+    *err = path + ": " + std::strerror(errno);
+    return false;
+  }
+  char text[80];
+  const size_t n = std::fread(text, 1, sizeof(text), f);
+  std::fclose(f);
+  size_t len = n;
+  while (len && (text[len - 1] == '\n' || text[len - 1] == '\r')) len--;
+  size_t got = 0;
+  if (len != 2 * key->size() ||
+      sodium_hex2bin(key->data(), key->size(), text, len, nullptr, &got, nullptr) != 0 || got != key->size()) {
+    *err = path + ": not a key of 64 hexadecimal digits";
+    return false;
+  }
+  sodium_memzero(text, sizeof(text));
+  return true;
+}
+
+}  // namespace vstellar
