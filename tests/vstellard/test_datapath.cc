@@ -940,9 +940,10 @@ TEST_F(DataPath, FullCqRaisesCqErr) {
 }
 
 
-// rdma_cm's path: the kernel's GSI QP (QP 1) on one device and a kernel UD
-// QP on the other, both with kernel doorbell pages, SGEs with the local DMA
-// lkey. QP 1 is found by destination GID; receives start with the GRH area.
+// rdma_cm's path: the kernel's GSI QP (QP 1) and kernel UD QPs, on the
+// device that holds the daemon's address and on one that holds none, with
+// kernel doorbell pages and SGEs with the local DMA lkey. QP 1 is found by
+// destination GID; receives start with the GRH area.
 TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   StartDaemon();
   TwoDevices();
