@@ -163,6 +163,13 @@ struct vstellar_mr {
 	u32 ucontext;
 	struct ib_umem *umem;
 	bool dma;		/* get_dma_mr: the local DMA lkey, no device object */
+	/*
+	 * Fast-registration MRs (alloc_mr, F_MEM_MGT): the page list that
+	 * map_mr_sg fills and the device reads at each REG_MR WQE.
+	 */
+	struct vstellar_kring plist;
+	u32 max_pages;
+	u32 npages;
 };
 
 /* Memory windows (F_MW), allocated for user space through uverbs. */
@@ -295,6 +302,10 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init);
 int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
 			       struct ib_srq_init_attr *init_attr);
 struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags);
+struct ib_mr *vstellar_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type mr_type,
+			       u32 max_num_sg);
+int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		       unsigned int *sg_offset);
 int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,

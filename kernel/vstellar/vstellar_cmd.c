@@ -570,3 +570,24 @@ int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 	res->rkey = le32_to_cpu(resp.rkey);
 	return 0;
 }
+
+int vstellar_cmd_alloc_mr(struct vstellar_dev *dev, u32 pdn, u32 max_num_pages,
+			  struct vstellar_reg_mr_result *res)
+{
+	struct vstellar_cmd_alloc_mr cmd = {
+		.pdn = cpu_to_le32(pdn),
+		.max_num_pages = cpu_to_le32(max_num_pages),
+	};
+	struct vstellar_resp_reg_mr resp;
+	int err;
+
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_ALLOC_MR, 0,
+				&cmd, sizeof(cmd), NULL, 0,
+				&resp, sizeof(resp));
+	if (err)
+		return err;
+	res->mrn = le32_to_cpu(resp.mrn);
+	res->lkey = le32_to_cpu(resp.lkey);
+	res->rkey = le32_to_cpu(resp.rkey);
+	return 0;
+}

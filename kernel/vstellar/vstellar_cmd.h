@@ -214,6 +214,14 @@ int vstellar_cmd_alloc_mw(struct vstellar_dev *dev, u32 uctx, u32 pdn,
 			  u32 type, u32 *mwn, u32 *rkey);
 int vstellar_cmd_dealloc_mw(struct vstellar_dev *dev, u32 uctx, u32 mwn);
 
+/*
+ * ALLOC_MR (minor 3, F_MEM_MGT, kernel only): a fast-registration MR of
+ * @pdn for up to @max_num_pages pages, FREE until a REG_MR WQE maps it.
+ * DEREG_MR frees it.
+ */
+int vstellar_cmd_alloc_mr(struct vstellar_dev *dev, u32 pdn, u32 max_num_pages,
+			  struct vstellar_reg_mr_result *res);
+
 /* ---------------------------------------------------------------- */
 /* Address vectors (in MODIFY_QP, QUERY_QP and UD send WQEs)          */
 /* ---------------------------------------------------------------- */

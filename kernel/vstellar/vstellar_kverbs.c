@@ -1,21 +1,22 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * vStellar kernel verbs: the data path for kernel users. The MAD layer's
- * GSI QP (QP1) runs here, and with it the CM, so rdma_cm works; kernel UD
- * QPs and SRQs too. The rings live in DMA-coherent kernel memory and the
- * doorbells in the kernel's own doorbell page (VSTELLAR_CMD_KERNEL_DB);
- * SGEs carry the local DMA lkey and DMA (guest-physical) addresses. Only
- * create and destroy send commands: posting, polling and arming are
- * memory operations plus, when the device asks for it, one store to the
- * kick page, so they work in any context.
+ * GSI QP (QP1) runs here, and with it the CM, so rdma_cm works; kernel RC
+ * and UD QPs, SRQs and fast-registration MRs too, which is what NVMe over
+ * RDMA and NFS over RDMA use. The rings live in DMA-coherent kernel memory
+ * and the doorbells in the kernel's own doorbell page
+ * (VSTELLAR_CMD_KERNEL_DB); SGEs carry the local DMA lkey and DMA
+ * (guest-physical) addresses, or the key of a fast-registration MR. Only
+ * create and destroy send commands: posting (fast registration and
+ * invalidation included), polling and arming are memory operations plus,
+ * when the device asks for it, one store to the kick page, so they work
+ * in any context.
  */
 #include <linux/io.h>
 #include <linux/log2.h>
 #include <rdma/ib_verbs.h>
 
 #include "vstellar.h"
-
-#define VSTELLAR_KQP_MAX_SGE	4
 
 /* ---------------------------------------------------------------- */
 /* The kernel's doorbell page                                        */
@@ -169,6 +170,36 @@ static void vstellar_srq_completed(struct vstellar_qp *qp)
 		atomic_inc(&srq->done);
 }
 
+/*
+ * The device numbers WC opcodes as libibverbs does, which the kernel's
+ * enum follows up to LOCAL_INV; REG_MR has a number of its own.
+ */
+static enum ib_wc_opcode vstellar_wc_opcode(u8 op)
+{
+	switch (op) {
+	case VSTELLAR_WC_SEND:
+		return IB_WC_SEND;
+	case VSTELLAR_WC_RDMA_WRITE:
+		return IB_WC_RDMA_WRITE;
+	case VSTELLAR_WC_RDMA_READ:
+		return IB_WC_RDMA_READ;
+	case VSTELLAR_WC_COMP_SWAP:
+		return IB_WC_COMP_SWAP;
+	case VSTELLAR_WC_FETCH_ADD:
+		return IB_WC_FETCH_ADD;
+	case VSTELLAR_WC_BIND_MW:
+		return IB_WC_BIND_MW;
+	case VSTELLAR_WC_LOCAL_INV:
+		return IB_WC_LOCAL_INV;
+	case VSTELLAR_WC_REG_MR:
+		return IB_WC_REG_MR;
+	case VSTELLAR_WC_RECV_RDMA_WITH_IMM:
+		return IB_WC_RECV_RDMA_WITH_IMM;
+	default:
+		return IB_WC_RECV;
+	}
+}
+
 static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 			       const struct vstellar_cqe *e, struct ib_wc *wc)
 {
@@ -181,18 +212,21 @@ static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 	memset(wc, 0, sizeof(*wc));
 	wc->wr_id = le64_to_cpu(e->wr_id);
 	wc->status = e->status;
-	wc->opcode = e->opcode;
+	wc->opcode = vstellar_wc_opcode(e->opcode);
 	wc->vendor_err = e->vendor_err;
 	wc->byte_len = le32_to_cpu(e->byte_len);
 	wc->qp = &qp->ibqp;
 	wc->port_num = VSTELLAR_PORT;
-	if (e->opcode & IB_WC_RECV) {
+	if (e->opcode & VSTELLAR_WC_RECV) {
 		wc->src_qp = le32_to_cpu(e->src_qp);
 		if (e->wc_flags & VSTELLAR_CQE_GRH)
 			wc->wc_flags |= IB_WC_GRH;
 		if (e->wc_flags & VSTELLAR_CQE_WITH_IMM) {
 			wc->wc_flags |= IB_WC_WITH_IMM;
 			wc->ex.imm_data = e->imm_data;
+		} else if (e->wc_flags & VSTELLAR_CQE_WITH_INV) {
+			wc->wc_flags |= IB_WC_WITH_INVALIDATE;
+			wc->ex.invalidate_rkey = le32_to_cpu(e->invalidated_rkey);
 		}
 		if (e->wc_flags & VSTELLAR_CQE_SRQ)
 			vstellar_srq_completed(qp);
@@ -280,9 +314,21 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 
 	if (!dev->kdb)
 		return -EOPNOTSUPP;
-	/* kernel RC QPs would need fast-registration MRs: not offered */
-	if (init->qp_type != IB_QPT_GSI && init->qp_type != IB_QPT_UD)
+	switch (init->qp_type) {
+	case IB_QPT_GSI:
+		params.qp_type = VSTELLAR_QPT_GSI;
+		break;
+	case IB_QPT_UD:
+		params.qp_type = VSTELLAR_QPT_UD;
+		break;
+	case IB_QPT_RC:
+		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
+			return -EOPNOTSUPP;
+		params.qp_type = VSTELLAR_QPT_RC;
+		break;
+	default:
 		return -EOPNOTSUPP;
+	}
 	/* the device puts no GSI QP on an SRQ; a user SRQ has no kernel ring */
 	if (init->srq && (init->qp_type == IB_QPT_GSI ||
 			  !to_vsrq(init->srq)->kring.buf))
@@ -294,8 +340,9 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	}
 	ssge = init->cap.max_send_sge;
 	rsge = init->cap.max_recv_sge;
-	if (init->cap.max_inline_data || ssge > VSTELLAR_KQP_MAX_SGE ||
-	    rsge > VSTELLAR_KQP_MAX_SGE ||
+	if (init->cap.max_inline_data ||
+	    ssge > le32_to_cpu(dev->attr.max_send_sge) ||
+	    rsge > le32_to_cpu(dev->attr.max_recv_sge) ||
 	    init->cap.max_send_wr > max_wr || init->cap.max_recv_wr > max_wr)
 		return -EINVAL;
 	qp->sq_log_wqe = order_base_2(max(init->cap.max_send_wr, 1U));
@@ -325,8 +372,6 @@ int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
 	params.pdn = to_vpd(ibqp->pd)->pdn;
 	params.send_cqn = to_vcq(init->send_cq)->cqn;
 	params.recv_cqn = to_vcq(init->recv_cq)->cqn;
-	params.qp_type = init->qp_type == IB_QPT_GSI ? VSTELLAR_QPT_GSI :
-						       VSTELLAR_QPT_UD;
 	params.sq_sig_all = qp->sq_sig_all;
 	params.sq_log_wqe = qp->sq_log_wqe;
 	params.sq_log_stride = qp->sq_log_stride;
@@ -394,6 +439,25 @@ static void vstellar_put_recv_wqe(struct vstellar_recv_wqe *wqe, u32 stride,
 			  wr->num_sge);
 }
 
+/* The fields every send WQE has, in a slot cleared first; SGEs follow. */
+static void vstellar_put_send_hdr(struct vstellar_qp *qp,
+				  const struct ib_send_wr *wr,
+				  struct vstellar_send_wqe *wqe, u8 opcode)
+{
+	memset(wqe, 0, 1U << qp->sq_log_stride);
+	wqe->wr_id = cpu_to_le64(wr->wr_id);
+	wqe->opcode = opcode;
+	if (wr->send_flags & IB_SEND_SIGNALED)
+		wqe->flags |= VSTELLAR_WQE_SIGNALED;
+	if (wr->send_flags & IB_SEND_SOLICITED)
+		wqe->flags |= VSTELLAR_WQE_SOLICITED;
+	if (wr->send_flags & IB_SEND_FENCE)
+		wqe->flags |= VSTELLAR_WQE_FENCE;
+	wqe->num_sge = wr->num_sge;
+	vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
+			  wr->num_sge);
+}
+
 static int vstellar_build_ud_wqe(struct vstellar_qp *qp,
 				 const struct ib_send_wr *wr,
 				 struct vstellar_send_wqe *wqe)
@@ -402,25 +466,116 @@ static int vstellar_build_ud_wqe(struct vstellar_qp *qp,
 
 	if (wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM)
 		return -EINVAL;
-	if (wr->num_sge > qp->cap.max_send_sge ||
-	    (wr->send_flags & IB_SEND_INLINE) || !ud->ah)
+	if (!ud->ah)
 		return -EINVAL;
-	memset(wqe, 0, 1U << qp->sq_log_stride);
-	wqe->wr_id = cpu_to_le64(wr->wr_id);
-	wqe->opcode = wr->opcode == IB_WR_SEND ? VSTELLAR_WR_SEND :
-						 VSTELLAR_WR_SEND_IMM;
-	if (wr->send_flags & IB_SEND_SIGNALED)
-		wqe->flags |= VSTELLAR_WQE_SIGNALED;
-	if (wr->send_flags & IB_SEND_SOLICITED)
-		wqe->flags |= VSTELLAR_WQE_SOLICITED;
-	wqe->num_sge = wr->num_sge;
+	vstellar_put_send_hdr(qp, wr, wqe, wr->opcode == IB_WR_SEND ?
+			      VSTELLAR_WR_SEND : VSTELLAR_WR_SEND_IMM);
 	if (wr->opcode == IB_WR_SEND_WITH_IMM)
 		wqe->imm_data = wr->ex.imm_data;
 	wqe->u.ud.av = to_vah(ud->ah)->av;
 	wqe->u.ud.remote_qpn = cpu_to_le32(ud->remote_qpn);
 	wqe->u.ud.remote_qkey = cpu_to_le32(ud->remote_qkey);
-	vstellar_put_sges((struct vstellar_sge *)(wqe + 1), wr->sg_list,
-			  wr->num_sge);
+	return 0;
+}
+
+/*
+ * IB_WR_REG_MR: the device reads the page list map_mr_sg wrote when it
+ * executes the WQE, and makes @reg->key the MR's lkey and rkey.
+ */
+static int vstellar_build_reg_mr(const struct ib_reg_wr *reg,
+				 struct vstellar_send_wqe *wqe)
+{
+	struct vstellar_mr *mr = to_vmr(reg->mr);
+	int access = reg->access & ~IB_ACCESS_OPTIONAL;
+
+	if (!mr->plist.buf || !mr->npages ||
+	    (access & ~(int)VSTELLAR_ACCESS_VALID) ||
+	    (reg->key & ~0xffU) != (mr->ibmr.lkey & ~0xffU))
+		return -EINVAL;
+	wqe->u.reg_mr.iova = cpu_to_le64(mr->ibmr.iova);
+	wqe->u.reg_mr.length = cpu_to_le64(mr->ibmr.length);
+	wqe->u.reg_mr.page_list = cpu_to_le64(mr->plist.dma);
+	wqe->u.reg_mr.npages = cpu_to_le32(mr->npages);
+	wqe->u.reg_mr.key = cpu_to_le32(reg->key);
+	wqe->u.reg_mr.access = cpu_to_le32(access);
+	wqe->u.reg_mr.page_shift = ilog2(mr->ibmr.page_size);
+	return 0;
+}
+
+/* The device's opcode for an RC work request, or -EINVAL. */
+static int vstellar_rc_opcode(struct vstellar_dev *dev,
+			      const struct ib_send_wr *wr)
+{
+	bool mem_mgt = dev->features & BIT(VIRTIO_VSTELLAR_F_MEM_MGT);
+	bool atomic = dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC);
+
+	switch (wr->opcode) {
+	case IB_WR_SEND:
+		return VSTELLAR_WR_SEND;
+	case IB_WR_SEND_WITH_IMM:
+		return VSTELLAR_WR_SEND_IMM;
+	case IB_WR_RDMA_WRITE:
+		return VSTELLAR_WR_RDMA_WRITE;
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+		return VSTELLAR_WR_RDMA_WRITE_IMM;
+	case IB_WR_RDMA_READ:
+		return VSTELLAR_WR_RDMA_READ;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+		return atomic ? VSTELLAR_WR_ATOMIC_CMP_SWP : -EINVAL;
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		return atomic ? VSTELLAR_WR_ATOMIC_FETCH_ADD : -EINVAL;
+	case IB_WR_SEND_WITH_INV:
+		return mem_mgt ? VSTELLAR_WR_SEND_WITH_INV : -EINVAL;
+	/* no SGEs: the device would refuse the WQE and fail the QP */
+	case IB_WR_LOCAL_INV:
+		return mem_mgt && !wr->num_sge ? VSTELLAR_WR_LOCAL_INV : -EINVAL;
+	case IB_WR_REG_MR:
+		return mem_mgt && !wr->num_sge ? VSTELLAR_WR_REG_MR : -EINVAL;
+	default:
+		return -EINVAL;
+	}
+}
+
+static int vstellar_build_rc_wqe(struct vstellar_dev *dev,
+				 struct vstellar_qp *qp,
+				 const struct ib_send_wr *wr,
+				 struct vstellar_send_wqe *wqe)
+{
+	int op = vstellar_rc_opcode(dev, wr);
+
+	if (op < 0)
+		return op;
+	vstellar_put_send_hdr(qp, wr, wqe, op);
+	switch (wr->opcode) {
+	case IB_WR_SEND_WITH_IMM:
+		wqe->imm_data = wr->ex.imm_data;
+		break;
+	case IB_WR_SEND_WITH_INV:
+	case IB_WR_LOCAL_INV:
+		wqe->invalidate_rkey = cpu_to_le32(wr->ex.invalidate_rkey);
+		break;
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+		wqe->imm_data = wr->ex.imm_data;
+		fallthrough;
+	case IB_WR_RDMA_WRITE:
+	case IB_WR_RDMA_READ:
+		wqe->u.rdma.remote_addr = cpu_to_le64(rdma_wr(wr)->remote_addr);
+		wqe->u.rdma.rkey = cpu_to_le32(rdma_wr(wr)->rkey);
+		break;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		wqe->u.atomic.remote_addr =
+			cpu_to_le64(atomic_wr(wr)->remote_addr);
+		wqe->u.atomic.rkey = cpu_to_le32(atomic_wr(wr)->rkey);
+		wqe->u.atomic.compare_add =
+			cpu_to_le64(atomic_wr(wr)->compare_add);
+		wqe->u.atomic.swap = cpu_to_le64(atomic_wr(wr)->swap);
+		break;
+	case IB_WR_REG_MR:
+		return vstellar_build_reg_mr(reg_wr(wr), wqe);
+	default:
+		break;
+	}
 	return 0;
 }
 
@@ -446,8 +601,17 @@ int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 			err = -ENOMEM;
 			break;
 		}
+		/* inline data is not offered to kernel QPs (max_inline_data 0) */
+		if (wr->num_sge > qp->cap.max_send_sge ||
+		    (wr->send_flags & IB_SEND_INLINE)) {
+			err = -EINVAL;
+			break;
+		}
 		slot = qp->sq.buf + ((qp->sq_pi & (size - 1)) << qp->sq_log_stride);
-		err = vstellar_build_ud_wqe(qp, wr, slot);
+		if (ibqp->qp_type == IB_QPT_RC)
+			err = vstellar_build_rc_wqe(dev, qp, wr, slot);
+		else
+			err = vstellar_build_ud_wqe(qp, wr, slot);
 		if (err)
 			break;
 		qp->sq_pi++;
@@ -530,7 +694,6 @@ int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
 	if (!dev->kdb)
 		return -EOPNOTSUPP;
 	if (!attr->max_wr || attr->max_wr > le32_to_cpu(dev->attr.max_srq_wr) ||
-	    attr->max_sge > VSTELLAR_KQP_MAX_SGE ||
 	    attr->max_sge > le32_to_cpu(dev->attr.max_srq_sge))
 		return -EINVAL;
 	srq->log_wqe = order_base_2(attr->max_wr);
@@ -654,4 +817,82 @@ struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags)
 	mr->dma = true;
 	mr->ibmr.lkey = VSTELLAR_LOCAL_DMA_LKEY;
 	return &mr->ibmr;
+}
+
+/* ---------------------------------------------------------------- */
+/* Fast-registration MRs (F_MEM_MGT)                                 */
+/* ---------------------------------------------------------------- */
+
+/*
+ * An MR the device creates FREE (ALLOC_MR); IB_WR_REG_MR maps it to the
+ * pages map_mr_sg listed, IB_WR_LOCAL_INV or a received SEND_WITH_INV
+ * invalidates it. The page list is DMA-coherent memory the device reads
+ * when it executes the REG_MR WQE.
+ */
+struct ib_mr *vstellar_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type mr_type,
+			       u32 max_num_sg)
+{
+	struct vstellar_dev *dev = to_vdev(ibpd->device);
+	struct vstellar_reg_mr_result res;
+	struct vstellar_mr *mr;
+	int err;
+
+	if (!dev->kdb || !(dev->features & BIT(VIRTIO_VSTELLAR_F_MEM_MGT)) ||
+	    mr_type != IB_MR_TYPE_MEM_REG)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!max_num_sg || max_num_sg > le32_to_cpu(dev->cfg.max_fast_reg_pages))
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	err = vstellar_kring_alloc(dev, &mr->plist,
+				   sizeof(__le64) * max_num_sg);
+	if (err)
+		goto err_free;
+	err = vstellar_cmd_alloc_mr(dev, to_vpd(ibpd)->pdn, max_num_sg, &res);
+	if (err)
+		goto err_plist;
+	mr->mrn = res.mrn;
+	mr->max_pages = max_num_sg;
+	mr->ibmr.lkey = res.lkey;
+	mr->ibmr.rkey = res.rkey;
+	return &mr->ibmr;
+
+err_plist:
+	vstellar_kring_free(dev, &mr->plist);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+static int vstellar_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vstellar_mr *mr = to_vmr(ibmr);
+	__le64 *list = mr->plist.buf;
+
+	if (mr->npages == mr->max_pages)
+		return -ENOMEM;
+	list[mr->npages++] = cpu_to_le64(addr);
+	return 0;
+}
+
+/*
+ * ib_map_mr_sg set ibmr->page_size; the device takes the page sizes of
+ * page_size_cap. The list is only read by a later REG_MR WQE, whose
+ * doorbell store orders it.
+ */
+int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		       unsigned int *sg_offset)
+{
+	struct vstellar_dev *dev = to_vdev(ibmr->device);
+	struct vstellar_mr *mr = to_vmr(ibmr);
+	u64 cap = le64_to_cpu(dev->cfg.page_size_cap);
+
+	if (!mr->plist.buf)
+		return -EINVAL;
+	if (!is_power_of_2(ibmr->page_size) ||
+	    !(cap & BIT_ULL(ilog2(ibmr->page_size))))
+		return -EINVAL;
+	mr->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vstellar_set_page);
 }

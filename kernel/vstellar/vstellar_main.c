@@ -59,6 +59,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_INLINE,
 	VIRTIO_VSTELLAR_F_SRQ,
 	VIRTIO_VSTELLAR_F_MW,
+	VIRTIO_VSTELLAR_F_MEM_MGT,
 };
 
 /* ---------------------------------------------------------------- */
@@ -484,6 +485,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.uverbs_abi_ver = VSTELLAR_UVERBS_ABI_VERSION,
 
 	.add_gid = vstellar_add_gid,
+	.alloc_mr = vstellar_alloc_mr,
 	.alloc_mw = vstellar_alloc_mw,
 	.alloc_pd = vstellar_alloc_pd,
 	.alloc_ucontext = vstellar_alloc_ucontext,
@@ -506,6 +508,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.get_dma_mr = vstellar_get_dma_mr,
 	.get_link_layer = vstellar_get_link_layer,
 	.get_port_immutable = vstellar_get_port_immutable,
+	.map_mr_sg = vstellar_map_mr_sg,
 	.mmap = vstellar_mmap,
 	.mmap_free = vstellar_mmap_free,
 	.modify_qp = vstellar_modify_qp,

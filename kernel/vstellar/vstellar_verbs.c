@@ -88,6 +88,12 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 					   IB_DEVICE_MEM_WINDOW_TYPE_2B;
 		props->max_mw = le32_to_cpu(a->max_mw);
 	}
+	/* fast registration: kernel QPs only, so only with kernel verbs */
+	if (dev->kdb && (dev->features & BIT(VIRTIO_VSTELLAR_F_MEM_MGT))) {
+		props->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
+		props->max_fast_reg_page_list_len =
+			le32_to_cpu(dev->cfg.max_fast_reg_pages);
+	}
 	return 0;
 }
 
@@ -890,6 +896,7 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	if (err)
 		return err;
 	ib_umem_release(mr->umem);
+	vstellar_kring_free(to_vdev(ibmr->device), &mr->plist);
 	kfree(mr);
 	return 0;
 }
