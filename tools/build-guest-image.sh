@@ -2,7 +2,8 @@
 # Build the guest image: the pinned Debian 6.1 kernel and one uncompressed
 # initramfs (uncompressed because TCG decompresses slowly) made from Debian
 # packages: busybox, kmod, iproute2, perftest, python3, UCX, OpenMPI,
-# libfabric, dropbear, the kernel modules for RDMA and virtio, and our
+# libfabric, dropbear, nvme-cli, the NFS utilities, the kernel modules for
+# RDMA, virtio, NVMe over Fabrics and NFS over RDMA, and our
 # rdma-core build (libibverbs, librdmacm, the rxe and vstellar providers,
 # utilities, pyverbs and rdma-core's tests/), which UCX, OpenMPI, libfabric
 # and perftest run on. Our kernel module, tests and MPI programs, when built,
@@ -22,7 +23,9 @@ extras=("$@")
 abi=$GUEST_KERNEL_ABI
 # Modules the tests load, with their dependencies resolved from modules.dep.
 root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
-	ib_core ib_uverbs ib_umad rdma_ucm rdma_rxe crc32_generic)
+	ib_core ib_uverbs ib_umad rdma_ucm rdma_rxe crc32_generic
+	nvme-rdma nvmet-rdma nvme-tcp nvmet-tcp nvme-fabrics nvmet null_blk
+	rpcrdma nfsd nfs nfsv4)
 # Packages whose files are copied (from the host, where `make deps` put
 # them); perftest comes straight from its .deb so that the host keeps no
 # second libibverbs beside ours.
@@ -46,17 +49,24 @@ pdeb=$(getdeb perftest "$perftest_ver")
 
 # MPI and friends from their .debs, with the runtime closure of their
 # Depends: UCX, OpenMPI 4.1, libfabric, and dropbear (the ssh server and
-# client that mpirun starts its remote daemons with). The walk stops at
-# packages the image must not carry or does not need:
+# client that mpirun starts its remote daemons with); nvme-cli and the
+# NFS server and client utilities (NVMe over RDMA, NFS over RDMA). The
+# walk stops at packages the image must not carry or does not need:
 #  - libibverbs1, librdmacm1, ibverbs-providers: our rdma-core build provides
 #    libibverbs.so.1, librdmacm.so.1 and the providers (ABI compatible);
 #  - openssh-client: dropbear's dbclient is mpirun's launcher here;
 #  - libhwloc-plugins: optional hwloc plugins (X11, OpenCL, CUDA), dlopened;
-#  - the base libraries the image already copies from the host (below).
-mpi_roots=(libucx0 ucx-utils openmpi-bin libfabric1 libfabric-bin dropbear-bin)
+#  - the base libraries the image already copies from the host (below);
+#  - what only maintainer scripts and init systems use (uuid-runtime makes
+#    nvme-cli's host NQN at install time; adduser, ucf, lsb-base, netbase,
+#    init-system-helpers), python3 (copied from the host below) and rpcbind
+#    (NFSv4 needs none).
+mpi_roots=(libucx0 ucx-utils openmpi-bin libfabric1 libfabric-bin dropbear-bin
+	nvme-cli nfs-kernel-server nfs-common)
 declare -A mpi_dep=() mpi_seen=() mpi_stop=()
 for p in libibverbs1 librdmacm1 ibverbs-providers openssh-client libhwloc-plugins \
-	libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libcrypt1; do
+	libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libcrypt1 \
+	uuid-runtime adduser ucf lsb-base netbase init-system-helpers python3 rpcbind; do
 	mpi_stop[$p]=1
 done
 pkg=
@@ -161,7 +171,7 @@ tar -C /usr/lib/python3.11 --exclude=__pycache__ --exclude='./test' --exclude=./
 
 log "perftest from $(basename "$pdeb"), rdma-core from $stage"
 dpkg-deb -x "$pdeb" "$root"
-log "UCX, OpenMPI, libfabric, dropbear: ${#mpi_debs[@]} .debs"
+log "UCX, OpenMPI, libfabric, dropbear, nvme-cli, NFS: ${#mpi_debs[@]} .debs"
 for d in "${mpi_debs[@]}"; do dpkg-deb -x "$d" "$root"; done
 # No postinst runs here: make the links their update-alternatives calls
 # would (mpirun, mpiexec, libpsm_infinipath.so.1, which libfabric and
