@@ -470,5 +470,46 @@ TEST(Keys, DestroyingTheQpInvalidatesItsType2Windows) {
   EXPECT_EQ(t.b.eng->dereg_mr(mr), 0);
 }
 
+// LOCAL_INV waits for the WQEs before it: a SEND gathered from the MR that
+// loses a packet must be able to resend it from the MR after the
+// invalidation was posted.
+TEST(Keys, LocalInvalidateWaitsForEarlierWqesToComplete) {
+  Pair t;
+  Mr* fr = t.a.eng->alloc_mr(t.a.pd, 32);
+  const uint32_t k = next_key(fr->rkey());
+  ASSERT_EQ(post_reg(t.a, k, 0, 65536, kRw), 0);
+  EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
+  bool dropped = false;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (dropped || from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    if (p.base.op == wire::Op::SEND && (p.base.flags & wire::F_LAST)) {
+      dropped = true;  // the last packet's first transmission
+      return false;
+    }
+    return true;
+  };
+  fill_random(t.a.buf.data(), 40000, 12);
+  ASSERT_EQ(t.post_recv(t.b, 1, 0, 40000), 0);
+  Sge sg{t.a.addr(0), 40000, k};
+  SendWr wr;
+  wr.wr_id = 3;
+  wr.opcode = WrOpcode::SEND;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
+  ASSERT_EQ(post_inv(t.a, k, 4), 0);
+  auto wc = t.wait(t.a, t.a.scq, 2);
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(wc[0].wr_id, 3u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wc[1].wr_id, 4u);
+  EXPECT_EQ(wc[1].status, WcStatus::SUCCESS);
+  EXPECT_EQ(fr->state(), MrState::INVALID);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 40000), 0);
+}
+
 }  // namespace
 }  // namespace vstellar::test

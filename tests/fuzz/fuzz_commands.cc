@@ -35,10 +35,12 @@ using namespace vstellard;
 
 constexpr uint64_t kRamSize = 4ull << 20;
 
-// QPNs from a fixed sequence, not getrandom: an input must replay.
+// QPNs and memory keys from fixed sequences, not getrandom: an input must
+// replay.
 vstellar::EngineConfig EngineConfig() {
   vstellar::EngineConfig c;
   c.qpn_seed = 1;
+  c.key_seed = 1;
   return c;
 }
 

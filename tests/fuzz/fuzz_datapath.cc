@@ -41,10 +41,12 @@ constexpr uint64_t kRamSize = 4ull << 20;
 constexpr uint64_t kDbGpa = 0xfe000000, kDbSize = 64 << 10;
 constexpr uint64_t kRamVa = 0x7f0000000000ull, kDbVa = 0x7f1000000000ull;
 
-// QPNs from a fixed sequence, not getrandom: an input must replay.
+// QPNs and memory keys from fixed sequences, not getrandom: an input must
+// replay.
 vstellar::EngineConfig EngineConfig() {
   vstellar::EngineConfig c;
   c.qpn_seed = 1;
+  c.key_seed = 1;
   return c;
 }
 

@@ -66,7 +66,8 @@ struct FuzzPair {
     s.ip = ip;
     EngineConfig c;
     c.seed = 31 + ip;
-    c.qpn_seed = c.seed;  // the same QPNs every run: inputs replay
+    c.qpn_seed = c.seed;  // the same QPNs and keys every run: inputs replay
+    c.key_seed = c.seed;
     s.eng = std::make_unique<Engine>(c, net.add_node(ip), net);
     net.attach(ip, s.eng.get());
     Pd* pd = s.eng->alloc_pd();

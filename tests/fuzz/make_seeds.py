@@ -79,6 +79,8 @@ wire()
 QUERY_DEVICE, QUERY_PORT, ALLOC_UCONTEXT, DEALLOC_UCONTEXT, ALLOC_PD, DEALLOC_PD = 1, 2, 3, 4, 5, 6
 CREATE_CQ, RESIZE_CQ, DESTROY_CQ, REQ_NOTIFY_CQ, CREATE_QP, MODIFY_QP = 7, 8, 9, 10, 11, 12
 QUERY_QP, DESTROY_QP, REG_MR, DEREG_MR, ADD_GID = 13, 14, 15, 16, 17
+KERNEL_DB, ALLOC_MR, ALLOC_MW, DEALLOC_MW = 0x15, 0x1a, 0x1b, 0x1c
+WR_LOCAL_INV, WR_SEND_WITH_INV, WR_REG_MR, WR_BIND_MW = 7, 8, 9, 10
 
 
 def cmd(op, body=b"", uctx=0):
@@ -199,6 +201,58 @@ def datapath():
     write("datapath", "send_recv", setup + rec(1, struct.pack("<I", 3 << 20) + send_wqe) +
           rec(1, struct.pack("<I", (3 << 20) + 4096) + recv_wqe) + doorbells + kick)
     write("datapath", "kick_only", doorbells + kick)
+
+    # Memory keys (minor 3): the kernel's doorbell page, a kernel PD, two
+    # CQs, a kernel RC QP taken to RTS, a fast-registration MR, an MR with
+    # MW_BIND and a type 2 window; then REG_MR, BIND_MW, two LOCAL_INVs and
+    # a SEND_WITH_INV in the SQ. Keys follow the fixture's fixed key
+    # sequence (EngineConfig::key_seed 1): the kernel PD's DMA MR takes the
+    # first, then ALLOC_MR, REG_MR and ALLOC_MW.
+    keys = []
+    state = 1
+    while len(keys) < 4:
+        state = (state + 0x9E3779B97F4A7C15) & (2**64 - 1)
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        z ^= z >> 31
+        index = (z >> 8) & 0xFFFFFF
+        if index and index not in [k >> 8 for k in keys]:
+            keys.append(index << 8 | (z & 0xFF))
+    fr_key, bind_lkey, mw_rkey = keys[1], keys[2], keys[3]
+    bump = lambda k: (k & ~0xFF) | ((k + 1) & 0xFF)
+    kqp = struct.pack("<IIIBBBBBBBBIIIIIQQ", 1, 2, 3, 2, 0, 4, 7, 4, 5, 12, 0,
+                      1, 1, 0, 1, 1, 0, 0) + pages(3 << 20, (3 << 20) + 4096)
+
+    def modify(mask, state, **kw):
+        a = struct.pack("<IBBBBIIIIIHBBBBBBI", mask, state, 0, kw.get("mtu", 0), 1, 0, 0, 0,
+                        kw.get("dest", 0), 7, 0, 4, 4, 0, 14, 7, 7, 0)
+        av = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 2]) + bytes(4) + bytes([0, 64, 0, 0]) + bytes(8)
+        return struct.pack("<II", 0xb2ce68, 0) + a + av
+    ksetup = (cmd(KERNEL_DB) + cmd(ALLOC_PD) + cmd(CREATE_CQ, cq(1 << 20)) +
+              cmd(CREATE_CQ, cq((1 << 20) + 4096)) + cmd(CREATE_QP, kqp) +
+              cmd(MODIFY_QP, modify(0x39, 1)) +
+              cmd(MODIFY_QP, modify(0x129181, 2, mtu=3, dest=0x123456)) +
+              cmd(MODIFY_QP, modify(0x12E01, 3)) +
+              cmd(ALLOC_MR, struct.pack("<IIII", 1, 4, 0, 0)) +
+              cmd(REG_MR, struct.pack("<IIQQII", 1, 0x17, 0x10000, 8192, 12, 2) +
+                  pages(2 << 20, (2 << 20) + 4096)) +
+              cmd(ALLOC_MW, struct.pack("<II", 1, 2)))
+    hdr = lambda wr_id, op, inv=0: struct.pack("<QBBBBIII", wr_id, op, 1, 0, 0, 0, inv, 0)
+    plist = (2 << 20) + 0x8000
+    wqes = [
+        hdr(1, WR_REG_MR) + struct.pack("<QQQIIIB3x", 0x7f0000001000, 8000, plist, 2, bump(fr_key), 7, 12),
+        hdr(2, WR_BIND_MW) + struct.pack("<QQIIIIB7x", 0x10000, 4096, mw_rkey, bump(mw_rkey),
+                                          bind_lkey, 4, 2),
+        hdr(3, WR_LOCAL_INV, bump(mw_rkey)) + bytes(40),
+        hdr(4, WR_LOCAL_INV, bump(fr_key)) + bytes(40),
+        hdr(5, WR_SEND_WITH_INV, 0x1234500) + bytes(40),
+    ]
+    ring = b"".join(w + bytes(128 - len(w)) for w in wqes)
+    # The kernel's page is page 0; the CQs took slots 8 and 9, the QP 10.
+    kdoorbells = rec(2, struct.pack("<I", 10 * 8) + struct.pack("<II", 5, 0))
+    write("datapath", "keys", ksetup + rec(1, struct.pack("<I", plist) + pages((1 << 20) + 0x10000, (1 << 20) + 0x11000)) +
+          rec(1, struct.pack("<I", 3 << 20) + ring) + kdoorbells + kick)
 
 
 datapath()

@@ -483,7 +483,9 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
   if (inl) {
     // Inline SGE addresses are host pointers readable now (the virtio
     // backend passes its own copy of the WQE's inline bytes).
-    uint8_t* dst = &qp->inline_buf[(idx % qp->sq.size()) * qp->init.cap.max_inline_data];
+    // (No element access: a QP without inline data has an empty buffer and
+    // may still post an empty inline WQE.)
+    uint8_t* dst = qp->inline_buf.data() + (idx % qp->sq.size()) * qp->init.cap.max_inline_data;
     for (uint32_t i = 0; i < wr.num_sge; i++) {
       const Sge& s = wr.sg_list[i];
       if (s.length) std::memcpy(dst, reinterpret_cast<const void*>(uintptr_t(s.addr)), s.length);
