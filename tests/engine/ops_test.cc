@@ -242,6 +242,31 @@ TEST(Ops2, FenceWaitsForEarlierRead) {
   EXPECT_EQ(std::memcmp(t.b.buf.data(), t.b.buf.data() + 8192, 4096), 0);
 }
 
+// A packet's last 8 bytes are stored after the rest (memory.cc): programs
+// poll the end of what a peer writes (NCCL's clear-to-send entries). The
+// translator sees the ranges in the order they are written.
+TEST(Memory, LastEightBytesAreWrittenLast) {
+  struct Recording : MemoryTranslator {
+    std::vector<std::pair<uint64_t, uint64_t>> writes;
+    uint8_t buf[512] = {};
+    TranslateResult translate(uint64_t iova, uint64_t len, bool for_write, HostSpan* out, size_t) override {
+      if (for_write) writes.emplace_back(iova, len);
+      out[0] = {buf + iova, size_t(len)};
+      TranslateResult r;
+      r.ok = true;
+      r.count = 1;
+      r.covered = len;
+      return r;
+    }
+  } t;
+  uint8_t src[512];
+  fill_random(src, sizeof(src), 4);
+  ASSERT_TRUE(mem_write(t, 0, src, sizeof(src)));
+  ASSERT_EQ(t.writes.size(), 2u);
+  EXPECT_EQ(t.writes.back(), std::make_pair(uint64_t{504}, uint64_t{8}));
+  EXPECT_EQ(std::memcmp(t.buf, src, sizeof(src)), 0);
+}
+
 }  // namespace
 }  // namespace vstellar::test
 

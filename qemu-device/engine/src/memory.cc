@@ -1,5 +1,6 @@
 #include "vstellar/memory.h"
 
+#include <atomic>
 #include <cstring>
 
 namespace vstellar {
@@ -44,10 +45,22 @@ bool for_spans(MemoryTranslator& t, uint64_t iova, uint64_t len, bool wr, F&& f)
 }
 }  // namespace
 
+// The last 8 bytes are stored last. Programs poll the end of a buffer a
+// peer writes to learn that the rest has landed (NCCL's clear-to-send
+// FIFO, UCX's and MPI's eager flags); memcpy gives no order among its
+// stores, so without this a poller could see the flag before the data of
+// the same packet. (Across packets nothing is promised: a sprayed WRITE's
+// packets land in any order, and so IB promises nothing either.)
 bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len) {
   auto* s = static_cast<const uint8_t*>(src);
-  return for_spans(t, iova, len, true,
-                   [&](HostSpan sp, uint64_t off) { std::memcpy(sp.ptr, s + off, sp.len); });
+  auto copy = [&](uint64_t from, uint64_t n) {
+    return for_spans(t, iova + from, n, true,
+                     [&](HostSpan sp, uint64_t off) { std::memcpy(sp.ptr, s + from + off, sp.len); });
+  };
+  if (len <= 8) return copy(0, len);
+  if (!copy(0, len - 8)) return false;
+  std::atomic_thread_fence(std::memory_order_release);
+  return copy(len - 8, 8);
 }
 
 bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len) {
