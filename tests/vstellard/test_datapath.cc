@@ -1066,6 +1066,18 @@ TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
   EXPECT_EQ(add(B, 9, 0), VSTELLAR_STATUS_ACCESS) << "the daemon does not serve 127.0.0.9";
   EXPECT_EQ(add(A, 9, 1), VSTELLAR_STATUS_ACCESS);
   EXPECT_EQ(add(A, 1, 1), VSTELLAR_STATUS_OK) << "the holder may list its address twice";
+  // An IPv6 address (the netdev's link-local one) is listed, by any device,
+  // so the guest's table matches its netdev; but nobody holds it: no
+  // datagram leaves with it as its source.
+  vstellar_cmd_gid v6{};
+  v6.port = 1;
+  v6.index = 2;
+  v6.gid[0] = 0xfe;
+  v6.gid[1] = 0x80;
+  v6.gid[15] = 0x42;
+  v6.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_ADD_GID, &v6, sizeof(v6), 0).status(), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_ADD_GID, &v6, sizeof(v6), 0).status(), VSTELLAR_STATUS_OK);
 
   // B's QP 1 hears nothing sent to 127.0.0.1's QP 1; A's does.
   uint16_t st = 0;
@@ -1089,6 +1101,10 @@ TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
   }
   EXPECT_TRUE(got);
   EXPECT_FALSE(B.Poll(300));
+  A.PostSend(ud, UdWqe(0x94, 1, VSTELLAR_GSI_QPN, 0x80000000u, 2), {vstellar_sge{kMrGpa + 4096, 64, VSTELLAR_LOCAL_DMA_LKEY}});
+  auto v6send = A.Poll();
+  ASSERT_TRUE(v6send);
+  EXPECT_EQ(v6send->status, uint8_t(vstellar::WcStatus::LOC_QP_OP_ERR)) << "sent from a GID it does not hold";
 
   // Released (both indexes), the address is B's to take, and then A's
   // second add fails.

@@ -747,12 +747,17 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   if (le32toh(cmd.gid_type) != VSTELLAR_GID_TYPE_ROCE_V2) return VSTELLAR_STATUS_BAD_FIELD;
   vstellar::Gid g;
   std::memcpy(g.data(), cmd.gid, 16);
-  // Only an address this daemon serves, and only while no other device
-  // holds it: a guest cannot take another guest's QP 1 traffic or send as
-  // its address by writing that address into its own GID table.
-  if (!sh_.served_gids.count(g)) return VSTELLAR_STATUS_ACCESS;
+  // An IPv4 address (RoCEv2 over IPv4, the only one the engine speaks):
+  // only one this daemon serves, and only while no other device holds it,
+  // so a guest cannot take another guest's QP 1 traffic or send as its
+  // address by writing that address into its own GID table. Any other
+  // address (the netdev's IPv6 link-local one, say) is listed, so the
+  // guest's GID table matches its netdev as the kernel expects, but never
+  // held: nothing is sent from it and QP 1 does not answer for it.
+  const bool ipv4 = IsV4Mapped(g);
+  if (ipv4 && !sh_.served_gids.count(g)) return VSTELLAR_STATUS_ACCESS;
   auto held = sh_.gid_holder.find(g);
-  if (held != sh_.gid_holder.end() && held->second != &obj_) return VSTELLAR_STATUS_BUSY;
+  if (ipv4 && held != sh_.gid_holder.end() && held->second != &obj_) return VSTELLAR_STATUS_BUSY;
   auto old = obj_.gids.find(index);
   if (old != obj_.gids.end()) {
     const vstellar::Gid prev = old->second;
@@ -760,7 +765,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
     ReleaseGid(prev);
   }
   obj_.gids[index] = g;
-  sh_.gid_holder[g] = &obj_;
+  if (ipv4) sh_.gid_holder[g] = &obj_;
   SyncGsiGids();
   return VSTELLAR_STATUS_OK;
 }
@@ -788,7 +793,8 @@ void Commands::SyncGsiGids() {
   for (auto& [n, q] : obj_.qps) {
     if (q.type != VSTELLAR_QPT_GSI) continue;
     std::vector<vstellar::Gid> gids;
-    for (auto& [i, g] : obj_.gids) gids.push_back(g);
+    for (auto& [i, g] : obj_.gids)
+      if (HoldsGid(sh_, &obj_, g)) gids.push_back(g);
     sh_.engine->set_gsi_gids(q.qp, gids);
   }
 }

@@ -433,8 +433,9 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   ip = be32toh(ip);
   auto sgid = obj_.gids.find(av.sgid_index);
   const uint32_t qpn = le32toh(w.u.ud.remote_qpn);
+  // The source must be an address this device holds (not merely lists).
   if (av.reserved[0] || av.reserved[1] || std::memcmp(av.dgid, v4mapped, 12) != 0 || ip == 0 ||
-      sgid == obj_.gids.end() || qpn > 0xffffff)
+      sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) || qpn > 0xffffff)
     return St(WcStatus::LOC_QP_OP_ERR);
   ud->peer = vstellar::Endpoint{ip, sh_.peer_port};
   ud->remote_qpn = qpn;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -51,5 +52,17 @@ struct DeviceShared {
   MemoryBudget memory{uint64_t{4} << 30};
   uint64_t device_memory_limit = uint64_t{1} << 30;
 };
+
+inline bool IsV4Mapped(const vstellar::Gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.data(), prefix, sizeof(prefix)) == 0;
+}
+
+// Whether the device whose object tables are `tables` holds address g
+// (DeviceShared::gid_holder): may send from it, and gets QP 1 for it.
+inline bool HoldsGid(const DeviceShared& sh, const void* tables, const vstellar::Gid& g) {
+  auto it = sh.gid_holder.find(g);
+  return it != sh.gid_holder.end() && it->second == tables;
+}
 
 }  // namespace vstellard
