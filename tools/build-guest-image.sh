@@ -3,7 +3,7 @@
 # initramfs (uncompressed because TCG decompresses slowly) made from Debian
 # packages: busybox, kmod, iproute2, perftest, python3, UCX, OpenMPI,
 # libfabric, dropbear, nvme-cli, the NFS utilities, the kernel modules for
-# RDMA, virtio, NVMe over Fabrics and NFS over RDMA, and our
+# RDMA, virtio, NVMe over Fabrics, NFS over RDMA and RDS, and our
 # rdma-core build (libibverbs, librdmacm, the rxe and vstellar providers,
 # utilities, pyverbs and rdma-core's tests/), which UCX, OpenMPI, libfabric
 # and perftest run on. Our kernel module, tests and MPI programs, when built,
@@ -25,7 +25,7 @@ abi=$GUEST_KERNEL_ABI
 root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
 	ib_core ib_uverbs ib_umad rdma_ucm rdma_rxe crc32_generic
 	nvme-rdma nvmet-rdma nvme-tcp nvmet-tcp nvme-fabrics nvmet null_blk
-	rpcrdma nfsd nfs nfsv4)
+	rpcrdma nfsd nfs nfsv4 rds_rdma)
 # Packages whose files are copied (from the host, where `make deps` put
 # them); perftest comes straight from its .deb so that the host keeps no
 # second libibverbs beside ours.
