@@ -19,6 +19,7 @@ crossed the device. Asserts behaviour, never timings.
 """
 import unittest
 
+import guestlib
 from guestlib import vstellar_guest as vg, vstellar_perftest as pt
 
 MIB = 16
@@ -77,6 +78,9 @@ umount /mnt/nfs
 i=0; until echo done | nc $VSTELLAR_PEER_IP 5000; do i=$((i + 1)); [ $i -lt 60 ] || exit 1; sleep 1; done
 """
 
+CLIENT += guestlib.SPLATS
+SERVER += guestlib.SPLATS
+
 
 def field(lines, key):
     return [line.split()[1] for line in lines if line.startswith(key + " ")]
@@ -115,6 +119,10 @@ class NfsRdmaTest(unittest.TestCase):
         for i, d in enumerate(self.daemons):
             tx = ((d.get("stats") or {}).get("engine") or {}).get("tx_bytes", 0)
             self.assertGreater(tx, MIB << 20, f"vstellard {i}: {d.get('log', '')[-1500:]}")
+
+    def test_no_kernel_splats(self):
+        for i, (_status, out, _console) in enumerate(self.results):
+            self.assertEqual(guestlib.splats(out), 0, f"guest{i}:\n" + "\n".join(out[-60:]))
 
 
 if __name__ == "__main__":

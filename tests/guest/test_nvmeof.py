@@ -25,6 +25,7 @@ timings.
 """
 import unittest
 
+import guestlib
 from guestlib import vstellar_guest as vg, vstellar_perftest as pt
 
 NQN = "nqn.2026-12.org.vstellar:nvme"
@@ -146,6 +147,9 @@ echo "target-read $(dd if=/dev/nullb0 bs=1M count={MIB} 2>/dev/null | md5sum)"
 nvmet_down
 """
 
+HOST += guestlib.SPLATS
+TARGET += guestlib.SPLATS
+
 
 def field(lines, key):
     """The values of 'key VALUE...' lines (the first word after key)."""
@@ -198,6 +202,10 @@ class NvmeofTest(unittest.TestCase):
         for i, d in enumerate(self.daemons):
             tx = ((d.get("stats") or {}).get("engine") or {}).get("tx_bytes", 0)
             self.assertGreater(tx, 2 * MIB << 20, f"vstellard {i}: {d.get('log', '')[-1500:]}")
+
+    def test_no_kernel_splats(self):
+        for i, (_status, out, _console) in enumerate(self.results):
+            self.assertEqual(guestlib.splats(out), 0, f"guest{i}:\n" + "\n".join(out[-60:]))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ timings.
 """
 import unittest
 
+import guestlib
 from guestlib import vstellar_guest as vg, vstellar_perftest as pt
 
 PORT = 18634
@@ -72,6 +73,9 @@ echo "== transports"
 lsmod | grep -c '^rds_tcp' || true
 """
 
+CLIENT += guestlib.SPLATS
+SERVER += guestlib.SPLATS
+
 
 class RdsTest(unittest.TestCase):
     @classmethod
@@ -98,6 +102,10 @@ class RdsTest(unittest.TestCase):
         for i, d in enumerate(self.daemons):
             tx = ((d.get("stats") or {}).get("engine") or {}).get("tx_bytes", 0)
             self.assertGreater(tx, payload, f"vstellard {i}: {d.get('log', '')[-1500:]}")
+
+    def test_no_kernel_splats(self):
+        for i, (_status, out, _console) in enumerate(self.results):
+            self.assertEqual(guestlib.splats(out), 0, f"guest{i}:\n" + "\n".join(out[-60:]))
 
 
 if __name__ == "__main__":
