@@ -80,11 +80,12 @@
  */
 #define VIRTIO_VSTELLAR_F_SRQ		6
 /*
- * Reserved for the next minor, so that the QEMU frontend passes them
- * through already: UC QPs (VSTELLAR_QPT_UC) and RESIZE_CQ. A device
- * offers them only once it implements them.
+ * Unreliable-connected QPs (minor 3): VSTELLAR_QPT_UC with SEND,
+ * SEND_IMM, RDMA_WRITE and RDMA_WRITE_IMM; no acknowledgements and no
+ * retransmission, so a lost packet loses its message.
  */
 #define VIRTIO_VSTELLAR_F_UC		7
+/* RESIZE_CQ (minor 3): a CQ moves to a new ring with its CQEs. */
 #define VIRTIO_VSTELLAR_F_RESIZE_CQ	8
 /*
  * Memory windows type 1 and 2 (minor 3): ALLOC_MW, DEALLOC_MW, the BIND_MW
@@ -230,8 +231,9 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_fast_reg_pages, 116);
 	  VSTELLAR_NO_BODY, 0)						\
 	X(CREATE_CQ,	    0x07, VSTELLAR_BODY(vstellar_cmd_create_cq),	\
 	  VSTELLAR_BODY(vstellar_resp_create_cq), VSTELLAR_CMDF_PAGES)	\
+	/* minor 3, VIRTIO_VSTELLAR_F_RESIZE_CQ */				\
 	X(RESIZE_CQ,	    0x08, VSTELLAR_BODY(vstellar_cmd_resize_cq),	\
-	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES | VSTELLAR_CMDF_RESERVED)	\
+	  VSTELLAR_BODY(vstellar_resp_resize_cq), VSTELLAR_CMDF_PAGES)	\
 	X(DESTROY_CQ,	    0x09, VSTELLAR_BODY(vstellar_cmd_handle),	\
 	  VSTELLAR_NO_BODY, 0)						\
 	X(REQ_NOTIFY_CQ,    0x0a, VSTELLAR_BODY(vstellar_cmd_req_notify_cq), \
@@ -460,15 +462,35 @@ struct vstellar_resp_create_cq {
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_create_cq, 8);
 
-/* RESIZE_CQ: the new ring; outstanding CQEs are moved by the device. */
+/*
+ * RESIZE_CQ (minor 3, F_RESIZE_CQ), followed by num_pages addresses of the
+ * new ring (zeroed by the driver), with the same rules as CREATE_CQ. Only
+ * a CQ with a doorbell slot can be resized (BAD_STATE otherwise): the
+ * device reads the consumer index ci from the slot, copies the CQEs not yet
+ * polled, [ci, pi) of the old ring, oldest first, into entries 0 .. n - 1
+ * of the new ring (pass 0, so their owner bit is 1), stores 0 in the
+ * slot's ci, and writes the next CQE at entry n. The old ring is not read
+ * or written again once the response is written. The driver must neither
+ * poll the CQ nor store its ci while the command runs; afterwards it polls
+ * the new ring from index 0. LIMIT when the n CQEs do not fit in the new
+ * ring (IB: a CQ cannot shrink below its outstanding completions);
+ * BAD_STATE when the slot's ci is not within the ring (a broken driver;
+ * the CQ is unchanged). An overflowed CQ (CQ_ERR sent) stays so.
+ */
 struct vstellar_cmd_resize_cq {
 	__le32 cqn;
-	__le32 log_cqe;
-	__le32 page_shift;
+	__le32 log_cqe;		/* new ring of 1 << log_cqe CQEs, <= max_cqe */
+	__le32 page_shift;	/* 12 .. 30 */
 	__le32 num_pages;
-	__le64 ring_offset;
+	__le64 ring_offset;	/* byte offset of the ring in the first page */
 };
 VSTELLAR_ABI_SIZE(vstellar_cmd_resize_cq, 24);
+
+struct vstellar_resp_resize_cq {
+	__le32 cqe_moved;	/* n: CQEs now at entries 0 .. n - 1 */
+	__le32 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_resp_resize_cq, 8);
 
 /* REQ_NOTIFY_CQ (kernel CQs; user CQs arm through their doorbell slot) */
 #define VSTELLAR_NOTIFY_NEXT_COMP	1
@@ -487,7 +509,7 @@ VSTELLAR_ABI_SIZE(vstellar_cmd_req_notify_cq, 8);
  */
 #define VSTELLAR_QPT_GSI		1
 #define VSTELLAR_QPT_RC			2
-#define VSTELLAR_QPT_UC			3	/* F_UC */
+#define VSTELLAR_QPT_UC			3	/* F_UC (minor 3) */
 #define VSTELLAR_QPT_UD			4
 #define VSTELLAR_GSI_QPN		1
 #define VSTELLAR_GSI_QKEY		0x80010000u

@@ -72,11 +72,21 @@ struct vstellar_create_cq_resp {
 	__u32 reserved;
 };
 
-/* resize_cq: the new ring, same rules as create_cq. */
+/*
+ * resize_cq (F_RESIZE_CQ): the new ring, same rules as create_cq. The
+ * device moves the CQEs not yet polled to entries 0 .. cqe_moved - 1 of
+ * the new ring and resets the slot's ci to 0; the provider polls the new
+ * ring from index 0 (see RESIZE_CQ in virtio_vstellar.h).
+ */
 struct vstellar_resize_cq {
 	__aligned_u64 buf_addr;
 	__u32 log_cqe;
 	__u32 comp_mask;		/* 0 */
+};
+
+struct vstellar_resize_cq_resp {
+	__u32 cqe_moved;
+	__u32 log_cqe;
 };
 
 /*

@@ -110,6 +110,7 @@ struct vstellar_cq {
 	u32 db_slot;
 	u32 log_cqe;
 	struct ib_umem *umem;		/* user CQs */
+	struct mutex resize_mutex;	/* user CQs: RESIZE_CQ and umem swap */
 	/* kernel CQs */
 	struct vstellar_kring kring;
 	spinlock_t lock;		/* ci, arm_seq */
@@ -267,6 +268,7 @@ int vstellar_create_user_cq(struct ib_cq *ibcq,
 			    const struct ib_cq_init_attr *attr,
 			    struct ib_udata *udata);
 int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
 int vstellar_create_user_qp(struct ib_qp *ibqp,
 			    struct ib_qp_init_attr *init_attr,
 			    struct ib_udata *udata);

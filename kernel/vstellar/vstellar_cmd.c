@@ -300,6 +300,35 @@ int vstellar_cmd_create_cq(struct vstellar_dev *dev, u32 uctx,
 	return 0;
 }
 
+int vstellar_cmd_resize_cq(struct vstellar_dev *dev, u32 uctx, u32 cqn,
+			   u32 log_cqe, const struct vstellar_pages *ring,
+			   u32 *moved)
+{
+	struct vstellar_cmd_resize_cq cmd = {
+		.cqn = cpu_to_le32(cqn),
+		.log_cqe = cpu_to_le32(log_cqe),
+		.page_shift = cpu_to_le32(__ffs(ring->pgsz)),
+		.num_pages = cpu_to_le32(ring->npages),
+		.ring_offset = cpu_to_le64(ring->offset),
+	};
+	struct vstellar_resp_resize_cq resp;
+	u32 num_pages;
+	__le64 *pages;
+	int err;
+
+	pages = vstellar_page_list(dev, VSTELLAR_CMD_RESIZE_CQ, &ring, 1,
+				   &num_pages);
+	if (IS_ERR(pages))
+		return PTR_ERR(pages);
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_CQ, uctx,
+				&cmd, sizeof(cmd), pages, num_pages,
+				&resp, sizeof(resp));
+	if (err)
+		return err;
+	*moved = le32_to_cpu(resp.cqe_moved);
+	return 0;
+}
+
 /* ---------------------------------------------------------------- */
 /* QPs                                                               */
 /* ---------------------------------------------------------------- */

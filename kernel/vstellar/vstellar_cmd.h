@@ -6,9 +6,9 @@
  * transport (vstellar_com.c) and decodes the answer into CPU-endian
  * results. Nothing above this file builds a vstellar_cmd_* structure.
  *
- * Commands the driver never sends have no function: RESIZE_CQ, CREATE_AH
- * and DESTROY_AH are reserved (the device answers UNSUPPORTED), and
- * kernel CQs arm through their doorbell slot instead of REQ_NOTIFY_CQ.
+ * Commands the driver never sends have no function: CREATE_AH and
+ * DESTROY_AH are reserved (the device answers UNSUPPORTED), and kernel
+ * CQs arm through their doorbell slot instead of REQ_NOTIFY_CQ.
  */
 #ifndef _VSTELLAR_CMD_H_
 #define _VSTELLAR_CMD_H_
@@ -99,6 +99,10 @@ int vstellar_cmd_create_cq(struct vstellar_dev *dev, u32 uctx,
 			   const struct vstellar_create_cq_params *params,
 			   struct vstellar_create_cq_result *res);
 int vstellar_cmd_destroy_cq(struct vstellar_dev *dev, u32 uctx, u32 cqn);
+/* F_RESIZE_CQ: *moved = CQEs the device moved to the new ring's start */
+int vstellar_cmd_resize_cq(struct vstellar_dev *dev, u32 uctx, u32 cqn,
+			   u32 log_cqe, const struct vstellar_pages *ring,
+			   u32 *moved);
 
 /* ---------------------------------------------------------------- */
 /* QPs                                                               */

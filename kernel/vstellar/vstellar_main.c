@@ -60,6 +60,8 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_SRQ,
 	VIRTIO_VSTELLAR_F_MW,
 	VIRTIO_VSTELLAR_F_MEM_MGT,
+	VIRTIO_VSTELLAR_F_UC,
+	VIRTIO_VSTELLAR_F_RESIZE_CQ,
 };
 
 /* ---------------------------------------------------------------- */
@@ -524,6 +526,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.query_srq = vstellar_query_srq,
 	.reg_user_mr = vstellar_reg_user_mr,
 	.req_notify_cq = vstellar_req_notify_cq,
+	.resize_cq = vstellar_resize_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vstellar_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vstellar_cq, ibcq),

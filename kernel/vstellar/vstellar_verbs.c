@@ -410,6 +410,7 @@ int vstellar_create_user_cq(struct ib_cq *ibcq,
 
 	cq->ucontext = vstellar_uctx_handle(udata);
 	cq->log_cqe = ucmd.log_cqe;
+	mutex_init(&cq->resize_mutex);
 	params.log_cqe = cq->log_cqe;
 	params.cq_queue = attr->comp_vector % dev->num_cqnq;
 	vstellar_pages_of_umem(&params.ring, r.umem, r.pgsz);
@@ -443,6 +444,65 @@ err_destroy:
 err_umem:
 	ib_umem_release(r.umem);
 	return err;
+}
+
+/*
+ * F_RESIZE_CQ, user CQs: the provider hands a new zeroed ring; the device
+ * moves the CQEs not yet polled to its start. The provider holds its CQ
+ * lock throughout, so nothing polls meanwhile; resize_mutex keeps two
+ * resizes of one CQ (a hostile process) from pinning one ring while the
+ * device writes another. Kernel CQs cannot be resized (no kernel ULP we
+ * serve asks for it).
+ */
+int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibcq->device);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_resize_cq_resp uresp = {};
+	struct vstellar_resize_cq ucmd;
+	struct vstellar_pages pages;
+	struct ib_umem *old;
+	struct vstellar_ring r;
+	u32 moved;
+	int err;
+
+	if (!udata || !cq->umem ||
+	    !(dev->features & BIT(VIRTIO_VSTELLAR_F_RESIZE_CQ)))
+		return -EOPNOTSUPP;
+	if (udata->inlen < offsetofend(typeof(ucmd), log_cqe))
+		return -EINVAL;
+	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
+	if (err)
+		return err;
+	if (ucmd.comp_mask || cqe < 1 || ucmd.log_cqe > VSTELLAR_MAX_LOG_CQE ||
+	    (1U << ucmd.log_cqe) < cqe ||
+	    (1U << ucmd.log_cqe) > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	err = vstellar_ring_get(dev, &r, ucmd.buf_addr,
+				sizeof(struct vstellar_cqe) << ucmd.log_cqe);
+	if (err)
+		return err;
+	vstellar_pages_of_umem(&pages, r.umem, r.pgsz);
+
+	mutex_lock(&cq->resize_mutex);
+	err = vstellar_cmd_resize_cq(dev, cq->ucontext, cq->cqn, ucmd.log_cqe,
+				     &pages, &moved);
+	if (err) {
+		mutex_unlock(&cq->resize_mutex);
+		ib_umem_release(r.umem);
+		/* LIMIT: more CQEs outstanding than the new ring holds */
+		return err == -ENOSPC ? -EINVAL : err;
+	}
+	old = cq->umem;
+	cq->umem = r.umem;
+	cq->log_cqe = ucmd.log_cqe;
+	ibcq->cqe = 1 << cq->log_cqe;
+	mutex_unlock(&cq->resize_mutex);
+	ib_umem_release(old);
+
+	uresp.cqe_moved = moved;
+	uresp.log_cqe = ucmd.log_cqe;
+	return ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
 }
 
 /* User and kernel CQs: whichever memory the CQ has is freed. */
@@ -512,6 +572,11 @@ int vstellar_create_user_qp(struct ib_qp *ibqp,
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
 			return -EOPNOTSUPP;
 		params.qp_type = VSTELLAR_QPT_RC;
+		break;
+	case IB_QPT_UC:
+		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UC)))
+			return -EOPNOTSUPP;
+		params.qp_type = VSTELLAR_QPT_UC;
 		break;
 	case IB_QPT_UD:
 		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_UD)))
@@ -640,7 +705,8 @@ int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	int err;
 
 	err = vstellar_cmd_query_qp(dev, qp->ucontext, qp->qpn,
-				    ibqp->qp_type == IB_QPT_RC, attr);
+				    ibqp->qp_type == IB_QPT_RC ||
+				    ibqp->qp_type == IB_QPT_UC, attr);
 	if (err)
 		return err;
 	attr->cap = qp->cap;

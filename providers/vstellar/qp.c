@@ -248,6 +248,11 @@ static int vstellar_build_send(struct vstellar_qp *qp, struct ibv_send_wr *wr)
 	default:
 		break;
 	}
+	if (qp->vqp.qp.qp_type == IBV_QPT_UC &&
+	    (opcode == VSTELLAR_WR_RDMA_READ ||
+	     opcode == VSTELLAR_WR_ATOMIC_CMP_SWP ||
+	     opcode == VSTELLAR_WR_ATOMIC_FETCH_ADD))
+		return EINVAL;
 	if (qp->vqp.qp.qp_type == IBV_QPT_UD) {
 		if (opcode != VSTELLAR_WR_SEND && opcode != VSTELLAR_WR_SEND_IMM)
 			return EINVAL;

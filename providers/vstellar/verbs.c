@@ -346,6 +346,54 @@ struct ibv_cq_ex *vstellar_create_cq_ex(struct ibv_context *context,
 	return &cq->vcq.cq_ex;
 }
 
+/*
+ * A new zeroed ring; the device moves the CQEs not yet polled to its start
+ * and resets the consumer index (RESIZE_CQ). The CQ lock is held across
+ * the command so no poll reads the old ring or stores ci meanwhile.
+ */
+int vstellar_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	struct vstellar_context *ctx = to_vctx(ibcq->context);
+	struct vstellar_cq *cq = to_vcq(ibcq);
+	struct vstellar_resize_cq_cmd_resp resp = {};
+	struct vstellar_resize_cq_cmd cmd = {};
+	struct vstellar_cqe *ring, *old;
+	size_t size, old_size;
+	uint32_t log_cqe;
+	int ret;
+
+	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_RESIZE_CQ)))
+		return EOPNOTSUPP;
+	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe)
+		return EINVAL;
+	log_cqe = log2_up(cqe);
+	ring = vstellar_ring_alloc(sizeof(struct vstellar_cqe) << log_cqe,
+				   &size);
+	if (!ring)
+		return ENOMEM;
+	cmd.drv.buf_addr = (uintptr_t)ring;
+	cmd.drv.log_cqe = log_cqe;
+
+	pthread_spin_lock(&cq->lock);
+	ret = ibv_cmd_resize_cq(ibcq, cqe, &cmd.ibv_cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		pthread_spin_unlock(&cq->lock);
+		vstellar_ring_free(ring, size);
+		return ret;
+	}
+	old = cq->ring;
+	old_size = cq->ring_size;
+	cq->ring = ring;
+	cq->ring_size = size;
+	cq->log_cqe = log_cqe;
+	cq->ci = 0;
+	cq->cur = NULL;
+	pthread_spin_unlock(&cq->lock);
+	vstellar_ring_free(old, old_size);
+	return 0;
+}
+
 int vstellar_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct vstellar_cq *cq = to_vcq(ibcq);
@@ -391,8 +439,20 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
-	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) ||
+	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD &&
+	     attr->qp_type != IBV_QPT_UC) ||
+	    (attr->qp_type == IBV_QPT_UC &&
+	     !(ctx->features & (1U << VIRTIO_VSTELLAR_F_UC))) ||
 	    (attr->srq && !(ctx->features & (1U << VIRTIO_VSTELLAR_F_SRQ)))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	/* UC: SEND and RDMA WRITE (with or without immediate) only */
+	if (attr->qp_type == IBV_QPT_UC &&
+	    (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	    (attr->send_ops_flags & (IBV_QP_EX_WITH_RDMA_READ |
+				     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}

@@ -101,6 +101,7 @@ static const struct verbs_context_ops vstellar_ctx_ops = {
 	.query_srq = vstellar_query_srq,
 	.reg_mr = vstellar_reg_mr,
 	.req_notify_cq = vstellar_req_notify_cq,
+	.resize_cq = vstellar_resize_cq,
 };
 
 static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,

@@ -52,6 +52,16 @@ struct vstellar_create_cq_ex_cmd_resp {
 	struct vstellar_create_cq_resp drv;
 };
 
+struct vstellar_resize_cq_cmd {
+	struct ibv_resize_cq ibv_cmd;
+	struct vstellar_resize_cq drv;
+};
+
+struct vstellar_resize_cq_cmd_resp {
+	struct ib_uverbs_resize_cq_resp ibv_resp;
+	struct vstellar_resize_cq_resp drv;
+};
+
 struct vstellar_create_qp_cmd {
 	struct ibv_create_qp ibv_cmd;
 	struct vstellar_create_qp drv;
@@ -254,6 +264,7 @@ struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
 struct ibv_cq_ex *vstellar_create_cq_ex(struct ibv_context *context,
 					struct ibv_cq_init_attr_ex *attr);
 int vstellar_destroy_cq(struct ibv_cq *ibcq);
+int vstellar_resize_cq(struct ibv_cq *ibcq, int cqe);
 struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
 				  struct ibv_qp_init_attr *attr);
 struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,

@@ -39,6 +39,8 @@ struct PairOptions {
   uint32_t access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
   uint8_t retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 1, max_rd_atomic = 16;
   bool connect = true;
+  QpType qp_type = QpType::RC;  // RC or UC
+  uint32_t path_mtu = MTU_4096;  // MTU_*
 };
 
 class Pair {
@@ -64,6 +66,7 @@ class Pair {
     ia.send_cq = s.scq;
     ia.recv_cq = s.rcq;
     ia.cap = opt.cap;
+    ia.qp_type = opt.qp_type;
     s.qp = s.eng->create_qp(s.pd, ia);
     s.buf.assign(opt.buf_size, 0);
     s.mr = s.eng->reg_mr(s.pd, s.addr(), s.buf.size(), opt.access,
@@ -81,12 +84,14 @@ class Pair {
   int to_rtr(Side& s, Side& peer) {
     QpAttr at;
     at.qp_state = QpState::RTR;
-    at.path_mtu = MTU_4096;
+    at.path_mtu = opt.path_mtu;
     at.dest_qp_num = peer.qp->qpn();
     at.rq_psn = 1000 + peer.ip % 7;
     at.max_dest_rd_atomic = 16;
     at.min_rnr_timer = opt.min_rnr_timer;
     at.ah = Endpoint{peer.ip, 4791};
+    if (s.qp->is_uc())  // no rd_atomic depth and no RNR timer on UC
+      return s.eng->modify_qp(s.qp, at, QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN);
     return s.eng->modify_qp(s.qp, at,
                             QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
                                 QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER);
@@ -99,6 +104,7 @@ class Pair {
     at.retry_cnt = opt.retry_cnt;
     at.rnr_retry = opt.rnr_retry;
     at.max_rd_atomic = opt.max_rd_atomic;
+    if (s.qp->is_uc()) return s.eng->modify_qp(s.qp, at, QP_STATE | QP_SQ_PSN);
     return s.eng->modify_qp(s.qp, at,
                             QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
                                 QP_MAX_QP_RD_ATOMIC);

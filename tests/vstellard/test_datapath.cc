@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "vstellard/daemon.h"
 #include "vstellard/frontend.h"
@@ -74,6 +75,8 @@ struct Guest {
   Frontend& f;
   uint32_t uctx = 0, page = 0, pd = 0, cq = 0, cq_slot = 0, cq_ci = 0, lkey = 0, rkey = 0;
   uint32_t nqp = 0;
+  uint64_t cq_gpa = kCqGpa;  // where the CQ's ring is (RESIZE_CQ moves it)
+  uint32_t cq_log = kLogCqe;
 
   CmdResult Cmd(uint16_t op, const void* b, size_t n, uint32_t resp) {
     CmdResult r = f.Command(op, uctx, b, n, resp);
@@ -320,12 +323,34 @@ struct Guest {
   vstellar_sge Sge(uint64_t off, uint32_t len) { return vstellar_sge{kMrGpa + off, len, lkey}; }
   uint8_t* Buf(uint64_t off) { return f.mem() + kMrGpa + off; }
 
+  // RESIZE_CQ to a ring of 1 << log CQEs at gpa (contiguous pages), as the
+  // provider does it: a zeroed ring, then poll it from index 0.
+  CmdResult ResizeCq(uint64_t gpa, uint32_t log, uint32_t cqn = 0) {
+    const uint32_t pages = uint32_t(std::max<uint64_t>(1, (32ull << log) / 4096));
+    std::memset(f.mem() + gpa, 0, 4096ull * pages);
+    vstellar_cmd_resize_cq c{};
+    c.cqn = cqn ? cqn : cq;
+    c.log_cqe = log;
+    c.page_shift = 12;
+    c.num_pages = pages;
+    std::vector<uint64_t> pl;
+    for (uint32_t i = 0; i < pages; i++) pl.push_back(gpa + 4096ull * i);
+    auto body = WithPages(&c, sizeof(c), pl);
+    CmdResult r = Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), sizeof(vstellar_resp_resize_cq));
+    if (r.status() == 0 && !cqn) {
+      cq_gpa = gpa;
+      cq_log = log;
+      cq_ci = 0;
+    }
+    return r;
+  }
+
   // Polls the next CQE by its owner bit; stores the consumer index.
   std::optional<vstellar_cqe> Poll(int timeout_ms = 5000) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    const uint32_t n = 1u << kLogCqe;
-    uint8_t* e = f.mem() + kCqGpa + 32ull * (cq_ci & (n - 1));
-    const uint8_t want = ((cq_ci >> kLogCqe) & 1) ? 0 : 1;
+    const uint32_t n = 1u << cq_log;
+    uint8_t* e = f.mem() + cq_gpa + 32ull * (cq_ci & (n - 1));
+    const uint8_t want = ((cq_ci >> cq_log) & 1) ? 0 : 1;
     for (;;) {
       const uint8_t owner = std::atomic_ref<uint8_t>(e[31]).load(std::memory_order_acquire);
       if ((owner & VSTELLAR_CQE_OWNER) == want) {
@@ -1417,6 +1442,205 @@ TEST_F(DataPath, ABadSrqWqeFailsTheSrqAloneAndTheDaemonServesOthers) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->wr_id, 0x70u);
   EXPECT_EQ(c->status, 0);
+}
+
+// RESIZE_CQ: the CQEs not yet polled move to the start of the new ring, in
+// order, none lost and none twice; the slot's ci is reset; new CQEs follow,
+// also across the new ring's wrap.
+TEST_F(DataPath, ResizeCqMovesTheUnpolledCqes) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  for (uint64_t i = 0; i < 5; i++) B.PostRecv(qb, 0x100 + i, {B.Sge(64 * i, 64)});
+  for (uint64_t i = 0; i < 5; i++) A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x200 + i), {A.Sge(0, 16)});
+  for (uint64_t i = 0; i < 2; i++) {
+    auto c = B.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->wr_id, 0x100 + i);
+  }
+  // Wait until all five are in B's ring (the sender's completions say the
+  // receiver has them), then move the three unpolled ones to a bigger ring.
+  for (int i = 0; i < 5; i++) ASSERT_TRUE(A.Poll());
+  uint8_t* old = B.f.mem() + kCqGpa;
+  CmdResult r = B.ResizeCq(0x201000, 7);
+  ASSERT_EQ(r.status(), 0);
+  EXPECT_EQ(As<vstellar_resp_resize_cq>(r).cqe_moved, 3u);
+  EXPECT_EQ(B.DbWord(VSTELLAR_DB_SLOT_SIZE * B.cq_slot + offsetof(vstellar_db_cq, ci)).load(), 0u);
+  std::vector<uint8_t> before(old, old + 4096);
+  for (uint64_t i = 2; i < 5; i++) {
+    auto c = B.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->wr_id, 0x100 + i);
+    EXPECT_EQ(c->status, 0);
+    EXPECT_EQ(c->byte_len, 16u);
+  }
+  EXPECT_FALSE(B.Poll(50));
+  // New completions go to the new ring; shrink it to 4 CQEs and wrap it.
+  r = B.ResizeCq(0x203000, 2);
+  ASSERT_EQ(r.status(), 0);
+  EXPECT_EQ(As<vstellar_resp_resize_cq>(r).cqe_moved, 0u);
+  for (uint64_t i = 0; i < 10; i++) {
+    B.PostRecv(qb, 0x300 + i, {B.Sge(0, 64)});
+    A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x400 + i), {A.Sge(0, 8)});
+    auto c = B.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->wr_id, 0x300 + i);
+    ASSERT_TRUE(A.Poll());
+  }
+  // The old ring was not written after the resize.
+  EXPECT_EQ(std::memcmp(before.data(), old, 4096), 0);
+}
+
+// Hostile RESIZE_CQ requests each fail alone with a clear status and leave
+// the CQ as it was; the other device keeps being served.
+TEST_F(DataPath, BadResizeCqFailsAloneAndTheCqKeepsWorking) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  for (uint64_t i = 0; i < 6; i++) B.PostRecv(qb, 0x10 + i, {B.Sge(0, 64)});
+  for (uint64_t i = 0; i < 6; i++) A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0x20 + i), {A.Sge(0, 8)});
+  for (int i = 0; i < 6; i++) ASSERT_TRUE(A.Poll());
+  // Six CQEs outstanding: a ring of four cannot take them (IB: EINVAL).
+  EXPECT_EQ(B.ResizeCq(0x201000, 2).status(), VSTELLAR_STATUS_LIMIT);
+  // Larger than max_cqe, a log beyond the ABI.
+  EXPECT_EQ(B.ResizeCq(0x201000, 21).status(), VSTELLAR_STATUS_LIMIT);
+  // No such CQ; B's CQ named by another context (the kernel's) of B.
+  EXPECT_EQ(B.ResizeCq(0x201000, 7, 0xdead).status(), VSTELLAR_STATUS_BAD_HANDLE);
+  {
+    vstellar_cmd_resize_cq k{};
+    k.cqn = B.cq;
+    k.log_cqe = 7;
+    k.page_shift = 12;
+    k.num_pages = 1;
+    auto kb = WithPages(&k, sizeof(k), {0x201000});
+    CmdResult r = B.f.Command(VSTELLAR_CMD_RESIZE_CQ, 0, kb.data(), kb.size(), 8);
+    ASSERT_TRUE(r.done);
+    EXPECT_EQ(r.status(), VSTELLAR_STATUS_BAD_HANDLE);
+  }
+  // Page list: too short, an address outside guest RAM, a bad offset.
+  vstellar_cmd_resize_cq c{};
+  c.cqn = B.cq;
+  c.log_cqe = 8;  // 8 KiB: two pages
+  c.page_shift = 12;
+  c.num_pages = 1;
+  auto body = WithPages(&c, sizeof(c), {0x201000});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_BAD_FIELD);
+  c.num_pages = 2;
+  body = WithPages(&c, sizeof(c), {0x201000});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_BAD_LENGTH);
+  body = WithPages(&c, sizeof(c), {0x201000, 1ull << 40});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_BAD_ADDRESS);
+  c.ring_offset = 16;
+  body = WithPages(&c, sizeof(c), {0x201000, 0x202000});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_BAD_FIELD);
+  c.ring_offset = 0;
+  c.page_shift = 13;  // not in page_size_cap
+  c.num_pages = 1;
+  body = WithPages(&c, sizeof(c), {0x201000});
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_BAD_FIELD);
+  // A consumer index ahead of the producer: the driver is broken.
+  auto ci = B.DbWord(VSTELLAR_DB_SLOT_SIZE * B.cq_slot + offsetof(vstellar_db_cq, ci));
+  ci.store(htole32(100));
+  EXPECT_EQ(B.ResizeCq(0x201000, 7).status(), VSTELLAR_STATUS_BAD_STATE);
+  ci.store(htole32(B.cq_ci));
+  // The CQ is as it was: the six CQEs are in the old ring, in order.
+  for (uint64_t i = 0; i < 6; i++) {
+    auto e = B.Poll();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->wr_id, 0x10 + i);
+  }
+  // Device A was served throughout, and B's CQ still takes completions.
+  A.PostRecv(qa, 0x30, {A.Sge(0, 64)});
+  B.PostSend(qb, Wqe(VSTELLAR_WR_SEND, 0x31), {B.Sge(0, 8)});
+  auto e = A.Poll();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->wr_id, 0x30u);
+  e = B.Poll();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->wr_id, 0x31u);
+}
+
+// UC QPs between two devices: SEND and WRITE_IMM land; a send longer than
+// its receive WQE is dropped at the responder and the QP stays in RTS; an
+// RDMA READ on UC fails that WQE; the other QPs keep working.
+TEST_F(DataPath, UcQpsSendWriteAndDropBadMessagesAlone) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GQp qa = A.CreateQp(4, VSTELLAR_QPT_UC), qb = B.CreateQp(4, VSTELLAR_QPT_UC);
+  constexpr uint32_t kUcRtr =
+      VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN | VSTELLAR_QP_RQ_PSN;
+  for (auto [g, q, peer] : {std::tuple{&A, &qa, qb.qpn}, std::tuple{&B, &qb, qa.qpn}}) {
+    ASSERT_EQ(g->Modify(q->qpn, kInitMask, VSTELLAR_QPS_INIT), 0);
+    // RC's RTR attributes are refused on UC (no RNR timer, no rd_atomic).
+    EXPECT_EQ(g->Modify(q->qpn, kRtrMask, VSTELLAR_QPS_RTR, peer), VSTELLAR_STATUS_BAD_FIELD);
+    ASSERT_EQ(g->Modify(q->qpn, kUcRtr, VSTELLAR_QPS_RTR, peer), 0);
+    ASSERT_EQ(g->Modify(q->qpn, VSTELLAR_QP_STATE | VSTELLAR_QP_SQ_PSN, VSTELLAR_QPS_RTS), 0);
+  }
+  Fill(A.Buf(0), 5000, 4);
+  std::memset(B.Buf(0), 0, 16384);
+  B.PostRecv(qb, 0xb0, {B.Sge(0, 100)});
+  // Too long for 0xb0: dropped; 0xb0 takes the next message.
+  A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0xa0), {A.Sge(0, 3000)});
+  A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, 0xa1), {A.Sge(100, 60)});
+  auto w = Wqe(VSTELLAR_WR_RDMA_WRITE_IMM, 0xa2);
+  w.u.rdma.remote_addr = kMrGpa + 4096;
+  w.u.rdma.rkey = B.rkey;
+  w.imm_data = htobe32(5);
+  A.PostSend(qa, w, {A.Sge(0, 5000)});
+  for (uint64_t id = 0xa0; id <= 0xa2; id++) {
+    auto c = A.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->wr_id, id);
+    EXPECT_EQ(c->status, 0);  // UC: the sender cannot know what the responder did
+  }
+  auto c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0xb0u);
+  EXPECT_EQ(c->status, 0);
+  EXPECT_EQ(c->byte_len, 60u);
+  EXPECT_EQ(std::memcmp(B.Buf(0), A.Buf(100), 60), 0);
+  B.PostRecv(qb, 0xb1, {});
+  // The WRITE_IMM found no receive WQE when it arrived: dropped (no RNR on
+  // UC); its bytes were placed. Once a WQE is posted, the next one lands.
+  A.PostSend(qa, w, {A.Sge(0, 5000)});
+  ASSERT_TRUE(A.Poll());
+  c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0xb1u);
+  EXPECT_EQ(c->opcode, VSTELLAR_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(c->byte_len, 5000u);
+  EXPECT_EQ(be32toh(c->imm_data), 5u);
+  EXPECT_EQ(std::memcmp(B.Buf(4096), A.Buf(0), 5000), 0);
+  EXPECT_EQ(B.QpState(qb.qpn), VSTELLAR_QPS_RTS);
+  // READ is not a UC operation: that WQE fails (and the QP with it).
+  w = Wqe(VSTELLAR_WR_RDMA_READ, 0xa3);
+  w.u.rdma.remote_addr = kMrGpa;
+  w.u.rdma.rkey = B.rkey;
+  A.PostSend(qa, w, {A.Sge(0, 64)});
+  c = A.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0xa3u);
+  EXPECT_EQ(c->status, 2);  // IBV_WC_LOC_QP_OP_ERR
+  // B's UC QP, and an RC pair next to them, still work.
+  GQp ra = A.CreateQp(), rb = B.CreateQp();
+  A.Connect(ra, rb.qpn);
+  B.Connect(rb, ra.qpn);
+  B.PostRecv(rb, 0xc0, {B.Sge(0, 64)});
+  A.PostSend(ra, Wqe(VSTELLAR_WR_SEND, 0xc1), {A.Sge(0, 64)});
+  c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0xc0u);
+  EXPECT_EQ(B.QpState(qb.qpn), VSTELLAR_QPS_RTS);
 }
 
 }  // namespace

@@ -218,12 +218,21 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     stats_.bad_qpn++;
     return;
   }
-  // Only the connected peer may talk to an RC QP.
+  // Only the connected peer may talk to an RC or UC QP.
   if (p.base.src_qpn != qp->attr.dest_qp_num || from.ip != qp->attr.ah.ip) {
     stats_.bad_peer++;
     return;
   }
   if (!authentic(qp->mac_rx)) return;
+  if (qp->is_uc()) {  // requests only: a UC responder answers nothing
+    if (!wire::is_data(p.base.op) || qp->state_ == QpState::RESET || qp->state_ == QpState::INIT ||
+        qp->state_ == QpState::ERR) {
+      stats_.bad_state++;
+      return;
+    }
+    resp_uc(*qp, p);
+    return;
+  }
   uint64_t now = clock_.now_ns();
   switch (p.base.op) {
     case wire::Op::ACK:
@@ -256,6 +265,10 @@ bool EngineCore::progress() {
       if (ud_progress(*qp)) more = true;
       continue;
     }
+    if (qp->is_uc()) {
+      if (req_uc_progress(*qp, now)) more = true;
+      continue;
+    }
     req_timers(*qp, now);
     if (req_progress(*qp, now)) more = true;
   }
@@ -274,9 +287,9 @@ bool EngineCore::progress() {
   }
   ack_list_.swap(ack_later_);
   link_.flush();
-  // Datagrams complete once the link has them (datagram.cc).
+  // Datagrams and UC messages complete once the link has them.
   for (QpImpl* qp : qp_list_)
-    if (qp->is_ud() && qp->sq_head < qp->sq_next) comp_retire(*qp);
+    if ((qp->is_ud() || qp->is_uc()) && qp->sq_head < qp->sq_next) comp_retire(*qp);
   return more;
 }
 

@@ -65,6 +65,7 @@ struct SendWqe {
   FastRegWr reg;
   BindMwWr bind;
   uint32_t vendor_err = 0;  // VENDOR_*, with a failed key operation
+  uint16_t path = 0;        // UC: the path every packet of the message takes
 };
 
 // Work requests the requester executes itself, in send-queue order, with
@@ -207,6 +208,16 @@ class QpImpl final : public Qp {
   uint32_t last_ts = 0;
   uint16_t last_path = 0;
 
+  // ---- UC responder (resp_uc) ----
+  // In a message: the next packet must be epsn and continue it; otherwise
+  // only a FIRST or ONLY packet is taken. The message's WQE is rq_head's
+  // (SEND) and its opcode and length come from its first packet.
+  bool uc_in_msg = false;
+  wire::Op uc_op = wire::Op::SEND;
+  uint32_t uc_len = 0;
+  uint64_t uc_va = 0;
+  uint32_t uc_rkey = 0;
+
   // ---- datagram QPs (UD, GSI) ----
   std::vector<Gid> local_gids;  // GSI: the GIDs it answers QP 1 for (Engine::set_gsi_gids)
   uint32_t ud_next_path = 0;    // datagrams go round-robin over the paths
@@ -321,11 +332,16 @@ class EngineCore {
   bool req_progress(QpImpl& qp, uint64_t now);
   bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w);
   bool req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
+  bool req_uc_progress(QpImpl& qp, uint64_t now);
+  bool req_uc_send(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now);
   size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max);
   void req_timers(QpImpl& qp, uint64_t now);
   uint64_t rto(const QpImpl& qp, unsigned retries) const;
   // responder.cc
   void resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now);
+  void resp_uc(QpImpl& qp, const wire::Packet& p);
+  bool resp_uc_place(QpImpl& qp, const wire::Packet& p);
+  void resp_uc_drop(QpImpl& qp);
   void resp_data(QpImpl& qp, const wire::Packet& p);
   bool resp_read(QpImpl& qp, const wire::Packet& p);
   size_t qp_footprint(const QpInitAttr& init) const;

@@ -58,6 +58,37 @@ const Transition& transition(QpState cur, QpState next) {
   return t[int(cur)][int(next)];
 }
 
+// The UC column: RC's without the attributes of acknowledgement,
+// retransmission and RDMA READ/atomics (timeout, retry counts, RNR timer,
+// rd_atomic depths).
+const Transition& uc_transition(QpState cur, QpState next) {
+  static Transition t[kStates][kStates];
+  static bool built = false;
+  if (!built) {
+    auto S = [](QpState s) { return int(s); };
+    for (int c = 0; c < kStates; c++) {
+      t[c][S(QpState::RESET)] = {true, 0, 0};
+      t[c][S(QpState::ERR)] = {true, 0, 0};
+    }
+    t[S(QpState::RESET)][S(QpState::INIT)] = {true, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS, 0};
+    t[S(QpState::INIT)][S(QpState::INIT)] = {true, 0, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS};
+    t[S(QpState::INIT)][S(QpState::RTR)] = {true, QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN,
+                                            QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX};
+    t[S(QpState::RTR)][S(QpState::RTS)] = {true, QP_SQ_PSN,
+                                           QP_CUR_STATE | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PATH_MIG_STATE};
+    t[S(QpState::RTS)][S(QpState::RTS)] = {true, 0,
+                                           QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_PATH_MIG_STATE};
+    t[S(QpState::RTS)][S(QpState::SQD)] = {true, 0, QP_EN_SQD_ASYNC_NOTIFY};
+    t[S(QpState::SQD)][S(QpState::RTS)] = {true, 0,
+                                           QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_PATH_MIG_STATE};
+    t[S(QpState::SQD)][S(QpState::SQD)] = {
+        true, 0, QP_AV | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX | QP_PATH_MIG_STATE};
+    t[S(QpState::SQE)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_ACCESS_FLAGS};
+    built = true;
+  }
+  return t[int(cur)][int(next)];
+}
+
 // The UD column of the same table (GSI: the port is implied, not set).
 const Transition& ud_transition(QpState cur, QpState next, bool gsi) {
   static Transition t[2][kStates][kStates];
@@ -99,7 +130,8 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   if (c.max_send_sge > DeviceLimits::kMaxSge || (!srq && c.max_recv_sge > DeviceLimits::kMaxSge))
     return nullptr;
   if (c.max_inline_data > DeviceLimits::kMaxInline) return nullptr;
-  if (init.qp_type != QpType::RC && init.qp_type != QpType::UD && init.qp_type != QpType::GSI)
+  if (init.qp_type != QpType::RC && init.qp_type != QpType::UC && init.qp_type != QpType::UD &&
+      init.qp_type != QpType::GSI)
     return nullptr;
   const uint32_t qpn = alloc_qpn();
   if (!qpn) return nullptr;
@@ -116,7 +148,7 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   qp->srq = srq;
   qp->rq.resize(srq ? srq->max_wr() : c.max_recv_wr);
   if (srq) srq->refs++;
-  if (init.qp_type == QpType::RC) {  // datagram QPs keep no transport window
+  if (init.qp_type == QpType::RC) {  // UC and datagram QPs keep no transport window
     qp->recs.resize(cfg_.window_pkts);
     qp->rbits.assign(cfg_.window_pkts / 64, 0);
   }
@@ -221,7 +253,9 @@ int EngineCore::query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init) {
 }
 
 int EngineCore::check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
-  const Transition& t = qp.is_ud() ? ud_transition(cur, next, qp.is_gsi()) : transition(cur, next);
+  const Transition& t = qp.is_ud()   ? ud_transition(cur, next, qp.is_gsi())
+                        : qp.is_uc() ? uc_transition(cur, next)
+                                     : transition(cur, next);
   if (!t.valid) return EINVAL;
   uint32_t extra = mask & ~(QP_STATE | QP_CUR_STATE);
   if ((extra & t.req) != t.req) return EINVAL;              // a required attribute is missing
@@ -299,6 +333,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     // asks for the largest.
     qp->seg = s.path_mtu == MTU_4096 ? cfg_.mtu : std::min(cfg_.mtu, path_bytes);
     qp->epsn = s.rq_psn;
+    qp->uc_in_msg = false;
     // The responder sprays its ACKs too, from RTR on: a QP that only
     // receives (perftest's servers stay in RTR) never reaches RTS.
     qp->paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
@@ -309,7 +344,10 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     qp->reads_done.clear();
     for (auto& r : qp->atomic_replay) r.valid = false;
   }
-  if (cur == QpState::RTR && next == QpState::RTS) init_transport(*qp);
+  if (cur == QpState::RTR && next == QpState::RTS) {
+    if (qp->is_uc()) qp->snd_nxt = s.sq_psn;  // no window, no ACKs: only the PSNs
+    else init_transport(*qp);
+  }
   if (next == QpState::SQD && cur != QpState::SQD) qp->drained_reported = false;
   qp->state_ = next;
   if (next == QpState::SQD) comp_retire(*qp);  // reports SQ_DRAINED if already drained
@@ -359,6 +397,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.paths = PathSelector{PathAlgo::OBS, 1, 1};
   qp.seg = 4096;
   qp.epsn = 0;
+  qp.uc_in_msg = false;
   std::fill(qp.rbits.begin(), qp.rbits.end(), 0);
   qp.pending_rd.clear();
   qp.reads_done.clear();
@@ -436,6 +475,7 @@ WcStatus EngineCore::check_send(const QpImpl& qp, const SendWr& wr) {
     if (len > cfg_.mtu) return WcStatus::LOC_LEN_ERR;
     return WcStatus::SUCCESS;
   }
+  if (qp.is_uc() && rd_atomic) return WcStatus::LOC_QP_OP_ERR;  // UC: SEND and WRITE only
   if (atomic) {
     if (wr.num_sge != 1 || wr.sg_list[0].length != 8) return WcStatus::LOC_LEN_ERR;
     if (wr.remote_addr % 8) return WcStatus::LOC_QP_OP_ERR;  // IB: atomics are 8-byte aligned

@@ -252,6 +252,75 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   return true;
 }
 
+// UC: nothing comes back (no ACK, no NAK), so there is no PSN window, no
+// congestion window and no timer; packets leave as fast as tx_budget lets
+// them, and a WQE completes once its last packet is on the link (progress()
+// retires it after the flush, as for datagrams). Every packet of a message
+// takes the one path picked at its first packet: a path keeps its packets
+// in order, so only loss, not spraying, breaks a message (resp_uc).
+bool EngineCore::req_uc_progress(QpImpl& qp, uint64_t now) {
+  uint32_t budget = cfg_.tx_budget;
+  while (budget > 0) {
+    if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
+    if (qp.sq_next == qp.sq_tail) return false;
+    const uint64_t idx = qp.sq_next;
+    SendWqe& w = qp.sq_at(idx);
+    if (!w.started) {
+      if (qp.state_ == QpState::SQD) return false;
+      if (!req_start(qp, idx, w)) return false;
+      qp.snd_nxt += w.npkts;
+      w.path = qp.paths.pick(uint32_t(std::min<uint64_t>(w.len, UINT32_MAX)));
+    }
+    while (w.pkts_sent < w.npkts && budget > 0) {
+      if (!req_uc_send(qp, idx, w, now)) return false;
+      budget--;
+    }
+    if (w.pkts_sent < w.npkts) return true;
+    w.done = true;
+    stats_.uc_sent++;
+    qp.sq_next++;
+  }
+  return true;
+}
+
+// The next packet of UC WQE w.
+bool EngineCore::req_uc_send(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now) {
+  const uint32_t k = w.pkts_sent;
+  const uint64_t off = uint64_t(k) * w.seg;
+  const uint32_t len = uint32_t(std::min<uint64_t>(w.seg, w.len - off));
+  wire::Base b;
+  b.op = data_op(w.op);
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = w.first_psn + k;
+  b.path = w.path;
+  b.ts = uint32_t(now / 1000);
+  if (k == 0) b.flags |= wire::F_FIRST;
+  if (k + 1 == w.npkts) {
+    b.flags |= wire::F_LAST;
+    if (w.flags & SEND_SOLICITED) b.flags |= wire::F_SOLICITED;
+  }
+  HostSpan spans[64];
+  const size_t nspans = gather(qp, w, uint32_t(off), len, spans, 64);
+  if (nspans == SIZE_MAX) {
+    comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
+    return false;
+  }
+  b.payload_len = uint16_t(len);
+  wire::DataExt e;
+  e.va = w.raddr;
+  e.rkey = w.rkey;
+  e.msg_off = uint32_t(off);
+  e.msg_len = uint32_t(w.len);
+  e.imm = w.imm;
+  uint8_t hdr[wire::kMaxHeaderLen];
+  const size_t hlen = wire::encode(b, e, hdr);
+  xmit(qp, b.path, hdr, hlen, spans, nspans, len, false);
+  stats_.data_pkts_sent++;
+  w.pkts_sent++;
+  return true;
+}
+
 // Retransmission timers. A timer is live only if its PSN is still in the
 // window, unacknowledged, and was not sent again since (tx_seq matches).
 void EngineCore::req_timers(QpImpl& qp, uint64_t now) {

@@ -240,6 +240,107 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
   resp_advance(qp);
 }
 
+// UC responder. Nothing goes back to the requester, so nothing can be
+// resent: packets are taken strictly in PSN order, as IB's UC responder
+// takes them. A PSN gap (a lost packet, or a message overtaken by a later
+// one) drops the message in progress, whose receive WQE stays for the next
+// message, and every packet up to the next FIRST or ONLY one. So are
+// messages that do not fit their receive WQE, WRITEs with a bad R_Key and
+// messages that find no receive WQE: the QP stays in its state (IB: UC
+// responder errors are silent drops; there is no one to tell).
+void EngineCore::resp_uc(QpImpl& qp, const wire::Packet& p) {
+  const uint32_t psn = p.base.psn;
+  if (seq_lt(psn, qp.epsn)) {  // behind what was taken: a duplicate or overtaken
+    stats_.uc_drops++;
+    return;
+  }
+  const bool first = p.base.flags & wire::F_FIRST;
+  if (qp.uc_in_msg && (psn != qp.epsn || first)) resp_uc_drop(qp);  // the rest of it is lost
+  qp.epsn = psn + 1;
+  if (!qp.uc_in_msg) {
+    if (!first) {  // the middle of a message whose start was lost
+      stats_.uc_drops++;
+      return;
+    }
+    qp.uc_in_msg = true;
+    qp.uc_op = p.base.op;
+    qp.uc_len = p.data.msg_len;
+    qp.uc_va = p.data.va;
+    qp.uc_rkey = p.data.rkey;
+  } else if (p.base.op != qp.uc_op || p.data.msg_len != qp.uc_len || p.data.va != qp.uc_va ||
+             p.data.rkey != qp.uc_rkey) {
+    resp_uc_drop(qp);  // does not continue its message: malformed
+    stats_.uc_drops++;
+    return;
+  }
+  if (!resp_uc_place(qp, p)) {
+    resp_uc_drop(qp);
+    return;
+  }
+  if (!(p.base.flags & wire::F_LAST)) return;
+  qp.uc_in_msg = false;
+  stats_.uc_rcvd++;
+  resp_complete_recvs(qp);
+}
+
+// Places one in-order UC packet; false if its message must be dropped.
+bool EngineCore::resp_uc_place(QpImpl& qp, const wire::Packet& p) {
+  const wire::DataExt& e = p.data;
+  const uint64_t plen = p.payload_len;
+  const bool first = p.base.flags & wire::F_FIRST;
+  const bool last = p.base.flags & wire::F_LAST;
+  const wire::Op op = p.base.op;
+  if (e.msg_len > DeviceLimits::kMaxMsgSize || uint64_t(e.msg_off) + plen > e.msg_len ||
+      (first && e.msg_off != 0) || (last != (uint64_t(e.msg_off) + plen == e.msg_len)) ||
+      (!last && plen == 0))
+    return false;
+  RecvWqe* r = nullptr;
+  if (op == wire::Op::SEND || op == wire::Op::SEND_IMM || (op == wire::Op::WRITE_IMM && last)) {
+    const uint64_t held = qp.srq ? take_srq_wqes(qp, 1) : qp.rq_tail - qp.rq_head;
+    if (held == 0) return false;  // no receive WQE: UC has no RNR wait
+    r = &qp.rq_at(qp.rq_head);
+  }
+  if (op == wire::Op::WRITE || op == wire::Op::WRITE_IMM) {
+    // As for RC, a zero-length WRITE checks no R_Key (C9-88).
+    if (e.msg_len) {
+      Mr* mr = find_mr(e.rkey);
+      const uint64_t va = e.va + e.msg_off;
+      if (!mr || mr->pd() != qp.pd() || !(qp.attr.qp_access_flags & ACCESS_REMOTE_WRITE) || va < e.va ||
+          !mr->allows(va, plen, ACCESS_REMOTE_WRITE))
+        return false;
+      if (plen && !mem_write(mr->mem(), va, p.payload, plen)) return false;
+    }
+    if (r) {
+      r->have_last = true;
+      r->last_psn = p.base.psn;
+      r->byte_len = e.msg_len;
+      r->imm = e.imm;
+      r->with_imm = true;
+      r->write_imm = true;
+    }
+    return true;
+  }
+  if (e.msg_len > r->cap) return false;
+  WcStatus st = WcStatus::SUCCESS;
+  if (plen && !scatter(qp, r->sge, r->nsge, e.msg_off, p.payload, plen, st)) return false;
+  if (last) {
+    r->have_last = true;
+    r->last_psn = p.base.psn;
+    r->byte_len = e.msg_len;
+    r->imm = e.imm;
+    r->with_imm = op == wire::Op::SEND_IMM;
+    r->write_imm = false;
+  }
+  return true;
+}
+
+// The UC message in progress is lost. Its receive WQE, if it had begun to
+// fill one, stays at rq_head for the next message.
+void EngineCore::resp_uc_drop(QpImpl& qp) {
+  if (qp.uc_in_msg) stats_.uc_drops++;
+  qp.uc_in_msg = false;
+}
+
 bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
   const wire::ReadReqExt& e = p.rreq;
   const uint32_t psn = p.base.psn;

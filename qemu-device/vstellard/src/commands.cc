@@ -413,6 +413,34 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
 }
 
 template <>
+uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ))) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_resize_cq>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t log_cqe = le32toh(cmd.log_cqe);
+  const uint32_t shift = le32toh(cmd.page_shift), n = le32toh(cmd.num_pages);
+  const uint64_t ring_off = le64toh(cmd.ring_offset);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
+  auto it = obj_.cqs.find(le32toh(cmd.cqn));
+  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
+  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  CqObj geom{};
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &geom.pages)) return s;
+  geom.page_shift = shift;
+  geom.ring_offset = ring_off;
+  geom.log_cqe = log_cqe;
+  uint32_t moved = 0;
+  if (uint16_t s = dp_.ResizeCq(it->first, geom, &moved)) return s;
+  vstellar_resp_resize_cq r{htole32(moved), 0};
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
@@ -470,6 +498,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
       for (auto& [n, q] : obj_.qps)
         if (q.type == VSTELLAR_QPT_GSI) return VSTELLAR_STATUS_LIMIT;  // one QP 1 per device
     }
+  } else if (type == VSTELLAR_QPT_UC) {
+    if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_UC))) return VSTELLAR_STATUS_UNSUPPORTED;
   } else if (type != VSTELLAR_QPT_RC) {
     return VSTELLAR_STATUS_BAD_FIELD;
   }

@@ -277,7 +277,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     wr->sg_list = n ? sges : nullptr;
     wr->num_sge = n;
   }
-  if (q.type != VSTELLAR_QPT_RC) {
+  if (q.type == VSTELLAR_QPT_UD || q.type == VSTELLAR_QPT_GSI) {
     // A datagram goes to the WQE's address vector; its payload is bounded
     // by the device's UD limit (the engine's MTU bound is the engine's).
     if (total > VSTELLAR_UD_MAX_PAYLOAD) return St(WcStatus::LOC_LEN_ERR);
@@ -649,6 +649,51 @@ void DataPath::DrainCq(uint32_t cqh) {
   if (blocked) polling_ = true;
 }
 
+// Guest-physical address of CQE `idx` (free-running) of a CQ's ring. A CQE
+// never spans pages: the ring starts 32-byte aligned and pages are at
+// least 4 KiB.
+uint64_t DataPath::CqeGpa(const CqObj& cq, uint32_t idx) {
+  const uint64_t ps = uint64_t{1} << cq.page_shift;
+  const uint64_t off = cq.ring_offset + uint64_t(idx & ((1u << cq.log_cqe) - 1)) * sizeof(vstellar_cqe);
+  return cq.pages[off >> cq.page_shift] + (off & (ps - 1));
+}
+
+// RESIZE_CQ: the CQEs the guest has not polled yet, [ci, pi) of the old
+// ring, go to entries 0 .. n - 1 of the new ring (pass 0: owner bit 1),
+// the slot's ci goes back to 0, and the next CQE is written at entry n.
+// The CQ is unchanged unless every step succeeded. Commands and the data
+// path run on the daemon's one thread, so no CQE is written meanwhile.
+uint16_t DataPath::ResizeCq(uint32_t cqh, const CqObj& geom, uint32_t* moved) {
+  CqObj& cq = obj_.cqs.at(cqh);
+  *moved = 0;
+  if (cq.slot < VSTELLAR_DB_FIRST_SLOT) return VSTELLAR_STATUS_BAD_STATE;
+  uint8_t* page = DbPage(cq.owner);
+  if (!page) return VSTELLAR_STATUS_BAD_STATE;
+  uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * cq.slot;
+  const uint32_t ci = LoadLe32(slot + offsetof(vstellar_db_cq, ci));
+  const uint32_t n = cq.pi - ci;
+  if (n > (1u << cq.log_cqe)) return VSTELLAR_STATUS_BAD_STATE;  // ci ahead of pi, or a lap behind
+  if (n > (1u << geom.log_cqe)) return VSTELLAR_STATUS_LIMIT;
+  for (uint32_t k = 0; k < n; k++) {
+    vstellar_cqe c;
+    if (!pvdma_.Read(CqeGpa(cq, ci + k), &c, sizeof(c))) return VSTELLAR_STATUS_BAD_ADDRESS;
+    c.owner = VSTELLAR_CQE_OWNER;
+    const uint64_t gpa = CqeGpa(geom, k);
+    if (!pvdma_.Write(gpa, &c, offsetof(vstellar_cqe, owner))) return VSTELLAR_STATUS_BAD_ADDRESS;
+    std::atomic_thread_fence(std::memory_order_release);
+    if (!pvdma_.Write(gpa + offsetof(vstellar_cqe, owner), &c.owner, 1)) return VSTELLAR_STATUS_BAD_ADDRESS;
+  }
+  cq.pages = geom.pages;
+  cq.page_shift = geom.page_shift;
+  cq.ring_offset = geom.ring_offset;
+  cq.log_cqe = geom.log_cqe;
+  cq.pi = n;
+  StoreLe32(slot + offsetof(vstellar_db_cq, ci), 0);
+  n_.cq_resizes++;
+  *moved = n;
+  return VSTELLAR_STATUS_OK;
+}
+
 void DataPath::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   auto it = obj_.cqs.find(cqh);
   if (it == obj_.cqs.end()) return;
@@ -667,9 +712,7 @@ void DataPath::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
       return;
     }
   }
-  const uint64_t ps = uint64_t{1} << cq.page_shift;
-  const uint64_t off = cq.ring_offset + uint64_t(cq.pi & (entries - 1)) * sizeof(vstellar_cqe);
-  const uint64_t gpa = cq.pages[off >> cq.page_shift] + (off & (ps - 1));
+  const uint64_t gpa = CqeGpa(cq, cq.pi);
   c.owner = ((cq.pi >> cq.log_cqe) & 1) ? 0 : VSTELLAR_CQE_OWNER;
   if (!pvdma_.Write(gpa, &c, offsetof(vstellar_cqe, owner))) {
     cq.overflow = true;

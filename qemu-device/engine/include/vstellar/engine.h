@@ -94,6 +94,9 @@ struct EngineStats {
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
   uint64_t ud_sent = 0, ud_rcvd = 0;
+  uint64_t uc_sent = 0;     // UC messages whose last packet went out
+  uint64_t uc_rcvd = 0;     // UC messages that arrived whole
+  uint64_t uc_drops = 0;    // UC messages dropped: a PSN gap, no receive WQE, a bad key or length
   uint64_t ud_drops = 0;  // datagrams with no QP, wrong Q_Key, spoofed source or no receive WQE
   std::vector<PathCounters> paths;
 };

@@ -17,7 +17,8 @@ class Qp {
   QpState state() const { return state_; }
   Pd* pd() const { return pd_; }
   QpType type() const { return type_; }
-  bool is_ud() const { return type_ != QpType::RC; }  // UD or GSI: datagrams
+  bool is_ud() const { return type_ == QpType::UD || type_ == QpType::GSI; }  // datagrams
+  bool is_uc() const { return type_ == QpType::UC; }
   bool is_gsi() const { return type_ == QpType::GSI; }
   // Free slots: how many more WRs post_send / post_recv take before they
   // return ENOMEM. Completions (polled or not) free slots.

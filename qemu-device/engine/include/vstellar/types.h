@@ -147,7 +147,7 @@ struct Endpoint {
 };
 
 // ibv_qp_type numbering; a GSI QP is a UD QP that answers to QP number 1.
-enum class QpType : uint8_t { GSI = 1, RC = 2, UD = 4 };
+enum class QpType : uint8_t { GSI = 1, RC = 2, UC = 3, UD = 4 };
 
 using Gid = std::array<uint8_t, 16>;
 

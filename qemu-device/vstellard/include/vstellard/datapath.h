@@ -34,6 +34,7 @@ struct DataPathCounters {
   uint64_t bad_wqes = 0;    // WQEs that failed validation (QP moved to ERR)
   uint64_t cqes = 0;        // CQEs written into guest CQ rings
   uint64_t cq_overflows = 0;
+  uint64_t cq_resizes = 0;  // RESIZE_CQ commands that moved a CQ
   uint64_t db_kicks = 0;      // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
 };
@@ -62,6 +63,11 @@ class DataPath {
 
   // Engine completions of CQ `cqh` -> CQEs in its guest ring.
   void DrainCq(uint32_t cqh);
+  // RESIZE_CQ: CQ `cqh` moves to the ring `geom` describes (pages,
+  // page_shift, ring_offset, log_cqe) with the CQEs its guest has not
+  // polled; *moved says how many. A VSTELLAR_STATUS_*; on failure the CQ
+  // is unchanged.
+  uint16_t ResizeCq(uint32_t cqh, const CqObj& geom, uint32_t* moved);
   // After MODIFY_QP moved a QP to `next`: RESET forgets every WQE; WQEs
   // posted before the QP could take them are picked up now.
   void OnQpModified(QpObj& q, uint8_t next);
@@ -87,6 +93,7 @@ class DataPath {
   void CompleteDirect(QpObj& q, bool send, uint32_t idx, uint64_t wr_id, uint8_t op, uint8_t status,
                       uint8_t vendor_err = 0);
   void WriteCqe(uint32_t cqh, vstellar_cqe& cqe);
+  static uint64_t CqeGpa(const CqObj& cq, uint32_t idx);
   static uint64_t NowNs();
 
   unsigned id_;
