@@ -263,7 +263,7 @@ vstellar_cq_create(struct ibv_context *context,
 	if (pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE))
 		goto err_free;
 
-	log_cqe = log2_up(attr->cqe);
+	log_cqe = max_t(uint32_t, log2_up(attr->cqe), VSTELLAR_MIN_LOG_CQE);
 	cq->ring = vstellar_ring_alloc(sizeof(struct vstellar_cqe) << log_cqe,
 				       &cq->ring_size);
 	if (!cq->ring)
@@ -366,7 +366,7 @@ int vstellar_resize_cq(struct ibv_cq *ibcq, int cqe)
 		return EOPNOTSUPP;
 	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe)
 		return EINVAL;
-	log_cqe = log2_up(cqe);
+	log_cqe = max_t(uint32_t, log2_up(cqe), VSTELLAR_MIN_LOG_CQE);
 	ring = vstellar_ring_alloc(sizeof(struct vstellar_cqe) << log_cqe,
 				   &size);
 	if (!ring)

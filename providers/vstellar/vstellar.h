@@ -94,6 +94,13 @@ struct vstellar_device {
 struct vstellar_qp;
 
 #define VSTELLAR_QP_TABLE_SIZE 256	/* buckets; QPN % size */
+/*
+ * Smallest CQ ring (64 CQEs, 2 KiB), as hardware providers round CQs up:
+ * completions of work already posted may still be on their way when an
+ * application resizes a CQ down to what it has polled (pyverbs'
+ * test_resize_cq does), and a ring that small would overflow.
+ */
+#define VSTELLAR_MIN_LOG_CQE 6
 
 struct vstellar_context {
 	struct verbs_context ibv_ctx;
