@@ -100,8 +100,8 @@
  */
 #define VIRTIO_VSTELLAR_F_MEM_MGT	10
 /*
- * Reserved (number fixed so that work in flight cannot collide): UD
- * multicast (ATTACH_MCAST, DETACH_MCAST).
+ * UD multicast (minor 3): ATTACH_MCAST, DETACH_MCAST; UD send WQEs whose
+ * destination GID is a multicast group reach every QP attached to it.
  */
 #define VIRTIO_VSTELLAR_F_MCAST		11
 
@@ -278,11 +278,11 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_fast_reg_pages, 116);
 	  VSTELLAR_BODY(vstellar_resp_alloc_mw), 0)			\
 	X(DEALLOC_MW,	    0x1c, VSTELLAR_BODY(vstellar_cmd_handle),	\
 	  VSTELLAR_NO_BODY, 0)						\
-	/* reserved: numbers fixed, bodies come with their features */	\
-	X(ATTACH_MCAST,	    0x1d, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
-	  VSTELLAR_CMDF_RESERVED)					\
-	X(DETACH_MCAST,	    0x1e, VSTELLAR_NO_BODY, VSTELLAR_NO_BODY,		\
-	  VSTELLAR_CMDF_RESERVED)
+	/* minor 3, VIRTIO_VSTELLAR_F_MCAST */				\
+	X(ATTACH_MCAST,	    0x1d, VSTELLAR_BODY(vstellar_cmd_mcast),		\
+	  VSTELLAR_NO_BODY, 0)						\
+	X(DETACH_MCAST,	    0x1e, VSTELLAR_BODY(vstellar_cmd_mcast),		\
+	  VSTELLAR_NO_BODY, 0)
 
 enum vstellar_cmd_opcode {
 #define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
@@ -851,6 +851,29 @@ struct vstellar_resp_alloc_mw {
 	__le32 rkey;		/* current rkey; binds change its key byte */
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_alloc_mw, 8);
+
+/*
+ * UD multicast (minor 3, F_MCAST). ATTACH_MCAST attaches UD QP qpn of
+ * hdr.ucontext to the group mgid, DETACH_MCAST detaches it; no response
+ * body. A group is a RoCEv2 IPv4 multicast GID: an IPv4-mapped address in
+ * 224.0.0.0/4 (what rdma_cm makes for an IPv4 multicast address);
+ * anything else is BAD_FIELD, as is a QP that is not UD (GSI included).
+ * Attaching a QP twice is OK; detaching one that is not attached is
+ * BAD_FIELD. A device supports VSTELLAR_MAX_MCAST_GRP groups and
+ * VSTELLAR_MAX_MCAST_QP_ATTACH QPs per group (LIMIT beyond). A UD send
+ * WQE whose av.dgid is such a group goes to every QP attached to it, on
+ * this device and any other the fabric reaches (docs/transport.md), whose
+ * Q_Key matches; remote_qpn is not looked at.
+ */
+#define VSTELLAR_MAX_MCAST_GRP		256
+#define VSTELLAR_MAX_MCAST_QP_ATTACH	64
+struct vstellar_cmd_mcast {
+	__le32 qpn;
+	__le16 mlid;		/* IB LID of the group: ignored (RoCE) */
+	__le16 reserved;
+	__u8 mgid[16];
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_mcast, 24);
 
 /*
  * Local DMA lkey (minor 1): in an SGE of a kernel QP (hdr.ucontext 0) this

@@ -269,6 +269,8 @@ int vstellar_create_user_cq(struct ib_cq *ibcq,
 			    struct ib_udata *udata);
 int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
+int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+int vstellar_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
 int vstellar_create_user_qp(struct ib_qp *ibqp,
 			    struct ib_qp_init_attr *init_attr,
 			    struct ib_udata *udata);

@@ -201,6 +201,22 @@ int vstellar_cmd_del_gid(struct vstellar_dev *dev, u32 port, u32 index)
 	return vstellar_com_is_dead_err(err) ? 0 : err;
 }
 
+/* F_MCAST: attach UD QP qpn to (or detach it from) group gid */
+int vstellar_cmd_mcast(struct vstellar_dev *dev, u32 uctx, bool attach,
+		       u32 qpn, const union ib_gid *gid, u16 lid)
+{
+	struct vstellar_cmd_mcast cmd = {
+		.qpn = cpu_to_le32(qpn),
+		.mlid = cpu_to_le16(lid),
+	};
+
+	memcpy(cmd.mgid, gid->raw, sizeof(cmd.mgid));
+	return vstellar_com_exec(&dev->com,
+				 attach ? VSTELLAR_CMD_ATTACH_MCAST :
+					  VSTELLAR_CMD_DETACH_MCAST,
+				 uctx, &cmd, sizeof(cmd), NULL, 0, NULL, 0);
+}
+
 int vstellar_cmd_kernel_db(struct vstellar_dev *dev, u32 *db_page)
 {
 	struct vstellar_resp_kernel_db resp;

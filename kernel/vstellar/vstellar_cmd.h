@@ -60,6 +60,8 @@ int vstellar_cmd_query_port(struct vstellar_dev *dev, u32 port,
 int vstellar_cmd_add_gid(struct vstellar_dev *dev, u32 port, u32 index,
 			 const union ib_gid *gid);
 int vstellar_cmd_del_gid(struct vstellar_dev *dev, u32 port, u32 index);
+int vstellar_cmd_mcast(struct vstellar_dev *dev, u32 uctx, bool attach,
+		       u32 qpn, const union ib_gid *gid, u16 lid);
 
 /* The kernel's doorbell page (minor 1): its index in the region. */
 int vstellar_cmd_kernel_db(struct vstellar_dev *dev, u32 *db_page);

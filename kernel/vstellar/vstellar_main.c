@@ -62,6 +62,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_MEM_MGT,
 	VIRTIO_VSTELLAR_F_UC,
 	VIRTIO_VSTELLAR_F_RESIZE_CQ,
+	VIRTIO_VSTELLAR_F_MCAST,
 };
 
 /* ---------------------------------------------------------------- */
@@ -489,6 +490,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.add_gid = vstellar_add_gid,
 	.alloc_mr = vstellar_alloc_mr,
 	.alloc_mw = vstellar_alloc_mw,
+	.attach_mcast = vstellar_attach_mcast,
 	.alloc_pd = vstellar_alloc_pd,
 	.alloc_ucontext = vstellar_alloc_ucontext,
 	.create_ah = vstellar_create_ah,
@@ -505,6 +507,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.destroy_cq = vstellar_destroy_cq,
 	.destroy_qp = vstellar_destroy_qp,
 	.destroy_srq = vstellar_destroy_srq,
+	.detach_mcast = vstellar_detach_mcast,
 	.disassociate_ucontext = vstellar_disassociate_ucontext,
 	.get_dev_fw_str = vstellar_get_dev_fw_str,
 	.get_dma_mr = vstellar_get_dma_mr,

@@ -74,6 +74,12 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 		props->max_srq_wr = le32_to_cpu(a->max_srq_wr);
 		props->max_srq_sge = le32_to_cpu(a->max_srq_sge);
 	}
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_MCAST)) {
+		props->max_mcast_grp = VSTELLAR_MAX_MCAST_GRP;
+		props->max_mcast_qp_attach = VSTELLAR_MAX_MCAST_QP_ATTACH;
+		props->max_total_mcast_qp_attach =
+			VSTELLAR_MAX_MCAST_GRP * VSTELLAR_MAX_MCAST_QP_ATTACH;
+	}
 	props->atomic_cap = dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC) ?
 			    IB_ATOMIC_HCA : IB_ATOMIC_NONE;
 	if (caps & VSTELLAR_DEVCAP_RC_RNR_NAK_GEN)
@@ -674,6 +680,34 @@ err_rq:
 err_sq:
 	ib_umem_release(sq.umem);
 	return err;
+}
+
+/*
+ * F_MCAST, user and kernel UD QPs: the device checks the QP's type and
+ * that gid is a RoCEv2 IPv4 group (ib_attach_mcast checks it too, uverbs
+ * does not).
+ */
+int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_MCAST)))
+		return -EOPNOTSUPP;
+	return vstellar_cmd_mcast(dev, qp->ucontext, true, qp->qpn, gid, lid);
+}
+
+int vstellar_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	struct vstellar_dev *dev = to_vdev(ibqp->device);
+	struct vstellar_qp *qp = to_vqp(ibqp);
+	int err;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_MCAST)))
+		return -EOPNOTSUPP;
+	err = vstellar_cmd_mcast(dev, qp->ucontext, false, qp->qpn, gid, lid);
+	/* a lost device keeps no groups: leaving always works then */
+	return vstellar_com_is_dead_err(err) ? 0 : err;
 }
 
 /* User and kernel QPs; a kernel QP's ring indices follow a RESET. */

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include "sim_pair.h"
 
@@ -267,6 +268,85 @@ TEST_F(Datagram, RcQpIgnoresDatagrams) {
   Wc wc[4];
   EXPECT_EQ(rc.b.eng->poll_cq(rc.b.rcq, wc, 4), 0);
   EXPECT_EQ(rc.b.eng->stats().ud_drops, 1u);
+}
+
+// UD multicast: a send to a group's GID reaches every QP attached to it, on
+// both engines (the sender's own included), and nothing else.
+TEST_F(Datagram, MulticastReachesEveryAttachedQp) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  Qp* qb2 = make(p.b, QpType::UD);
+  Qp* other = make(p.b, QpType::UD);  // not attached
+  ASSERT_TRUE(qa && qb && qb2 && other);
+  const Gid group = gid_of(0xe6010203);  // 230.1.2.3
+  ASSERT_EQ(p.a.eng->attach_mcast(qa, group), 0);
+  ASSERT_EQ(p.b.eng->attach_mcast(qb, group), 0);
+  ASSERT_EQ(p.b.eng->attach_mcast(qb2, group), 0);
+  ASSERT_EQ(p.b.eng->attach_mcast(qb2, group), 0) << "attaching twice is no error";
+  for (Qp* q : {qb, qb2, other}) ASSERT_EQ(recv(p.b, q, 4096 * (1 + (q == qb2) + 2 * (q == other)), 512), 0);
+  ASSERT_EQ(recv(p.a, qa, 4096, 512), 0);
+  fill_random(p.a.buf.data(), 100, 3);
+  Sge sg{p.a.addr(0), 100, p.a.mr->lkey()};
+  SendWr wr;
+  wr.opcode = WrOpcode::SEND;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.ud.peer = Endpoint{0xe6010203, 4792};
+  wr.ud.remote_qpn = 0xffffff;
+  wr.ud.remote_qkey = kQkey;
+  wr.ud.sgid = gid_of(p.a.ip);
+  wr.ud.dgid = group;
+  ASSERT_EQ(p.a.eng->post_send(qa, wr), 0);
+  settle();
+  auto rb = poll(p.b, p.b.rcq);
+  ASSERT_EQ(rb.size(), 2u);
+  std::set<uint32_t> got;
+  for (auto& c : rb) {
+    EXPECT_EQ(c.status, WcStatus::SUCCESS);
+    EXPECT_EQ(c.byte_len, 140u);
+    EXPECT_EQ(c.src_qp, qa->qpn());
+    got.insert(c.qp_num);
+  }
+  EXPECT_EQ(got, (std::set<uint32_t>{qb->qpn(), qb2->qpn()}));
+  EXPECT_EQ(std::memcmp(p.b.buf.data() + 4096 + 40, p.a.buf.data(), 100), 0);
+  EXPECT_EQ(std::memcmp(p.b.buf.data() + 8192 + 40, p.a.buf.data(), 100), 0);
+  ASSERT_EQ(poll(p.a, p.a.rcq).size(), 1u) << "the sender's own attached QP gets its copy";
+  // Detached, and after the last QP of an engine left, nothing arrives.
+  ASSERT_EQ(p.b.eng->detach_mcast(qb, group), 0);
+  ASSERT_EQ(p.b.eng->destroy_qp(qb2), 0);
+  ASSERT_EQ(recv(p.b, qb, 4096, 512), 0);
+  ASSERT_EQ(p.a.eng->post_send(qa, wr), 0);
+  settle();
+  EXPECT_EQ(poll(p.b, p.b.rcq).size(), 0u);
+}
+
+TEST_F(Datagram, MulticastAttachRefusesWhatIsNotAGroupOrNotUd) {
+  Qp* ud = make(p.a, QpType::UD);
+  Qp* gsi = make(p.a, QpType::GSI);
+  QpInitAttr ia;
+  ia.send_cq = p.a.scq;
+  ia.recv_cq = p.a.rcq;
+  Qp* rc = p.a.eng->create_qp(p.a.pd, ia);
+  ASSERT_TRUE(ud && gsi && rc);
+  const Gid group = gid_of(0xe0000001);
+  Gid v6{};
+  v6[0] = 0xff;  // an IPv6 multicast GID: not a RoCEv2 IPv4 group
+  EXPECT_EQ(p.a.eng->attach_mcast(ud, gid_of(0x0a000001)), EINVAL);
+  EXPECT_EQ(p.a.eng->attach_mcast(ud, v6), EINVAL);
+  EXPECT_EQ(p.a.eng->attach_mcast(rc, group), EINVAL);
+  EXPECT_EQ(p.a.eng->attach_mcast(gsi, group), EINVAL);
+  EXPECT_EQ(p.a.eng->detach_mcast(ud, group), EINVAL) << "not attached";
+  // Limits: QPs per group, groups per engine.
+  std::vector<Qp*> qps;
+  for (uint32_t i = 0; i < DeviceLimits::kMaxMcastQpAttach; i++) {
+    qps.push_back(make(p.a, QpType::UD));
+    ASSERT_EQ(p.a.eng->attach_mcast(qps.back(), group), 0);
+  }
+  EXPECT_EQ(p.a.eng->attach_mcast(ud, group), ENOSPC);
+  for (uint32_t i = 1; i < DeviceLimits::kMaxMcastGroups; i++)
+    ASSERT_EQ(p.a.eng->attach_mcast(ud, gid_of(0xe0000001 + i)), 0);
+  EXPECT_EQ(p.a.eng->attach_mcast(ud, gid_of(0xe0001001)), ENOSPC);
 }
 
 }  // namespace

@@ -1643,6 +1643,86 @@ TEST_F(DataPath, UcQpsSendWriteAndDropBadMessagesAlone) {
   EXPECT_EQ(B.QpState(qb.qpn), VSTELLAR_QPS_RTS);
 }
 
+// UD multicast through the daemon: ATTACH_MCAST, a UD send to the group's
+// GID over real UDP (IP multicast on the loopback), DETACH_MCAST; hostile
+// requests (bogus groups, RC QPs, another context's QP, reserved bits,
+// detaching what is not attached) each fail alone with their status.
+TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  uint16_t st = 0;
+  GQp ua = A.CreateQp(2, VSTELLAR_QPT_UD, &st), ub = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
+  ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
+  vstellar_cmd_gid g{};
+  g.port = 1;
+  g.gid[10] = g.gid[11] = 0xff;
+  g.gid[12] = 127;
+  g.gid[15] = 1;
+  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+  ASSERT_EQ(A.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);
+  auto mc = [](uint32_t qpn, std::array<uint8_t, 4> ip) {
+    vstellar_cmd_mcast m{};
+    m.qpn = qpn;
+    m.mgid[10] = m.mgid[11] = 0xff;
+    std::memcpy(m.mgid + 12, ip.data(), 4);
+    return m;
+  };
+  auto cmd = [](Guest& G, uint16_t op, const vstellar_cmd_mcast& m) { return G.Cmd(op, &m, sizeof(m), 0).status(); };
+  vstellar_cmd_mcast m = mc(ub.qpn, {230, 9, 8, 7});
+  ASSERT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, m), 0);
+  // Hostile: a unicast GID, an IPv6 GID, an RC QP, A naming B's QP, reserved bits.
+  EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, mc(ub.qpn, {10, 0, 0, 1})), VSTELLAR_STATUS_BAD_FIELD);
+  vstellar_cmd_mcast v6 = m;
+  v6.mgid[0] = 0xff;
+  EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, v6), VSTELLAR_STATUS_BAD_FIELD);
+  GQp rc = B.CreateQp();
+  EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, mc(rc.qpn, {230, 9, 8, 7})), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(cmd(A, VSTELLAR_CMD_ATTACH_MCAST, m), VSTELLAR_STATUS_BAD_HANDLE);
+  vstellar_cmd_mcast rsv = m;
+  rsv.reserved = 1;
+  EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, rsv), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(cmd(A, VSTELLAR_CMD_DETACH_MCAST, mc(ua.qpn, {230, 9, 8, 7})), VSTELLAR_STATUS_BAD_FIELD);
+  // A sends to the group (not attached itself): B's QP gets it.
+  B.PostRecv(ub, 0x21, {B.Sge(0, 512)});
+  Fill(A.Buf(0), 100, 6);
+  vstellar_send_wqe w = UdWqe(0x11, 1, 0xffffff, 0x4242);
+  w.u.ud.av.dgid[12] = 230;
+  w.u.ud.av.dgid[13] = 9;
+  w.u.ud.av.dgid[14] = 8;
+  w.u.ud.av.dgid[15] = 7;
+  A.PostSend(ua, w, {A.Sge(0, 100)});
+  auto c = A.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 0);
+  c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0x21u);
+  EXPECT_EQ(c->status, 0);
+  EXPECT_EQ(le32toh(c->src_qp), ua.qpn);
+  EXPECT_EQ(c->byte_len, VSTELLAR_GRH_BYTES + 100);
+  EXPECT_EQ(std::memcmp(B.Buf(VSTELLAR_GRH_BYTES), A.Buf(0), 100), 0);
+  // Detached: the next datagram to the group reaches no one.
+  ASSERT_EQ(cmd(B, VSTELLAR_CMD_DETACH_MCAST, m), 0);
+  EXPECT_EQ(cmd(B, VSTELLAR_CMD_DETACH_MCAST, m), VSTELLAR_STATUS_BAD_FIELD);
+  B.PostRecv(ub, 0x22, {B.Sge(0, 512)});
+  A.PostSend(ua, w, {A.Sge(0, 100)});
+  ASSERT_TRUE(A.Poll());
+  EXPECT_FALSE(B.Poll(300));
+  // The daemon serves both devices as before.
+  GQp ra = A.CreateQp();
+  A.Connect(ra, rc.qpn);
+  B.Connect(rc, ra.qpn);
+  B.PostRecv(rc, 0x30, {B.Sge(0, 64)});
+  A.PostSend(ra, Wqe(VSTELLAR_WR_SEND, 0x31), {A.Sge(0, 64)});
+  c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->wr_id, 0x30u);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ memory keys

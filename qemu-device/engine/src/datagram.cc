@@ -9,6 +9,7 @@
 // kernel's ib_get_rdma_header_version() tells IPv4 from IPv6 by it), else
 // an IPv6 header. Both are built here from the GIDs the datagram carries.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "engine_internal.h"
@@ -30,6 +31,9 @@ bool is_v4_mapped(const uint8_t* gid) {
 uint32_t v4_of(const uint8_t* gid) {
   return uint32_t(gid[12]) << 24 | uint32_t(gid[13]) << 16 | uint32_t(gid[14]) << 8 | gid[15];
 }
+
+// A RoCEv2 IPv4 multicast group: an IPv4-mapped GID in 224.0.0.0/4.
+bool is_mcast_gid(const uint8_t* gid) { return is_v4_mapped(gid) && (gid[12] & 0xf0) == 0xe0; }
 
 void put16(uint8_t* p, uint32_t v) {
   p[0] = uint8_t(v >> 8);
@@ -125,16 +129,36 @@ bool EngineCore::ud_progress(QpImpl& qp) {
 
 void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   const wire::UdExt& e = p.ud;
+  // The source GID must be the sending host's own address (no spoofing
+  // another host's CM).
+  if (is_v4_mapped(e.sgid) && v4_of(e.sgid) != from.ip) {
+    stats_.ud_drops++;
+    return;
+  }
   Gid dgid;
   std::memcpy(dgid.data(), e.dgid, 16);
+  if (is_mcast_gid(e.dgid)) {  // a copy for every QP attached here
+    auto it = mcast_.find(dgid);
+    if (it == mcast_.end()) {
+      stats_.ud_drops++;
+      return;
+    }
+    const std::vector<QpImpl*> members = it->second;  // delivery may run callbacks
+    for (QpImpl* qp : members) ud_deliver(qp, p, false);
+    return;
+  }
   QpImpl* qp = p.base.dst_qpn == kGsiQpn ? find_gsi(dgid) : find_qp(p.base.dst_qpn);
-  // A GSI QP is reached only as QP 1; RC QPs take no datagrams.
-  const bool usable = qp && qp->is_ud() && (p.base.dst_qpn == kGsiQpn || !qp->is_gsi()) &&
+  ud_deliver(qp, p, p.base.dst_qpn == kGsiQpn);
+}
+
+// One datagram into one QP's next receive. A GSI QP is reached only as
+// QP 1 (gsi_ok); RC and UC QPs take no datagrams; the Q_Key must match.
+void EngineCore::ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok) {
+  const wire::UdExt& e = p.ud;
+  const bool usable = qp && qp->is_ud() && (gsi_ok || !qp->is_gsi()) &&
                       (qp->state_ == QpState::RTR || qp->state_ == QpState::RTS ||
                        qp->state_ == QpState::SQD);
-  // The source GID must be the sending host's own address (no spoofing
-  // another host's CM), and the Q_Key must match.
-  if (!usable || e.qkey != qp->attr.qkey || (is_v4_mapped(e.sgid) && v4_of(e.sgid) != from.ip) ||
+  if (!usable || e.qkey != qp->attr.qkey ||
       (qp->srq ? take_srq_wqes(*qp, 1) : qp->rq_tail - qp->rq_head) == 0) {
     stats_.ud_drops++;
     return;
@@ -162,6 +186,52 @@ void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   }
   stats_.ud_rcvd++;
   emit(qp->recv_cq, wc);
+}
+
+int EngineCore::attach_mcast(QpImpl* qp, const Gid& mgid) {
+  if (!qp || find_qp(qp->qpn_) != qp || qp->type_ != QpType::UD || !is_mcast_gid(mgid.data()))
+    return EINVAL;
+  auto it = mcast_.find(mgid);
+  if (it != mcast_.end()) {
+    std::vector<QpImpl*>& v = it->second;
+    if (std::find(v.begin(), v.end(), qp) != v.end()) return 0;
+    if (v.size() >= DeviceLimits::kMaxMcastQpAttach) return ENOSPC;
+    v.push_back(qp);
+    return 0;
+  }
+  if (mcast_.size() >= DeviceLimits::kMaxMcastGroups) return ENOSPC;
+  if (!link_.join_group(v4_of(mgid.data()), true)) return EIO;
+  mcast_[mgid] = {qp};
+  return 0;
+}
+
+int EngineCore::detach_mcast(QpImpl* qp, const Gid& mgid) {
+  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
+  auto it = mcast_.find(mgid);
+  if (it == mcast_.end()) return EINVAL;
+  std::vector<QpImpl*>& v = it->second;
+  auto q = std::find(v.begin(), v.end(), qp);
+  if (q == v.end()) return EINVAL;
+  v.erase(q);
+  if (v.empty()) {
+    link_.join_group(v4_of(mgid.data()), false);
+    mcast_.erase(it);
+  }
+  return 0;
+}
+
+// A QP being destroyed leaves every group it is attached to.
+void EngineCore::mcast_forget(QpImpl* qp) {
+  for (auto it = mcast_.begin(); it != mcast_.end();) {
+    std::vector<QpImpl*>& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), qp), v.end());
+    if (v.empty()) {
+      link_.join_group(v4_of(it->first.data()), false);
+      it = mcast_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace vstellar

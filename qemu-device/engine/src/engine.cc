@@ -399,6 +399,8 @@ size_t Engine::srq_footprint(const SrqInitAttr& init) const {
 }
 size_t Engine::cq_footprint(uint32_t cqe) const { return sizeof(Cq) + size_t(cqe) * sizeof(Wc); }
 
+int Engine::attach_mcast(Qp* qp, const Gid& mgid) { return core_->attach_mcast(impl(qp), mgid); }
+int Engine::detach_mcast(Qp* qp, const Gid& mgid) { return core_->detach_mcast(impl(qp), mgid); }
 Qp* Engine::find_qp(uint32_t qpn) { return core_->find_qp(qpn); }
 Mr* Engine::find_mr(uint32_t key) { return core_->find_mr(key); }
 void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {

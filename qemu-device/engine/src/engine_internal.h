@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <queue>
 #include <unordered_map>
@@ -366,6 +367,11 @@ class EngineCore {
   // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
   bool ud_progress(QpImpl& qp);
   void ud_receive(const wire::Packet& p, const Endpoint& from);
+  void ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok);
+  int attach_mcast(QpImpl* qp, const Gid& mgid);
+  int detach_mcast(QpImpl* qp, const Gid& mgid);
+  void mcast_forget(QpImpl* qp);
+  std::map<Gid, std::vector<QpImpl*>> mcast_;  // group -> attached UD QPs
   QpImpl* find_gsi(const Gid& dgid);
 
   // engine.cc: local SGE checks and copies, shared by the requester, the

@@ -183,6 +183,7 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   qp->recv_cq->refs--;
   if (qp->srq) qp->srq->refs--;
   invalidate_qp_windows(*qp);
+  mcast_forget(qp);
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
   const uint32_t qpn = qp->qpn_;

@@ -1,5 +1,6 @@
 #include "vstellar/sim_net.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "vstellar/engine.h"
@@ -17,6 +18,10 @@ class SimLink final : public Link {
     net_.enqueue(ip_, dst.ip, path, std::move(b));
   }
   void flush() override {}
+  bool join_group(uint32_t group, bool join) override {
+    net_.join_group(ip_, group, join);
+    return true;
+  }
 
  private:
   SimNet& net_;
@@ -33,7 +38,19 @@ Link& SimNet::add_node(uint32_t ip) {
 
 void SimNet::attach(uint32_t ip, Engine* e) { engines_[ip] = e; }
 
+void SimNet::join_group(uint32_t node, uint32_t group, bool join) {
+  std::vector<uint32_t>& m = groups_[group];
+  auto it = std::find(m.begin(), m.end(), node);
+  if (join && it == m.end()) m.push_back(node);
+  if (!join && it != m.end()) m.erase(it);
+}
+
 void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint8_t> bytes) {
+  if ((to & 0xf0000000u) == 0xe0000000u) {  // a group: a copy per member
+    const std::vector<uint32_t> members = groups_[to];
+    for (uint32_t m : members) enqueue(from, m, path, bytes);
+    return;
+  }
   stats.sent++;
   if (tap && !tap(from, to, path, bytes)) {
     stats.dropped++;

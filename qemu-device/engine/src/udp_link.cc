@@ -16,6 +16,7 @@ namespace {
 
 constexpr uint64_t kTxTag = 1ull << 32;
 constexpr uint64_t kRxTag = 2ull << 32;
+constexpr uint64_t kMcRxTag = 4ull << 32;
 constexpr uint16_t kBufGroup = 0;
 
 void set_buf(int fd, int force_opt, int opt, int bytes) {
@@ -72,6 +73,10 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
       return;
     }
     set_buf(fd, SO_SNDBUFFORCE, SO_SNDBUF, cfg_.sock_buf);
+    if (cfg_.mcast_port) {  // datagrams to a group leave from our own address
+      in_addr ifa{htonl(cfg_.local_ip)};
+      setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof(ifa));
+    }
     if (cfg_.ecn) {
       int tos = 0x02;  // ECT(0): a fabric may mark CE instead of dropping
       setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));
@@ -120,18 +125,21 @@ UdpLink::~UdpLink() {
     // Cancel the multishot receive and wait for it to end: a request still in
     // flight holds its socket, and the ring's teardown is asynchronous, so
     // without this the ports would stay bound for a moment after we exit.
-    if (rx_armed_) {
-      io_uring_sqe* s = sqe();
-      io_uring_prep_cancel64(s, kRxTag, 0);
-      io_uring_sqe_set_data64(s, 3ull << 32);
+    if (rx_armed_ || mc_armed_) {
+      for (uint64_t tag : {kRxTag, kMcRxTag}) {
+        io_uring_sqe* s = sqe();
+        io_uring_prep_cancel64(s, tag, 0);
+        io_uring_sqe_set_data64(s, 3ull << 32);
+      }
       io_uring_submit(&ring_);
       uint64_t deadline_loops = 100;
-      while (rx_armed_ && deadline_loops--) {
+      while ((rx_armed_ || mc_armed_) && deadline_loops--) {
         __kernel_timespec ts{0, 1'000'000};
         io_uring_cqe* c;
         if (io_uring_wait_cqe_timeout(&ring_, &c, &ts) != 0) continue;
         uint64_t d = io_uring_cqe_get_data64(c);
         if (d == kRxTag && !(c->flags & IORING_CQE_F_MORE)) rx_armed_ = false;
+        if (d == kMcRxTag && !(c->flags & IORING_CQE_F_MORE)) mc_armed_ = false;
         if ((d >> 32) == 1) {
           tx_inflight_--;
         }
@@ -141,6 +149,7 @@ UdpLink::~UdpLink() {
     io_uring_queue_exit(&ring_);
   }
   for (int fd : fds_) close(fd);
+  if (mc_fd_ >= 0) close(mc_fd_);
   if (event_fd_ >= 0) close(event_fd_);
   if (br_) munmap(br_, br_bytes_);
   free(rx_mem_);
@@ -163,6 +172,47 @@ void UdpLink::arm_recv() {
   s->buf_group = kBufGroup;
   io_uring_sqe_set_data64(s, kRxTag);
   rx_armed_ = true;
+}
+
+void UdpLink::arm_mc_recv() {
+  io_uring_sqe* s = sqe();
+  io_uring_prep_recvmsg_multishot(s, mc_fd_, &rx_msg_, 0);
+  s->flags |= IOSQE_BUFFER_SELECT;
+  s->buf_group = kBufGroup;
+  io_uring_sqe_set_data64(s, kMcRxTag);
+  mc_armed_ = true;
+}
+
+// The wildcard socket on mcast_port that group datagrams arrive on. A
+// socket bound to our unicast address (the base port's) never sees them.
+bool UdpLink::open_mc() {
+  if (mc_fd_ >= 0) return true;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(cfg_.mcast_port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return false;
+  }
+  setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  set_buf(fd, SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
+  mc_fd_ = fd;
+  arm_mc_recv();
+  io_uring_submit(&ring_);
+  return true;
+}
+
+bool UdpLink::join_group(uint32_t group, bool join) {
+  if (!ok() || !cfg_.mcast_port || (join && !open_mc()) || mc_fd_ < 0) return false;
+  ip_mreq m{};
+  m.imr_multiaddr.s_addr = htonl(group);
+  m.imr_interface.s_addr = htonl(cfg_.local_ip);
+  return setsockopt(mc_fd_, IPPROTO_IP, join ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &m, sizeof(m)) == 0;
 }
 
 void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
@@ -232,7 +282,10 @@ void UdpLink::reap(RxSink* sink, size_t& delivered) {
         else stats_.tx++;
         continue;
       }
-      if (!(local[i].flags & IORING_CQE_F_MORE)) rx_armed_ = false;
+      if (!(local[i].flags & IORING_CQE_F_MORE)) {
+        if (local[i].data == kMcRxTag) mc_armed_ = false;
+        else rx_armed_ = false;
+      }
       if (local[i].res < 0) {
         if (local[i].res == -ENOBUFS) stats_.rx_nobufs++;
         continue;
@@ -292,6 +345,7 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   }
   reap(&sink, delivered);
   if (!rx_armed_) arm_recv();
+  if (mc_fd_ >= 0 && !mc_armed_) arm_mc_recv();
   if (delivered == 0 && timeout_ns > 0) {
     __kernel_timespec ts;
     ts.tv_sec = int64_t(timeout_ns / 1'000'000'000ull);
@@ -303,8 +357,9 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   } else if (io_uring_sq_ready(&ring_)) {
     io_uring_submit(&ring_);
   }
-  if (!rx_armed_) {
-    arm_recv();
+  if (!rx_armed_ || (mc_fd_ >= 0 && !mc_armed_)) {
+    if (!rx_armed_) arm_recv();
+    if (mc_fd_ >= 0 && !mc_armed_) arm_mc_recv();
     io_uring_submit(&ring_);
   }
   return delivered;

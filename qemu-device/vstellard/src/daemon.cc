@@ -72,6 +72,7 @@ bool Daemon::Start(std::string* err) {
     lc.local_ip = o_.ip;
     lc.base_port = o_.udp_port;
     lc.num_paths = o_.paths;
+    lc.mcast_port = uint16_t((o_.peer_port ? o_.peer_port : o_.udp_port) + DeviceShared::kMcastPortOffset);
     auto udp = std::make_unique<vstellar::UdpLink>(lc);
     if (!udp->ok()) {
       *err = "udp link: " + udp->error();

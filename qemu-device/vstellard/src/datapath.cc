@@ -437,7 +437,9 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   if (av.reserved[0] || av.reserved[1] || std::memcmp(av.dgid, v4mapped, 12) != 0 || ip == 0 ||
       sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) || qpn > 0xffffff)
     return St(WcStatus::LOC_QP_OP_ERR);
-  ud->peer = vstellar::Endpoint{ip, sh_.peer_port};
+  // A multicast group (224.0.0.0/4) is reached through IP multicast on the
+  // port every vstellard listens on for groups (docs/transport.md).
+  ud->peer = vstellar::Endpoint{ip, (ip & 0xf0000000u) == 0xe0000000u ? sh_.mcast_port() : sh_.peer_port};
   ud->remote_qpn = qpn;
   ud->remote_qkey = le32toh(w.u.ud.remote_qkey);
   ud->sgid = sgid->second;

@@ -158,6 +158,15 @@ class Engine {
   size_t cq_footprint(uint32_t cqe) const;
   // A GSI QP answers to QP 1 for exactly these GIDs (its owner's).
   int set_gsi_gids(Qp* qp, const std::vector<Gid>& gids);
+  // UD multicast: attach a UD QP to the group `mgid` (an IPv4-mapped GID in
+  // 224.0.0.0/4) or detach it. Attaching twice is no error; EINVAL for a
+  // QP that is not UD, a GID that is not a group, or a detach of a QP that
+  // is not attached; ENOSPC beyond DeviceLimits::kMaxMcast*; EIO if the
+  // link cannot join the group. UD sends to the group's GID reach every
+  // attached QP with the right Q_Key, here and on every engine whose link
+  // joined it. destroy_qp detaches.
+  int attach_mcast(Qp* qp, const Gid& mgid);
+  int detach_mcast(Qp* qp, const Gid& mgid);
   Qp* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
 

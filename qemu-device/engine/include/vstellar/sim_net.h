@@ -66,6 +66,9 @@ class SimNet : public Clock {
   void run_for(uint64_t ns);
 
   void enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint8_t> bytes);
+  // IPv4 multicast: a datagram to a group (224.0.0.0/4) goes to every node
+  // that joined it (the sender too, as IP_MULTICAST_LOOP does).
+  void join_group(uint32_t node, uint32_t group, bool join);
 
  private:
   struct Event {
@@ -89,7 +92,8 @@ class SimNet : public Clock {
   bool burst_bad_ = false;
   std::map<uint32_t, std::unique_ptr<Link>> links_;
   std::map<uint32_t, Engine*> engines_;
-  std::map<uint32_t, uint64_t> link_free_;  // bottleneck: when each destination is free
+  std::map<uint32_t, uint64_t> link_free_;
+  std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes  // bottleneck: when each destination is free
   std::priority_queue<Event, std::vector<Event>, Later> events_;
 };
 

@@ -135,6 +135,8 @@ struct DeviceLimits {
   static constexpr uint64_t kMaxMsgSize = 1ull << 31;
   static constexpr uint32_t kMaxQpn = 0xFFFFFF;
   static constexpr uint32_t kFirstQpn = 0x11;  // lower QPNs are reserved (QP0, QP1)
+  static constexpr uint32_t kMaxMcastGroups = 256;    // multicast groups with a QP attached
+  static constexpr uint32_t kMaxMcastQpAttach = 64;   // QPs attached to one group
 };
 
 // Where a peer engine lives: IPv4 address (host byte order) and the UDP port

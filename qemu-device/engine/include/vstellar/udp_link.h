@@ -33,6 +33,10 @@ struct UdpLinkConfig {
   uint32_t tx_slots = 512;         // sends in flight per flush
   int sock_buf = 16 << 20;         // SO_RCVBUF/SO_SNDBUF (forced when root)
   bool ecn = true;
+  // UD multicast: a datagram to IPv4 group G goes to G:mcast_port, where a
+  // socket bound to the wildcard address (SO_REUSEADDR, so every engine of
+  // the host has one) receives what the groups joined bring. 0: none.
+  uint16_t mcast_port = 0;
 };
 
 class RxSink {
@@ -59,6 +63,7 @@ class UdpLink final : public Link {
   void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
             const HostSpan* payload, size_t nspans) override;
   void flush() override;
+  bool join_group(uint32_t group, bool join) override;
 
   // Hand every datagram that has arrived to `sink`; if none has, block up to
   // timeout_ns first (0 = do not block). Returns how many were delivered.
@@ -79,6 +84,8 @@ class UdpLink final : public Link {
   };
   io_uring_sqe* sqe();
   void arm_recv();
+  void arm_mc_recv();
+  bool open_mc();
   void handle_cqe(io_uring_cqe* cqe, RxSink* sink, size_t& delivered);
   void reap(RxSink* sink, size_t& delivered);
 
@@ -99,6 +106,9 @@ class UdpLink final : public Link {
   size_t rx_buf_len_ = 0;
   msghdr rx_msg_{};
   bool rx_armed_ = false;
+  // multicast socket (opened at the first join) and its multishot receive
+  int mc_fd_ = -1;
+  bool mc_armed_ = false;
   // stashed receive completions seen while flush() waited for sends
   struct Stashed { int32_t res; uint32_t flags; };
   std::vector<Stashed> stash_;

@@ -52,6 +52,7 @@ class Commands {
   bool WindowsOn() const;
   uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
   void ReleaseGid(const vstellar::Gid& g);
+  uint16_t McastCommand(uint32_t uctx, const uint8_t* b, bool attach);
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);

@@ -23,6 +23,10 @@ struct DeviceShared {
   bool require_sealed_memory = true;  // Pvdma::set_require_sealed
   TranslationMode translation = TranslationMode::kEmtt;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
+  // UD multicast: datagrams to IPv4 group G go to G:mcast_port, which every
+  // vstellard listens on (kMcastPortOffset above the peers' base port).
+  static constexpr uint16_t kMcastPortOffset = 256;
+  uint16_t mcast_port() const { return uint16_t(peer_port + kMcastPortOffset); }
   uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
   // GIDs (addresses) this daemon serves: the IPv4-mapped --ip, the address
   // its sockets are bound to. ADD_GID takes only these, and each one belongs
