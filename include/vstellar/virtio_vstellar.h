@@ -104,6 +104,8 @@
  * destination GID is a multicast group reach every QP attached to it.
  */
 #define VIRTIO_VSTELLAR_F_MCAST		11
+/* RESIZE_SRQ (minor 3): an SRQ moves to a ring of another size. */
+#define VIRTIO_VSTELLAR_F_RESIZE_SRQ	12
 
 /*
  * Every device feature bit, once: the driver negotiates this list and the
@@ -121,7 +123,8 @@
 	X(VIRTIO_VSTELLAR_F_RESIZE_CQ)					\
 	X(VIRTIO_VSTELLAR_F_MW)						\
 	X(VIRTIO_VSTELLAR_F_MEM_MGT)					\
-	X(VIRTIO_VSTELLAR_F_MCAST)
+	X(VIRTIO_VSTELLAR_F_MCAST)					\
+	X(VIRTIO_VSTELLAR_F_RESIZE_SRQ)
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -282,7 +285,10 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_fast_reg_pages, 116);
 	X(ATTACH_MCAST,	    0x1d, VSTELLAR_BODY(vstellar_cmd_mcast),		\
 	  VSTELLAR_NO_BODY, 0)						\
 	X(DETACH_MCAST,	    0x1e, VSTELLAR_BODY(vstellar_cmd_mcast),		\
-	  VSTELLAR_NO_BODY, 0)
+	  VSTELLAR_NO_BODY, 0)						\
+	/* minor 3, VIRTIO_VSTELLAR_F_RESIZE_SRQ */				\
+	X(RESIZE_SRQ,	    0x1f, VSTELLAR_BODY(vstellar_cmd_resize_srq),	\
+	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES)
 
 enum vstellar_cmd_opcode {
 #define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
@@ -785,7 +791,7 @@ struct vstellar_resp_create_srq {
 VSTELLAR_ABI_SIZE(vstellar_resp_create_srq, 16);
 
 /* MODIFY_SRQ: attr_mask bits, the IB numbering (ib_srq_attr_mask) */
-#define VSTELLAR_SRQ_MAX_WR		(1u << 0) /* resizing: UNSUPPORTED */
+#define VSTELLAR_SRQ_MAX_WR		(1u << 0) /* resizing: RESIZE_SRQ instead */
 #define VSTELLAR_SRQ_LIMIT		(1u << 1)
 struct vstellar_cmd_modify_srq {
 	__le32 srqn;
@@ -794,6 +800,31 @@ struct vstellar_cmd_modify_srq {
 	__le32 reserved;
 };
 VSTELLAR_ABI_SIZE(vstellar_cmd_modify_srq, 16);
+
+/*
+ * RESIZE_SRQ (minor 3, F_RESIZE_SRQ), followed by num_pages addresses of
+ * the new ring: 1 << log_wqe slots of the SRQ's stride, zeroed by the
+ * driver. The device first takes every WQE posted in the old ring (up to
+ * the slot's pi) as it would anyway, then reads WQEs from the new ring;
+ * indices stay free-running, so the next WQE is at pi & ((1 << log_wqe) -
+ * 1) of the new ring, and wqe_idx in later CQEs names slots of it. The
+ * driver must not post to the SRQ while the command runs, and it keeps at
+ * most 1 << log_wqe WQEs outstanding from then on. LIMIT beyond max_srq_wr;
+ * BAD_FIELD when the new ring cannot hold the WQEs posted and not yet
+ * taken by a QP, or the armed limit; BAD_STATE for a failed SRQ or a pi
+ * the device cannot take up to. On failure the SRQ is unchanged (except
+ * that posted WQEs may have been taken).
+ */
+struct vstellar_cmd_resize_srq {
+	__le32 srqn;
+	__u8 log_wqe;
+	__u8 page_shift;
+	__le16 reserved0;
+	__le32 num_pages;
+	__le32 reserved1;
+	__le64 ring_offset;	/* byte offset of the ring in the first page */
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_resize_srq, 24);
 
 /* QUERY_SRQ: vstellar_cmd_handle body; response: */
 struct vstellar_resp_query_srq {

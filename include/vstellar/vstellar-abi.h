@@ -125,6 +125,18 @@ struct vstellar_create_srq {
 	__u32 comp_mask;		/* 0 */
 };
 
+/*
+ * modify_srq with IBV_SRQ_MAX_WR (F_RESIZE_SRQ): the new ring, 1 << log_wqe
+ * slots of the SRQ's stride at buf_addr, page aligned and zeroed. Without
+ * IBV_SRQ_MAX_WR the provider passes no driver data.
+ */
+struct vstellar_modify_srq {
+	__aligned_u64 buf_addr;
+	__u8 log_wqe;
+	__u8 reserved[3];
+	__u32 comp_mask;		/* 0 */
+};
+
 struct vstellar_create_srq_resp {
 	__u32 srqn;
 	__u32 db_slot;			/* struct vstellar_db_srq in the doorbell page */

@@ -147,6 +147,7 @@ struct vstellar_srq {
 	u32 max_sge;			/* as granted at create */
 	u8 log_wqe, log_stride;
 	struct ib_umem *umem;		/* user SRQs */
+	struct mutex resize_mutex;	/* user SRQs: RESIZE_SRQ and umem swap */
 	/*
 	 * Kernel SRQs: the ring, WQEs posted and WQEs completed (both
 	 * free-running). Completions arrive on the CQs of every QP on the

@@ -561,6 +561,27 @@ int vstellar_cmd_modify_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
 				 &cmd, sizeof(cmd), NULL, 0, NULL, 0);
 }
 
+int vstellar_cmd_resize_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			    u8 log_wqe, const struct vstellar_pages *ring)
+{
+	struct vstellar_cmd_resize_srq cmd = {
+		.srqn = cpu_to_le32(srqn),
+		.log_wqe = log_wqe,
+		.page_shift = __ffs(ring->pgsz),
+		.num_pages = cpu_to_le32(ring->npages),
+		.ring_offset = cpu_to_le64(ring->offset),
+	};
+	u32 num_pages;
+	__le64 *pages;
+
+	pages = vstellar_page_list(dev, VSTELLAR_CMD_RESIZE_SRQ, &ring, 1,
+				   &num_pages);
+	if (IS_ERR(pages))
+		return PTR_ERR(pages);
+	return vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_SRQ, uctx,
+				 &cmd, sizeof(cmd), pages, num_pages, NULL, 0);
+}
+
 int vstellar_cmd_query_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
 			   struct ib_srq_attr *attr)
 {

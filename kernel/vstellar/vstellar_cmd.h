@@ -184,6 +184,9 @@ int vstellar_cmd_create_srq(struct vstellar_dev *dev, u32 uctx,
 			    struct vstellar_create_srq_result *res);
 
 /* Arms SRQ_LIMIT_REACHED (0 disarms): the only attribute that changes. */
+/* F_RESIZE_SRQ: the SRQ reads its WQEs from ring (1 << log_wqe slots) */
+int vstellar_cmd_resize_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
+			    u8 log_wqe, const struct vstellar_pages *ring);
 int vstellar_cmd_modify_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
 			    u32 srq_limit);
 

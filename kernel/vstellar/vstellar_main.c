@@ -63,6 +63,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_UC,
 	VIRTIO_VSTELLAR_F_RESIZE_CQ,
 	VIRTIO_VSTELLAR_F_MCAST,
+	VIRTIO_VSTELLAR_F_RESIZE_SRQ,
 };
 
 /* ---------------------------------------------------------------- */

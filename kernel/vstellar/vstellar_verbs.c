@@ -87,6 +87,8 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 	if (caps & VSTELLAR_DEVCAP_SYS_IMAGE_GUID)
 		props->device_cap_flags |= IB_DEVICE_SYS_IMAGE_GUID;
 	props->device_cap_flags |= IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_RESIZE_SRQ))
+		props->device_cap_flags |= IB_DEVICE_SRQ_RESIZE;
 	if (dev->kdb)
 		props->kernel_cap_flags |= IBK_LOCAL_DMA_LKEY;
 	if (dev->features & BIT(VIRTIO_VSTELLAR_F_MW)) {
@@ -834,6 +836,7 @@ int vstellar_create_user_srq(struct ib_srq *ibsrq,
 	srq->ucontext = vstellar_uctx_handle(udata);
 	srq->log_wqe = ucmd.log_wqe;
 	srq->log_stride = ucmd.log_stride;
+	mutex_init(&srq->resize_mutex);
 	params.pdn = to_vpd(ibsrq->pd)->pdn;
 	params.log_wqe = srq->log_wqe;
 	params.log_stride = srq->log_stride;
@@ -876,19 +879,74 @@ err_umem:
 }
 
 /* User and kernel SRQs: only the limit changes (no resizing). */
+/*
+ * IB_SRQ_MAX_WR (F_RESIZE_SRQ, user SRQs): the provider hands a new zeroed
+ * ring of the same stride; the device takes what the old ring holds and
+ * reads the new one from then on. resize_mutex keeps the ring the device
+ * reads the pinned one when a process races two resizes.
+ */
+static int vstellar_resize_user_srq(struct vstellar_srq *srq,
+				    struct ib_srq_attr *attr,
+				    struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(srq->ibsrq.device);
+	struct vstellar_modify_srq ucmd;
+	struct vstellar_pages pages;
+	struct vstellar_ring r;
+	struct ib_umem *old;
+	int err;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RESIZE_SRQ)) || !srq->umem)
+		return -EOPNOTSUPP;
+	if (!udata || udata->inlen < offsetofend(typeof(ucmd), log_wqe))
+		return -EINVAL;
+	err = ib_copy_from_udata(&ucmd, udata, min(sizeof(ucmd), udata->inlen));
+	if (err)
+		return err;
+	if (ucmd.comp_mask || ucmd.reserved[0] || ucmd.reserved[1] ||
+	    ucmd.reserved[2] || ucmd.log_wqe > VSTELLAR_MAX_LOG_WQE ||
+	    (1U << ucmd.log_wqe) < attr->max_wr ||
+	    (1U << ucmd.log_wqe) > le32_to_cpu(dev->attr.max_srq_wr))
+		return -EINVAL;
+	err = vstellar_ring_get(dev, &r, ucmd.buf_addr,
+				(size_t)1 << (ucmd.log_wqe + srq->log_stride));
+	if (err)
+		return err;
+	vstellar_pages_of_umem(&pages, r.umem, r.pgsz);
+
+	mutex_lock(&srq->resize_mutex);
+	err = vstellar_cmd_resize_srq(dev, srq->ucontext, srq->srqn,
+				      ucmd.log_wqe, &pages);
+	if (err) {
+		mutex_unlock(&srq->resize_mutex);
+		ib_umem_release(r.umem);
+		return err == -ENOSPC ? -EINVAL : err;
+	}
+	old = srq->umem;
+	srq->umem = r.umem;
+	srq->log_wqe = ucmd.log_wqe;
+	mutex_unlock(&srq->resize_mutex);
+	ib_umem_release(old);
+	return 0;
+}
+
 int vstellar_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 			enum ib_srq_attr_mask attr_mask,
 			struct ib_udata *udata)
 {
 	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	int err;
 
 	if (attr_mask & ~(IB_SRQ_MAX_WR | IB_SRQ_LIMIT))
 		return -EINVAL;
-	if (attr_mask & IB_SRQ_MAX_WR)
-		return -EOPNOTSUPP;
-	if (udata && udata->inlen &&
-	    !ib_is_udata_cleared(udata, 0, udata->inlen))
+	if (attr_mask & IB_SRQ_MAX_WR) {
+		err = vstellar_resize_user_srq(srq, attr, udata);
+		if (err)
+			return err;
+	} else if (udata && udata->inlen &&
+		   !ib_is_udata_cleared(udata, 0, udata->inlen)) {
 		return -EINVAL;
+	}
 	if (!(attr_mask & IB_SRQ_LIMIT))
 		return 0;
 	if (attr->srq_limit >= (1U << srq->log_wqe))

@@ -749,14 +749,65 @@ err_free:
 }
 
 /* Only the limit can change (arming SRQ_LIMIT_REACHED); no resizing. */
+/*
+ * IBV_SRQ_MAX_WR (F_RESIZE_SRQ): a new zeroed ring of the same stride; the
+ * device takes what the old ring holds and reads the new one from then on,
+ * at the same free-running indices. The WQE lock is held across the
+ * command, so nothing is posted into the old ring meanwhile; the WQEs
+ * outstanding (posted, not completed) must fit the new ring.
+ */
 int vstellar_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
 			int attr_mask)
 {
-	struct ibv_modify_srq cmd;
+	struct vstellar_context *ctx = to_vctx(ibsrq->context);
+	struct vstellar_srq *srq = to_vsrq(ibsrq);
+	struct vstellar_modify_srq_cmd cmd = {};
+	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
+				1U << VSTELLAR_MAX_LOG_WQE);
+	uint32_t log_wqe, ci;
+	size_t size;
+	void *ring;
+	int ret;
 
-	if (attr_mask & ~IBV_SRQ_LIMIT)
+	if (attr_mask & ~(IBV_SRQ_LIMIT | IBV_SRQ_MAX_WR))
 		return EOPNOTSUPP;
-	return ibv_cmd_modify_srq(ibsrq, attr, attr_mask, &cmd, sizeof(cmd));
+	if (!(attr_mask & IBV_SRQ_MAX_WR))
+		return ibv_cmd_modify_srq(ibsrq, attr, attr_mask, &cmd.ibv_cmd,
+					  sizeof(cmd.ibv_cmd));
+	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_RESIZE_SRQ)))
+		return EOPNOTSUPP;
+	if (attr->max_wr < 1 || attr->max_wr > max_wr)
+		return EINVAL;
+	log_wqe = log2_up(attr->max_wr);
+	ring = vstellar_ring_alloc((size_t)1 << (log_wqe + srq->wq.log_stride),
+				   &size);
+	if (!ring)
+		return ENOMEM;
+	cmd.drv.buf_addr = (uintptr_t)ring;
+	cmd.drv.log_wqe = log_wqe;
+
+	pthread_spin_lock(&srq->wq.lock);
+	ci = atomic_load_explicit((_Atomic(uint32_t) *)&srq->wq.ci,
+				  memory_order_relaxed);
+	if (srq->wq.pi - ci > (1U << log_wqe)) {
+		ret = EINVAL;
+		goto err;
+	}
+	ret = ibv_cmd_modify_srq(ibsrq, attr, attr_mask, &cmd.ibv_cmd,
+				 sizeof(cmd));
+	if (ret)
+		goto err;
+	vstellar_ring_free(srq->wq.ring, srq->wq.ring_size);
+	srq->wq.ring = ring;
+	srq->wq.ring_size = size;
+	srq->wq.log_wqe = log_wqe;
+	pthread_spin_unlock(&srq->wq.lock);
+	return 0;
+
+err:
+	pthread_spin_unlock(&srq->wq.lock);
+	vstellar_ring_free(ring, size);
+	return ret;
 }
 
 int vstellar_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr)

@@ -62,6 +62,11 @@ struct vstellar_resize_cq_cmd_resp {
 	struct vstellar_resize_cq_resp drv;
 };
 
+struct vstellar_modify_srq_cmd {
+	struct ibv_modify_srq ibv_cmd;
+	struct vstellar_modify_srq drv;
+};
+
 struct vstellar_create_qp_cmd {
 	struct ibv_create_qp ibv_cmd;
 	struct vstellar_create_qp drv;

@@ -207,5 +207,29 @@ TEST(Srq, AQpEnteringErrorFlushesWhatItTookAndReportsItsLastWqe) {
   EXPECT_EQ(s.srq->room(), s.srq->max_wr() - 3);
 }
 
+// resize_srq keeps the WQEs posted and not yet taken, in order, and gives
+// the new number of slots; it refuses sizes below them or the armed limit.
+TEST(Srq, ResizeKeepsPostedWqesInOrder) {
+  SrqPair t(1, SrqInitAttr{4, 1, 0});
+  Engine& e = *t.p.b.eng;
+  for (uint64_t i = 0; i < 4; i++) ASSERT_EQ(t.post_srq(0x10 + i, i * kMsg), 0);
+  EXPECT_EQ(t.srq->room(), 0u);
+  EXPECT_EQ(e.resize_srq(t.srq, 3), EINVAL) << "fewer slots than WQEs posted";
+  EXPECT_EQ(e.resize_srq(t.srq, DeviceLimits::kMaxQpWr + 1), EINVAL);
+  ASSERT_EQ(e.resize_srq(t.srq, 16), 0);
+  EXPECT_EQ(t.srq->max_wr(), 16u);
+  EXPECT_EQ(t.srq->room(), 12u);
+  for (uint64_t i = 4; i < 8; i++) ASSERT_EQ(t.post_srq(0x10 + i, i * kMsg), 0);
+  for (uint8_t tag = 1; tag <= 8; tag++) ASSERT_EQ(t.send(0, tag), 0);
+  auto rc = t.p.wait(t.p.b, t.p.b.rcq, 8);
+  ASSERT_EQ(rc.size(), 8u);
+  for (uint64_t i = 0; i < 8; i++) {
+    EXPECT_EQ(rc[i].status, WcStatus::SUCCESS);
+    EXPECT_EQ(rc[i].wr_id, 0x10 + i);
+  }
+  ASSERT_EQ(e.modify_srq(t.srq, 5), 0);
+  EXPECT_EQ(e.resize_srq(t.srq, 4), EINVAL) << "the armed limit must stay below max_wr";
+}
+
 }  // namespace
 }  // namespace vstellar::test

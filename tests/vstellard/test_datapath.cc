@@ -67,6 +67,8 @@ struct GQp {
 struct GSrq {
   uint32_t srqn = 0, slot = 0;
   uint32_t pi = 0;
+  uint64_t gpa = kSrqGpa;  // the ring (RESIZE_SRQ moves it)
+  uint32_t log = kSrqLog;
 };
 
 // One guest: a user context with a PD, a CQ, an MR and QPs, driven like the
@@ -238,7 +240,7 @@ struct Guest {
     return q;
   }
   void PostSrqRecv(GSrq& q, uint64_t wr_id, const std::vector<vstellar_sge>& sges) {
-    uint8_t* s = f.mem() + kSrqGpa + (q.pi & ((1u << kSrqLog) - 1)) * 64;
+    uint8_t* s = f.mem() + q.gpa + (q.pi & ((1u << q.log) - 1)) * 64;
     vstellar_recv_wqe w{};
     w.wr_id = wr_id;
     w.num_sge = uint32_t(sges.size());
@@ -1721,6 +1723,71 @@ TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
   c = B.Poll();
   ASSERT_TRUE(c);
   EXPECT_EQ(c->wr_id, 0x30u);
+}
+
+// RESIZE_SRQ: the WQEs posted in the old ring are taken first, later ones
+// come from the new ring at the same free-running indices; every receive
+// completes once, in posting order. Hostile requests fail alone.
+TEST_F(DataPath, ResizeSrqKeepsEveryPostedWqe) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  GSrq srq = B.CreateSrq();
+  ASSERT_NE(srq.srqn, 0u);
+  GQp qa = A.CreateQp(), qb = B.CreateQpOnSrq(srq.srqn);
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  for (uint32_t i = 0; i < 14; i++) B.PostSrqRecv(srq, 0x60 + i, {B.Sge(256 * i, 256)});
+  auto resize = [&](uint32_t srqn, uint8_t log, uint64_t gpa, uint32_t pages, uint8_t shift = 12) {
+    std::memset(B.f.mem() + gpa, 0, 4096ull * pages);
+    vstellar_cmd_resize_srq c{};
+    c.srqn = srqn;
+    c.log_wqe = log;
+    c.page_shift = shift;
+    c.num_pages = pages;
+    std::vector<uint64_t> pl;
+    for (uint32_t i = 0; i < pages; i++) pl.push_back(gpa + 4096ull * i);
+    auto body = WithPages(&c, sizeof(c), pl);
+    return B.Cmd(VSTELLAR_CMD_RESIZE_SRQ, body.data(), body.size(), 0).status();
+  };
+  // Hostile: smaller than the 14 WQEs posted, beyond max_srq_wr, a page
+  // list of the wrong size, another context's SRQ, reserved bits.
+  EXPECT_EQ(resize(srq.srqn, 3, 0x3f1000, 1), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(resize(srq.srqn, 17, 0x3f1000, 1), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(resize(srq.srqn, 7, 0x3f1000, 1), VSTELLAR_STATUS_BAD_FIELD);  // 8 KiB: two pages
+  EXPECT_EQ(resize(0xbad, 6, 0x3f1000, 1), VSTELLAR_STATUS_BAD_HANDLE);
+  {
+    vstellar_cmd_resize_srq c{};
+    c.srqn = srq.srqn;
+    c.log_wqe = 6;
+    c.page_shift = 12;
+    c.num_pages = 1;
+    c.reserved1 = 1;
+    auto body = WithPages(&c, sizeof(c), {0x3f1000});
+    EXPECT_EQ(B.Cmd(VSTELLAR_CMD_RESIZE_SRQ, body.data(), body.size(), 0).status(), VSTELLAR_STATUS_BAD_FIELD);
+    c.reserved1 = 0;
+    body = WithPages(&c, sizeof(c), {0x3f1000});
+    EXPECT_EQ(A.Cmd(VSTELLAR_CMD_RESIZE_SRQ, body.data(), body.size(), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+  }
+  // 64 slots: WQEs 14..19 go into the new ring, slots 14..19 of it.
+  ASSERT_EQ(resize(srq.srqn, 6, 0x3f1000, 1), 0);
+  srq.gpa = 0x3f1000;
+  srq.log = 6;
+  for (uint32_t i = 14; i < 20; i++) B.PostSrqRecv(srq, 0x60 + i, {B.Sge(256 * i, 256)});
+  vstellar_cmd_handle h{srq.srqn, 0};
+  CmdResult r = B.Cmd(VSTELLAR_CMD_QUERY_SRQ, &h, sizeof(h), sizeof(vstellar_resp_query_srq));
+  ASSERT_EQ(r.status(), 0);
+  EXPECT_EQ(As<vstellar_resp_query_srq>(r).max_wr, 64u);
+  for (uint32_t i = 0; i < 20; i++) {
+    A.PostSend(qa, Wqe(VSTELLAR_WR_SEND, i), {A.Sge(0, 100)});
+    auto c = B.Poll();
+    ASSERT_TRUE(c) << i;
+    EXPECT_EQ(c->status, 0);
+    EXPECT_EQ(c->wr_id, 0x60u + i);
+    EXPECT_TRUE(c->wc_flags & VSTELLAR_CQE_SRQ);
+    ASSERT_TRUE(A.Poll());
+  }
 }
 
 }  // namespace

@@ -386,6 +386,7 @@ int Engine::post_recv(Qp* qp, const RecvWr& wr, WcStatus* why) {
 }
 Srq* Engine::create_srq(Pd* pd, const SrqInitAttr& init) { return core_->create_srq(pd, init); }
 int Engine::modify_srq(Srq* srq, uint32_t limit) { return core_->modify_srq(impl(srq), limit); }
+int Engine::resize_srq(Srq* srq, uint32_t max_wr) { return core_->resize_srq(impl(srq), max_wr); }
 int Engine::destroy_srq(Srq* srq) { return core_->destroy_srq(impl(srq)); }
 int Engine::post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why) {
   return core_->post_srq_recv(impl(srq), wr, why);

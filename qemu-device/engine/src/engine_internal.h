@@ -288,6 +288,7 @@ class EngineCore {
   int set_gsi_gids(QpImpl* qp, const std::vector<Gid>& gids);
   SrqImpl* create_srq(Pd* pd, const SrqInitAttr& init);
   int modify_srq(SrqImpl* srq, uint32_t limit);
+  int resize_srq(SrqImpl* srq, uint32_t max_wr);
   int destroy_srq(SrqImpl* srq);
   int post_srq_recv(SrqImpl* srq, const RecvWr& wr, WcStatus* why);
   // srq.cc: a QP on an SRQ takes WQEs until it holds `want` uncompleted

@@ -32,6 +32,17 @@ int EngineCore::modify_srq(SrqImpl* srq, uint32_t limit) {
   return 0;
 }
 
+int EngineCore::resize_srq(SrqImpl* srq, uint32_t max_wr) {
+  if (!owns_srq(srq) || max_wr < 1 || max_wr > DeviceLimits::kMaxQpWr || max_wr < srq->posted() ||
+      srq->limit_ >= max_wr)
+    return EINVAL;
+  std::vector<RecvWqe> ring(max_wr);
+  for (uint64_t i = srq->head; i < srq->tail; i++) ring[i % max_wr] = srq->at(i);
+  srq->ring = std::move(ring);
+  srq->max_wr_ = max_wr;
+  return 0;
+}
+
 int EngineCore::destroy_srq(SrqImpl* srq) {
   if (!owns_srq(srq)) return EINVAL;
   if (srq->refs) return EBUSY;

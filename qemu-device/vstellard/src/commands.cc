@@ -908,6 +908,32 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_SRQ>(uint32_t uctx, const uint8_t* b,
 }
 
 template <>
+uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ))) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_resize_srq>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t n = le32toh(cmd.num_pages), shift = cmd.page_shift;
+  const uint64_t off = le64toh(cmd.ring_offset);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
+  if (cmd.reserved0 || cmd.reserved1) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.srqs.find(le32toh(cmd.srqn));
+  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr)) return VSTELLAR_STATUS_LIMIT;
+  const uint32_t log_stride = it->second.ring.log_stride;
+  if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  RingGeom ring;
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &ring.pages)) return s;
+  ring.shift = shift;
+  ring.offset = off;
+  ring.log_n = cmd.log_wqe;
+  ring.log_stride = log_stride;
+  return dp_.ResizeSrq(it->first, ring);
+}
+
+template <>
 uint16_t Commands::Run<VSTELLAR_CMD_QUERY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;

@@ -580,6 +580,30 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
   return work;
 }
 
+// RESIZE_SRQ: every WQE posted in the old ring is taken first (so none is
+// left behind in it), then the engine's SRQ is resized and the ring
+// replaced; indices stay free-running. Commands and the data path share
+// the daemon's thread, so no doorbell is read meanwhile.
+uint16_t DataPath::ResizeSrq(uint32_t h, const RingGeom& ring) {
+  SrqObj& s = obj_.srqs.at(h);
+  uint8_t* page = s.broken ? nullptr : DbPage(s.owner);
+  if (!page) return VSTELLAR_STATUS_BAD_STATE;
+  uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * s.slot;
+  for (;;) {
+    uint32_t budget = UINT32_MAX;
+    const uint32_t before = s.ci;
+    ServiceSrq(h, s, slot, budget);
+    if (s.broken) return VSTELLAR_STATUS_BAD_STATE;
+    if (s.ci == LoadLe32(slot + offsetof(vstellar_db_srq, pi))) break;
+    // The engine's SRQ is full: more WQEs outstanding than the SRQ holds.
+    if (s.ci == before) return VSTELLAR_STATUS_BAD_STATE;
+  }
+  if (sh_.engine->resize_srq(s.srq, 1u << ring.log_n)) return VSTELLAR_STATUS_BAD_FIELD;
+  s.ring = ring;
+  s.blocked = false;
+  return VSTELLAR_STATUS_OK;
+}
+
 void DataPath::SrqToErr(uint32_t h, SrqObj& s, uint32_t info) {
   s.broken = true;
   events_.PostEvent(VSTELLAR_EV_SRQ_ERR, h, s.owner, info);

@@ -113,7 +113,8 @@ DeviceConfig DeviceConfig::Default() {
   d.device_features = Bit(VIRTIO_VSTELLAR_F_RC) | Bit(VIRTIO_VSTELLAR_F_UD) | Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS) |
                       Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ) |
                       Bit(VIRTIO_VSTELLAR_F_MEM_MGT) | Bit(VIRTIO_VSTELLAR_F_MW) |
-                      Bit(VIRTIO_VSTELLAR_F_UC) | Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ) | Bit(VIRTIO_VSTELLAR_F_MCAST);
+                      Bit(VIRTIO_VSTELLAR_F_UC) | Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ) | Bit(VIRTIO_VSTELLAR_F_MCAST) |
+                      Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ);
   return d;
 }
 

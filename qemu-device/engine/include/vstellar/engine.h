@@ -148,6 +148,10 @@ class Engine {
   // SRQ's max_sge, lkeys in the SRQ's PD with lkeys_at_post).
   Srq* create_srq(Pd* pd, const SrqInitAttr& init);  // nullptr on bad attributes
   int modify_srq(Srq* srq, uint32_t limit);  // limit < max_wr; 0 disarms
+  // IB_SRQ_MAX_WR: max_wr slots from now on, the WQEs posted and not yet
+  // taken kept in order. EINVAL below those WQEs, below or at the armed
+  // limit, or beyond DeviceLimits::kMaxQpWr.
+  int resize_srq(Srq* srq, uint32_t max_wr);
   int destroy_srq(Srq* srq);
   int post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why = nullptr);
   // Host memory the engine holds for an object of these attributes (its

@@ -68,6 +68,9 @@ class DataPath {
   // polled; *moved says how many. A VSTELLAR_STATUS_*; on failure the CQ
   // is unchanged.
   uint16_t ResizeCq(uint32_t cqh, const CqObj& geom, uint32_t* moved);
+  // RESIZE_SRQ: SRQ `h` takes what its old ring holds, then reads `ring`
+  // (same stride). A VSTELLAR_STATUS_*.
+  uint16_t ResizeSrq(uint32_t h, const RingGeom& ring);
   // After MODIFY_QP moved a QP to `next`: RESET forgets every WQE; WQEs
   // posted before the QP could take them are picked up now.
   void OnQpModified(QpObj& q, uint8_t next);
