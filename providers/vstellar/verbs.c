@@ -422,13 +422,17 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
 				1U << VSTELLAR_MAX_LOG_WQE);
 	uint32_t sq_log_wqe, rq_log_wqe, sq_log_stride, rq_log_stride;
-	uint32_t send_bytes, recv_bytes, fit;
+	uint32_t send_bytes, recv_bytes, fit, comp_mask;
 	struct vstellar_qp *qp;
 	int ret;
 
+	/* create flags: none is supported, so only 0 is (pyverbs asks so) */
 	if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD |
-				IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ||
-	    !(attr->comp_mask & IBV_QP_INIT_ATTR_PD)) {
+				IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+				IBV_QP_INIT_ATTR_CREATE_FLAGS) ||
+	    !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+	     attr->create_flags)) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -518,8 +522,12 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 		cmd.drv.rq_log_wqe = rq_log_wqe;
 		cmd.drv.rq_log_stride = rq_log_stride;
 	}
+	/* create_flags is 0 (checked above): the command need not carry it */
+	comp_mask = attr->comp_mask;
+	attr->comp_mask &= ~IBV_QP_INIT_ATTR_CREATE_FLAGS;
 	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd.ibv_cmd,
 				   sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	attr->comp_mask = comp_mask;
 	if (ret) {
 		errno = ret;
 		goto err_rq;
