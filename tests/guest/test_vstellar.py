@@ -3,7 +3,7 @@ served by its own vstellard (tools/vstellar-guest --vstellar), unmodified
 verbs programs between them over the daemons' UDP transport.
 
 One boot of two guests runs everything (TCG boots are the cost): the device
-listing, ibv_rc_pingpong and ibv_ud_pingpong, perftest (one run connected through rdma_cm, -R)
+listing, ibv_rc_pingpong, ibv_ud_pingpong and ibv_uc_pingpong, perftest (one run connected through rdma_cm, -R)
 and rping (rdma_cm only: its CM messages travel on the device's QP1).
 Asserts behaviour (exit status, rows parsed, sizes and iterations as asked,
 the pings' payloads), never timings.
@@ -17,8 +17,10 @@ DEV = pt.VSTELLAR_DEVICE
 PINGPONG = ("ibv_rc_pingpong", "-g $GIDX -s 4096 -n 50")
 # UD: one datagram per message, within the port's active MTU (1024 here)
 UD_PINGPONG = ("ibv_ud_pingpong", "-g $GIDX -s 512 -n 50")
+# UC: no acknowledgements; 4 packets per message at MTU 1024, on one path
+UC_PINGPONG = ("ibv_uc_pingpong", "-g $GIDX -s 4096 -n 50")
 # perftest's -x: the IPv4-mapped GID (pt.VSTELLAR_SETUP finds its index).
-TESTS = [PINGPONG, UD_PINGPONG,
+TESTS = [PINGPONG, UD_PINGPONG, UC_PINGPONG,
          ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_read_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
          ("ib_send_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits"),
@@ -85,7 +87,7 @@ class VstellarTest(unittest.TestCase):
             self.assertIn(f"0000:0000:0000:0000:0000:ffff:0a4d:000{i + 1}", info)
 
     def test_pingpongs(self):
-        for tool, size in ((PINGPONG, 4096), (UD_PINGPONG, 512)):
+        for tool, size in ((PINGPONG, 4096), (UD_PINGPONG, 512), (UC_PINGPONG, 4096)):
             for i in range(2):
                 with self.subTest(tool=tool[0], guest=i):
                     out = "\n".join(self.sections[i].get(" ".join(tool), []))
