@@ -146,7 +146,9 @@ struct Guest {
     g.gid[12] = 127;
     g.gid[15] = ip_last;
     g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-    if (ip_last) ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
+    if (ip_last) {
+      ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
+    }
   }
   // UD/GSI: RESET -> INIT (Q_Key) -> RTR -> RTS.
   uint16_t ToRtsUd(uint32_t qpn, bool gsi, uint32_t qkey) {
