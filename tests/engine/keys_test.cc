@@ -269,7 +269,9 @@ TEST(Keys, SendWithInvalidateOfAKeyTheResponderMayNotTouchFails) {
     wr.invalidate_rkey = key;
     ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
     EXPECT_EQ(one(t, t.a).status, WcStatus::REM_ACCESS_ERR) << variant;
-    if (victim) EXPECT_EQ(victim->state(), MrState::FREE) << variant;
+    if (victim) {
+      EXPECT_EQ(victim->state(), MrState::FREE) << variant;
+    }
     EXPECT_EQ(t.b.mr->state(), MrState::VALID);
   }
 }

@@ -63,11 +63,11 @@ WrOpcode EngineOp(uint8_t op) {
     default: return WrOpcode(op);
   }
 }
-static_assert(vstellar::VENDOR_BAD_FIELD == VSTELLAR_STATUS_BAD_FIELD &&
-              vstellar::VENDOR_BAD_HANDLE == VSTELLAR_STATUS_BAD_HANDLE &&
-              vstellar::VENDOR_BAD_STATE == VSTELLAR_STATUS_BAD_STATE &&
-              vstellar::VENDOR_BAD_ADDRESS == VSTELLAR_STATUS_BAD_ADDRESS &&
-              vstellar::VENDOR_ACCESS == VSTELLAR_STATUS_ACCESS && vstellar::VENDOR_BUSY == VSTELLAR_STATUS_BUSY,
+static_assert(uint32_t(vstellar::VENDOR_BAD_FIELD) == uint32_t(VSTELLAR_STATUS_BAD_FIELD) &&
+              uint32_t(vstellar::VENDOR_BAD_HANDLE) == uint32_t(VSTELLAR_STATUS_BAD_HANDLE) &&
+              uint32_t(vstellar::VENDOR_BAD_STATE) == uint32_t(VSTELLAR_STATUS_BAD_STATE) &&
+              uint32_t(vstellar::VENDOR_BAD_ADDRESS) == uint32_t(VSTELLAR_STATUS_BAD_ADDRESS) &&
+              uint32_t(vstellar::VENDOR_ACCESS) == uint32_t(VSTELLAR_STATUS_ACCESS) && uint32_t(vstellar::VENDOR_BUSY) == uint32_t(VSTELLAR_STATUS_BUSY),
               "engine vendor_err values are the device's status codes");
 static_assert(vstellar::ACCESS_MW_BIND == VSTELLAR_ACCESS_MW_BIND && vstellar::ACCESS_ALL_SUPPORTED == VSTELLAR_ACCESS_VALID,
               "access flags are passed through");
@@ -380,7 +380,7 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
   uint16_t status = VSTELLAR_STATUS_OK;
   if (sh_.translation == TranslationMode::kEmtt) reg->mem = EmttTranslator::Create(pvdma_, std::move(l), &status);
   else reg->mem = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
-  if (!reg->mem) return fail(uint8_t(status ? status : VSTELLAR_STATUS_INTERNAL), WcStatus::LOC_PROT_ERR);
+  if (!reg->mem) return fail(uint8_t(status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL)), WcStatus::LOC_PROT_ERR);
   reg->key = key;
   reg->iova = iova;
   reg->length = length;
