@@ -1,6 +1,7 @@
 """What the guest tests share: the launcher library on sys.path."""
 import os
 import sys
+import unittest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(TOP, "tools"))
@@ -20,3 +21,30 @@ def splats(lines):
         if line.startswith("kernel-splats "):
             return int(line.split()[1])
     return None
+
+
+def field(lines, key):
+    """The values of 'key VALUE...' lines (the first word after key)."""
+    return [line.split()[1] for line in lines if line.startswith(key + " ")]
+
+
+class KernelUlpCase(unittest.TestCase):
+    """Two guests with the vStellar device, booted once per test class,
+    each running its script (SCRIPTS) with SPLATS at the end; results,
+    sections (split_sections of each output) and daemons (their logs and
+    counters) for the tests. A subclass sets SCRIPTS and may set TIMEOUT."""
+    SCRIPTS = ()
+    TIMEOUT = 600
+
+    @classmethod
+    def setUpClass(cls):
+        vstellar_guest.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
+        cls.daemons = []
+        cls.results = vstellar_guest.run_guests([s + SPLATS for s in cls.SCRIPTS], vstellar=True,
+                                                timeout=cls.TIMEOUT, mem=1024, daemons_out=cls.daemons)
+        cls.sections = [vstellar_perftest.split_sections(out) for _status, out, _console in cls.results]
+
+    def test_guests_succeeded(self):
+        for i, (status, out, console) in enumerate(self.results):
+            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
+                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])

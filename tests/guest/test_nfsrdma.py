@@ -20,7 +20,7 @@ crossed the device. Asserts behaviour, never timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import vstellar_perftest as pt
 
 MIB = 16
 SMALL = 32
@@ -78,26 +78,10 @@ umount /mnt/nfs
 i=0; until echo done | nc $VSTELLAR_PEER_IP 5000; do i=$((i + 1)); [ $i -lt 60 ] || exit 1; sleep 1; done
 """
 
-CLIENT += guestlib.SPLATS
-SERVER += guestlib.SPLATS
 
-
-def field(lines, key):
-    return [line.split()[1] for line in lines if line.startswith(key + " ")]
-
-
-class NfsRdmaTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
-        cls.daemons = []
-        cls.results = vg.run_guests([CLIENT, SERVER], vstellar=True, timeout=600, mem=1024,
-                                    daemons_out=cls.daemons)
-
-    def test_guests_succeeded(self):
-        for i, (status, out, console) in enumerate(self.results):
-            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
-                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+class NfsRdmaTest(guestlib.KernelUlpCase):
+    SCRIPTS = (CLIENT, SERVER)
+    TIMEOUT = 600
 
     def test_mounted_over_rdma(self):
         mounted = pt.split_sections(self.results[0][1]).get("mounted", [])
@@ -109,10 +93,10 @@ class NfsRdmaTest(unittest.TestCase):
         client, server = self.results[0][1], self.results[1][1]
         for kind in ("big", "small"):
             with self.subTest(kind=kind):
-                pattern = field(client, f"pattern-{kind}")
+                pattern = guestlib.field(client, f"pattern-{kind}")
                 self.assertEqual(len(pattern), 1, client)
-                self.assertEqual(field(client, f"client-{kind}"), pattern, client)
-                self.assertEqual(field(server, f"server-{kind}"), pattern, server)
+                self.assertEqual(guestlib.field(client, f"client-{kind}"), pattern, client)
+                self.assertEqual(guestlib.field(server, f"server-{kind}"), pattern, server)
 
     def test_bytes_crossed_vstellar(self):
         # The large file went to the server and came back once each.

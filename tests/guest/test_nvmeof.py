@@ -26,7 +26,7 @@ timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import vstellar_perftest as pt
 
 NQN = "nqn.2026-12.org.vstellar:nvme"
 MIB = 16
@@ -147,53 +147,35 @@ echo "target-read $(dd if=/dev/nullb0 bs=1M count={MIB} 2>/dev/null | md5sum)"
 nvmet_down
 """
 
-HOST += guestlib.SPLATS
-TARGET += guestlib.SPLATS
 
-
-def field(lines, key):
-    """The values of 'key VALUE...' lines (the first word after key)."""
-    return [line.split()[1] for line in lines if line.startswith(key + " ")]
-
-
-class NvmeofTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
-        cls.daemons = []
-        cls.results = vg.run_guests([HOST, TARGET], vstellar=True, timeout=600, mem=1024,
-                                    daemons_out=cls.daemons)
-        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
-
-    def test_guests_succeeded(self):
-        for i, (status, out, console) in enumerate(self.results):
-            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
-                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+class NvmeofTest(guestlib.KernelUlpCase):
+    SCRIPTS = (HOST, TARGET)
+    TIMEOUT = 600
 
     def test_data_read_back_intact(self):
         host, target = self.sections
-        pattern = field(self.results[0][1], "pattern")
+        pattern = guestlib.field(self.results[0][1], "pattern")
         self.assertEqual(len(pattern), 1, self.results[0][1])
         for r, srq in ((1, "N"), (2, "Y")):
             with self.subTest(round=r):
-                rc_qps = field(host.get(f"host {r}", []), "rc-qps")
+                rc_qps = guestlib.field(host.get(f"host {r}", []), "rc-qps")
                 self.assertEqual(len(rc_qps), 1, host)
                 self.assertGreaterEqual(int(rc_qps[0]), 2, host)  # admin and I/O queue
-                srqs = field(target.get(f"target {r}", []), "srqs")
+                srqs = guestlib.field(target.get(f"target {r}", []), "srqs")
                 self.assertEqual(len(srqs), 1, target)
                 self.assertEqual(int(srqs[0]) > 0, srq == "Y", target)
-                self.assertEqual(field(host.get(f"host {r}", []), "host-read"), pattern, host)
-                self.assertEqual(field(target.get(f"target {r}", []), "target-read"), pattern, target)
-                self.assertEqual(field(target.get(f"target {r}", []), "use_srq"), [srq], target)
+                self.assertEqual(guestlib.field(host.get(f"host {r}", []), "host-read"), pattern, host)
+                self.assertEqual(guestlib.field(target.get(f"target {r}", []), "target-read"), pattern, target)
+                self.assertEqual(guestlib.field(target.get(f"target {r}", []), "use_srq"), [srq], target)
                 self.assertTrue(any(line.startswith("namespace /dev/nvme")
                                     for line in host[f"host {r}"]), host)
 
     def test_loopback(self):
         lines = self.sections[0].get("loopback", [])
-        pattern = field(self.results[0][1], "pattern")
+        pattern = guestlib.field(self.results[0][1], "pattern")
         self.assertEqual(len(pattern), 1, self.results[0][1])
-        self.assertEqual(field(lines, "host-read"), pattern, lines)
-        self.assertEqual(field(lines, "target-read"), pattern, lines)
+        self.assertEqual(guestlib.field(lines, "host-read"), pattern, lines)
+        self.assertEqual(guestlib.field(lines, "target-read"), pattern, lines)
 
     def test_bytes_crossed_vstellar(self):
         # Writes: the target READs from the host (the host's daemon sends);

@@ -12,7 +12,7 @@ timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import vstellar_perftest as pt
 
 PORT = 18634
 COUNT = 200
@@ -73,23 +73,10 @@ echo "== transports"
 lsmod | grep -c '^rds_tcp' || true
 """
 
-CLIENT += guestlib.SPLATS
-SERVER += guestlib.SPLATS
 
-
-class RdsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
-        cls.daemons = []
-        cls.results = vg.run_guests([CLIENT, SERVER], vstellar=True, timeout=500, mem=1024,
-                                    daemons_out=cls.daemons)
-        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
-
-    def test_guests_succeeded(self):
-        for i, (status, out, console) in enumerate(self.results):
-            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
-                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+class RdsTest(guestlib.KernelUlpCase):
+    SCRIPTS = (CLIENT, SERVER)
+    TIMEOUT = 500
 
     def test_every_datagram_echoed_intact(self):
         n = COUNT * len(SIZES)
