@@ -64,12 +64,16 @@ lock_entry() {
 # prune_cache KIND: keep the VSTELLAR_CACHE_KEEP (default 3) most recently
 # used KIND-<key> entries and remove the others, so that changing inputs do
 # not fill the disk (a QEMU entry is about 500 MB). Use is recorded by
-# touching the entry's .complete; an entry being built (locked) is kept.
+# touching the entry's .complete; an entry being built (locked) is kept, and
+# so is one used in the last hour: several clones or worktrees building at
+# once (each with its own key) must not delete what another one's guests
+# are still booting from.
 prune_cache() {
 	local kind=$1 keep=${VSTELLAR_CACHE_KEEP:-3} dir n=0
 	while read -r dir; do
 		n=$((n + 1))
 		((n <= keep)) && continue
+		[[ -n $(find "$dir/.complete" -mmin -60 2>/dev/null) ]] && continue
 		(
 			flock -n 9 || exit 0
 			log "pruning old cache entry $dir"
