@@ -60,30 +60,21 @@ const Transition& transition(QpState cur, QpState next) {
 
 // The UC column: RC's without the attributes of acknowledgement,
 // retransmission and RDMA READ/atomics (timeout, retry counts, RNR timer,
-// rd_atomic depths).
+// rd_atomic depths), and with no port change in SQD->SQD (as the kernel's
+// ib_modify_qp_is_ok table has it).
 const Transition& uc_transition(QpState cur, QpState next) {
   static Transition t[kStates][kStates];
   static bool built = false;
   if (!built) {
-    auto S = [](QpState s) { return int(s); };
-    for (int c = 0; c < kStates; c++) {
-      t[c][S(QpState::RESET)] = {true, 0, 0};
-      t[c][S(QpState::ERR)] = {true, 0, 0};
-    }
-    t[S(QpState::RESET)][S(QpState::INIT)] = {true, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS, 0};
-    t[S(QpState::INIT)][S(QpState::INIT)] = {true, 0, QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS};
-    t[S(QpState::INIT)][S(QpState::RTR)] = {true, QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN,
-                                            QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX};
-    t[S(QpState::RTR)][S(QpState::RTS)] = {true, QP_SQ_PSN,
-                                           QP_CUR_STATE | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PATH_MIG_STATE};
-    t[S(QpState::RTS)][S(QpState::RTS)] = {true, 0,
-                                           QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_PATH_MIG_STATE};
-    t[S(QpState::RTS)][S(QpState::SQD)] = {true, 0, QP_EN_SQD_ASYNC_NOTIFY};
-    t[S(QpState::SQD)][S(QpState::RTS)] = {true, 0,
-                                           QP_CUR_STATE | QP_ACCESS_FLAGS | QP_ALT_PATH | QP_PATH_MIG_STATE};
-    t[S(QpState::SQD)][S(QpState::SQD)] = {
-        true, 0, QP_AV | QP_ALT_PATH | QP_ACCESS_FLAGS | QP_PKEY_INDEX | QP_PATH_MIG_STATE};
-    t[S(QpState::SQE)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_ACCESS_FLAGS};
+    constexpr uint32_t kRcOnly = QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC |
+                                 QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER;
+    for (int c = 0; c < kStates; c++)
+      for (int n = 0; n < kStates; n++) {
+        t[c][n] = transition(QpState(c), QpState(n));
+        t[c][n].req &= ~kRcOnly;
+        t[c][n].opt &= ~kRcOnly;
+      }
+    t[int(QpState::SQD)][int(QpState::SQD)].opt &= ~uint32_t(QP_PORT);
     built = true;
   }
   return t[int(cur)][int(next)];
