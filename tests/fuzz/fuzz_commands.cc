@@ -29,26 +29,13 @@
 #include "vstellard/datapath.h"
 #include "vstellard/guest_ram.h"
 
+#include "fuzz_device.h"
+
 namespace {
 
 using namespace vstellard;
 
 constexpr uint64_t kRamSize = 4ull << 20;
-
-// QPNs and memory keys from fixed sequences, not getrandom: an input must
-// replay.
-vstellar::EngineConfig EngineConfig() {
-  vstellar::EngineConfig c;
-  c.qpn_seed = 1;
-  c.key_seed = 1;
-  return c;
-}
-
-struct NoEvents : DataPathEvents {
-  void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
-  void NotifyCq(uint32_t, const vstellar_cq_notify&) override {}
-  bool DeviceFatal() const override { return false; }
-};
 
 // The parts of one device, built as test_commands.cc builds them.
 struct DeviceParts {
@@ -65,7 +52,7 @@ struct DeviceParts {
   GuestRam ram{kRamSize};
   Pvdma pvdma;
   vstellar::SimNet net;
-  vstellar::Engine engine{EngineConfig(), net.add_node(1), net};
+  vstellar::Engine engine{FuzzEngineConfig(), net.add_node(1), net};
   DeviceShared shared;
   Session session{DeviceConfig::Default()};
   ObjectTables objects;

@@ -33,6 +33,8 @@
 #include "vstellard/commands.h"
 #include "vstellard/datapath.h"
 
+#include "fuzz_device.h"
+
 namespace {
 
 using namespace vstellard;
@@ -40,21 +42,6 @@ using namespace vstellard;
 constexpr uint64_t kRamSize = 4ull << 20;
 constexpr uint64_t kDbGpa = 0xfe000000, kDbSize = 64 << 10;
 constexpr uint64_t kRamVa = 0x7f0000000000ull, kDbVa = 0x7f1000000000ull;
-
-// QPNs and memory keys from fixed sequences, not getrandom: an input must
-// replay.
-vstellar::EngineConfig EngineConfig() {
-  vstellar::EngineConfig c;
-  c.qpn_seed = 1;
-  c.key_seed = 1;
-  return c;
-}
-
-struct NoEvents : DataPathEvents {
-  void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
-  void NotifyCq(uint32_t, const vstellar_cq_notify&) override {}
-  bool DeviceFatal() const override { return false; }
-};
 
 // A memfd the fuzzer writes through its own mapping.
 struct Memfd {
@@ -119,7 +106,7 @@ struct Device {
   Session session{DeviceConfig::Default()};
   Pvdma pvdma;
   vstellar::SimNet net;
-  vstellar::Engine engine{EngineConfig(), net.add_node(1), net};
+  vstellar::Engine engine{FuzzEngineConfig(), net.add_node(1), net};
   DeviceShared shared;
   ObjectTables objects;
   NoEvents events;
