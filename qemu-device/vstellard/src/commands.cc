@@ -617,8 +617,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
     return VSTELLAR_STATUS_LIMIT;
   if (mask & VSTELLAR_QP_AV) {
     // RoCEv2-style: the GID is an IPv4-mapped IPv6 address of the peer host.
-    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (std::memcmp(a.av.dgid, v4mapped, 12) != 0) return VSTELLAR_STATUS_BAD_FIELD;
+    if (!IsV4Mapped(a.av.dgid)) return VSTELLAR_STATUS_BAD_FIELD;
     uint32_t ip;
     std::memcpy(&ip, a.av.dgid + 12, 4);
     qa.ah.ip = be32toh(ip);
@@ -784,7 +783,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   // address (the netdev's IPv6 link-local one, say) is listed, so the
   // guest's GID table matches its netdev as the kernel expects, but never
   // held: nothing is sent from it and QP 1 does not answer for it.
-  const bool ipv4 = IsV4Mapped(g);
+  const bool ipv4 = IsV4Mapped(g.data());
   if (ipv4 && !sh_.served_gids.count(g)) return VSTELLAR_STATUS_ACCESS;
   auto held = sh_.gid_holder.find(g);
   if (ipv4 && held != sh_.gid_holder.end() && held->second != &obj_) return VSTELLAR_STATUS_BUSY;

@@ -426,7 +426,6 @@ uint8_t DataPath::CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vst
 // QP's), and a source GID the device itself has, so no guest can send as
 // another address.
 uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
-  static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   const vstellar_av& av = w.u.ud.av;
   uint32_t ip;
   std::memcpy(&ip, av.dgid + 12, 4);
@@ -434,7 +433,7 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   auto sgid = obj_.gids.find(av.sgid_index);
   const uint32_t qpn = le32toh(w.u.ud.remote_qpn);
   // The source must be an address this device holds (not merely lists).
-  if (av.reserved[0] || av.reserved[1] || std::memcmp(av.dgid, v4mapped, 12) != 0 || ip == 0 ||
+  if (av.reserved[0] || av.reserved[1] || !IsV4Mapped(av.dgid) || ip == 0 ||
       sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) || qpn > 0xffffff)
     return St(WcStatus::LOC_QP_OP_ERR);
   // A multicast group (224.0.0.0/4) is reached through IP multicast on the

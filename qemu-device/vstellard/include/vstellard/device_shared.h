@@ -57,9 +57,11 @@ struct DeviceShared {
   uint64_t device_memory_limit = uint64_t{1} << 30;
 };
 
-inline bool IsV4Mapped(const vstellar::Gid& g) {
+// Whether a 16-byte GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d),
+// the only kind the transport can reach.
+inline bool IsV4Mapped(const uint8_t* gid) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(g.data(), prefix, sizeof(prefix)) == 0;
+  return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
 }
 
 // Whether the device whose object tables are `tables` holds address g
