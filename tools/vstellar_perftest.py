@@ -18,25 +18,33 @@ RXE_SETUP = "rdma link add rxe0 type rxe netdev eth0 || exit 1\n"
 # daemons send to the IPv4 inside the destination GID, so the IPv4-mapped
 # GID is the one to use (index 0 is usually the IPv6 link-local one).
 VSTELLAR_DEVICE = "vstellar0"
-VSTELLAR_SETUP = """\
-vst_gid() {
-  p=/sys/class/infiniband/vstellar0/ports/1
+
+
+def wait_roce_gid(dev):
+    """Shell: wait until DEV has an IPv4-mapped RoCE v2 GID and export its
+    index as GIDX (up to 10 s: the kernel adds GIDs as the netdev comes up)."""
+    return f"""\
+roce_gid() {{
+  p=/sys/class/infiniband/$1/ports/1
   for g in $p/gids/*; do
-    i=${g##*/}
+    i=${{g##*/}}
     case "$(cat $g 2>/dev/null)" in
       0000:0000:0000:0000:0000:ffff:*)
-        [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { echo $i; return 0; } ;;
+        [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && {{ echo $i; return 0; }} ;;
     esac
   done
   return 1
-}
+}}
 n=0
-until GIDX=$(vst_gid); do
-  n=$((n + 1)); [ $n -lt 100 ] || { echo "no IPv4 RoCE v2 GID on vstellar0" >&2; ls /sys/class/infiniband >&2; exit 1; }
+until GIDX=$(roce_gid {dev}); do
+  n=$((n + 1)); [ $n -lt 100 ] || {{ echo "no IPv4 RoCE v2 GID on {dev}" >&2; ls /sys/class/infiniband >&2; exit 1; }}
   sleep 0.1
 done
 export GIDX
 """
+
+
+VSTELLAR_SETUP = wait_roce_gid(VSTELLAR_DEVICE)
 VSTELLAR_COMMON = "-x $GIDX"
 
 def client_retry(not_listening, tries=60):

@@ -21,26 +21,9 @@ import unittest
 
 from guestlib import vstellar_guest as vg, vstellar_perftest as pt
 
-# The index of the IPv4 RoCE v2 GID of $1 (rxe0: the suite's default GID
-# index 0 is the IPv6 link-local one, which its rdma_cm tests cannot use).
-RXE_GID = """\
-roce_gid() {
-  p=/sys/class/infiniband/$1/ports/1
-  for g in $p/gids/*; do
-    i=${g##*/}
-    case "$(cat $g 2>/dev/null)" in
-      0000:0000:0000:0000:0000:ffff:*)
-        [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { echo $i; return 0; } ;;
-    esac
-  done
-  return 1
-}
-n=0
-until GIDX=$(roce_gid rxe0); do
-  n=$((n + 1)); [ $n -lt 100 ] || { echo "no IPv4 RoCE v2 GID on rxe0" >&2; exit 1; }
-  sleep 0.1
-done
-"""
+# rxe0's IPv4 RoCE v2 GID index (the suite's default GID index 0 is the
+# IPv6 link-local one, which its rdma_cm tests cannot use).
+RXE_GID = pt.wait_roce_gid("rxe0")
 
 
 def suite(dev):
