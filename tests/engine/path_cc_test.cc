@@ -25,6 +25,40 @@ TEST(Paths, RoundRobinAndSingle) {
   for (int i = 0; i < 20; i++) EXPECT_EQ(one.pick(1), 5);
 }
 
+// Bursts (issue 16): OBS and RR keep a path for `burst` first
+// transmissions; a retransmission neither uses nor ends the run, a timeout
+// on the run's path ends it.
+TEST(Paths, BurstKeepsAPathForRuns) {
+  PathSelector rr(PathAlgo::RR, 8, 1, 0, 4);
+  const uint16_t first = rr.pick(1);
+  for (int run = 0; run < 5; run++)
+    for (int i = run ? 0 : 1; i < 4; i++) {
+      EXPECT_EQ(rr.pick(1), (first + run) % 8) << run << " " << i;
+    }
+  PathSelector obs(PathAlgo::OBS, 128, 42, 0, 16);
+  std::set<uint16_t> runs;
+  for (int run = 0; run < 64; run++) {
+    const uint16_t p = obs.pick(4096);
+    runs.insert(p);
+    for (int i = 1; i < 16; i++) {
+      if (i == 5) {
+        EXPECT_NE(obs.pick_retx(p, 4096), p);
+      }
+      ASSERT_EQ(obs.pick(4096), p);
+    }
+  }
+  EXPECT_GT(runs.size(), 30u);  // the runs themselves are sprayed
+  const uint16_t p = obs.pick(4096);
+  obs.on_timeout(p);
+  // The run ended: the next pick draws again (it may draw p by chance, but
+  // not sixteen times in a row).
+  int same = 0;
+  for (int i = 0; i < 15; i++) same += obs.pick(4096) == p;
+  EXPECT_LT(same, 15);
+  PathSelector one(PathAlgo::SINGLE, 8, 1, 5, 16);
+  for (int i = 0; i < 40; i++) EXPECT_EQ(one.pick(1), 5);
+}
+
 TEST(Paths, RetransmissionAvoidsThePathThatLost) {
   for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
     PathSelector s(a, 4, 3);

@@ -21,10 +21,12 @@ struct UdpSide {
 
 class UdpPair {
  public:
-  explicit UdpPair(harness::Options o) : opt(o) {
+  explicit UdpPair(harness::Options o) : UdpPair(o, o) {}
+  // Side b may run another link mode than side a.
+  UdpPair(harness::Options o, harness::Options ob) : opt(o), opt_b(ob) {
     uint16_t base = uint16_t(20000 + (getpid() * 7919u) % 30000);
     a.node = std::make_unique<harness::Node>(opt, base, uint16_t(base + 300));
-    b.node = std::make_unique<harness::Node>(opt, uint16_t(base + 300), base);
+    b.node = std::make_unique<harness::Node>(opt_b, uint16_t(base + 300), base);
     if (!a.node->ok() || !b.node->ok()) return;
     for (UdpSide* s : {&a, &b}) {
       Engine& e = s->node->eng();
@@ -73,7 +75,7 @@ class UdpPair {
     }
     return out;
   }
-  harness::Options opt;
+  harness::Options opt, opt_b;
   UdpSide a, b;
   bool ok = false;
 };
@@ -81,12 +83,13 @@ class UdpPair {
 harness::Options base_options() {
   harness::Options o;
   o.eng.num_paths = 128;
+  o.eng.path_burst = 1;  // a new path per packet
   return o;
 }
 
-TEST(Udp, WriteSendReadByteExactAndSprayed) {
-  UdpPair t(base_options());
-  ASSERT_TRUE(t.ok);
+// WRITE 2 MiB, SEND 100000 bytes and READ 1 MiB from a to b, and check
+// every completion and every byte.
+void write_send_read(UdpPair& t) {
   fill_random(t.a.buf.data(), 2 << 20, 1);
   fill_random(t.b.buf.data() + (3 << 20), 1 << 20, 2);
   Engine& ea = t.a.node->eng();
@@ -129,11 +132,57 @@ TEST(Udp, WriteSendReadByteExactAndSprayed) {
   EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 2 << 20), 0);
   EXPECT_EQ(std::memcmp(t.a.buf.data() + 12345, t.b.buf.data() + (2 << 20), 100000), 0);
   EXPECT_EQ(std::memcmp(t.a.buf.data() + (3 << 20), t.b.buf.data() + (3 << 20), 1 << 20), 0);
+}
+
+TEST(Udp, WriteSendReadByteExactAndSprayed) {
+  UdpPair t(base_options());
+  ASSERT_TRUE(t.ok);
+  write_send_read(t);
   // The packets really left from many source ports (one socket per path).
   int used = 0;
   for (auto& p : t.b.node->eng().stats().paths) used += p.rx_pkts > 0;
   EXPECT_GE(used, 100);
   EXPECT_EQ(t.b.node->link().stats().rx, t.b.node->eng().stats().rx_pkts);
+}
+
+// The GSO link (UDP_SEGMENT sends, UDP_GRO receives) and the plain one
+// put the same datagrams on the wire: each pairing moves every byte. A GSO
+// sender sends runs of one path as one sendmsg; a GSO receiver gets a GSO
+// sender's runs as one buffer (loopback keeps them whole) and cuts them up.
+TEST(Udp, GsoAndPlainLinksInteroperate) {
+  for (auto [ma, mb] : {std::pair{LinkMode::GSO, LinkMode::PLAIN}, std::pair{LinkMode::PLAIN, LinkMode::GSO},
+                        std::pair{LinkMode::GSO, LinkMode::GSO}}) {
+    SCOPED_TRACE(std::string(to_string(ma)) + " -> " + to_string(mb));
+    harness::Options oa = base_options(), ob = base_options();
+    oa.link_mode = ma;
+    ob.link_mode = mb;
+    oa.eng.path_burst = ob.eng.path_burst = 16;
+    UdpPair t(oa, ob);
+    ASSERT_TRUE(t.ok);
+    write_send_read(t);
+    for (UdpSide* s : {&t.a, &t.b}) {
+      const UdpLinkStats& l = s->node->link().stats();
+      EXPECT_EQ(l.tx, s->node->eng().stats().tx_pkts);
+      EXPECT_EQ(l.rx, s->node->eng().stats().rx_pkts);
+      EXPECT_EQ(l.tx_err, 0u);
+      EXPECT_EQ(l.rx_trunc, 0u);
+      if (s->node->link().config().mode == LinkMode::PLAIN) {
+        EXPECT_EQ(l.tx_sends, l.tx);
+      }
+    }
+    // a sends the WRITE and SEND data: runs of up to 16 datagrams per send.
+    const UdpLinkStats& ta = t.a.node->link().stats();
+    if (ma == LinkMode::GSO) {
+      EXPECT_LT(ta.tx_sends * 2, ta.tx);
+    }
+    const UdpLinkStats& rb = t.b.node->link().stats();
+    if (ma == LinkMode::GSO && mb == LinkMode::GSO) {
+      EXPECT_LT(rb.rx_bufs * 2, rb.rx);
+    }
+    if (mb == LinkMode::PLAIN) {
+      EXPECT_EQ(rb.rx_bufs, rb.rx);
+    }
+  }
 }
 
 TEST(Udp, RecoversFromLossOnOneLink) {

@@ -21,8 +21,10 @@ bool parse_path_algo(const std::string& s, PathAlgo& out) {
   return false;
 }
 
-PathSelector::PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path)
-    : algo_(algo), n_(num_paths ? num_paths : 1), single_(single_path), rng_(seed | 1) {
+PathSelector::PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path,
+                           uint16_t burst)
+    : algo_(algo), n_(num_paths ? num_paths : 1), single_(single_path), burst_(burst ? burst : 1),
+      rng_(seed | 1) {
   if (single_ >= n_) single_ = 0;
   if (algo_ == PathAlgo::DWRR) {
     weight_.assign(n_, 1.0);
@@ -40,6 +42,19 @@ uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
 }
 
 uint16_t PathSelector::pick(uint32_t bytes) {
+  // OBS and RR keep a path for burst_ packets (issue 16): the UDP link sends
+  // a run of one path as one segmented send (UDP_SEGMENT).
+  if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return pick_one(bytes);
+  if (burst_left_ > 0) {
+    burst_left_--;
+    return burst_path_;
+  }
+  burst_path_ = pick_one(bytes);
+  burst_left_ = uint16_t(burst_ - 1);
+  return burst_path_;
+}
+
+uint16_t PathSelector::pick_one(uint32_t bytes) {
   picks_++;
   switch (algo_) {
     case PathAlgo::OBS: return uint16_t(rand() % n_);
@@ -54,7 +69,7 @@ uint16_t PathSelector::pick(uint32_t bytes) {
 uint16_t PathSelector::pick_retx(uint16_t avoid, uint32_t bytes) {
   if (n_ == 1) return 0;
   if (algo_ == PathAlgo::SINGLE) return single_;  // the baseline has one path only
-  uint16_t p = pick(bytes);
+  uint16_t p = pick_one(bytes);
   if (p == avoid) p = uint16_t((p + 1 + rand() % (n_ - 1)) % n_);
   return p;
 }
@@ -105,6 +120,7 @@ void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
 
 void PathSelector::on_timeout(uint16_t path) {
   if (path >= n_) return;
+  if (path == burst_path_) burst_left_ = 0;  // no more of the burst into a hole
   if (algo_ == PathAlgo::DWRR) weight_[path] = std::max(weight_[path] / 2, 1.0 / 64);
   if (algo_ == PathAlgo::BEST_RTT) srtt_[path] = std::max<uint64_t>(srtt_[path] * 4, 1'000'000);
 }

@@ -330,7 +330,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     // receives (perftest's servers stay in RTR) never reaches RTS.
     qp->paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
                              cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp->qpn_) << 17),
-                             cfg_.single_path);
+                             cfg_.single_path, cfg_.path_burst);
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
     qp->pending_rd.clear();
     qp->reads_done.clear();

@@ -2,11 +2,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/ip.h>
+#include <netinet/udp.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,20 @@ constexpr uint64_t kTxTag = 1ull << 32;
 constexpr uint64_t kRxTag = 2ull << 32;
 constexpr uint64_t kMcRxTag = 4ull << 32;
 constexpr uint16_t kBufGroup = 0;
+constexpr uint32_t kGroBufBytes = 65536;  // a GRO receive holds up to 64 KiB
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#ifndef IORING_SEND_ZC_REPORT_USAGE
+#define IORING_SEND_ZC_REPORT_USAGE (1U << 3)
+#endif
+#ifndef IORING_NOTIF_USAGE_ZC_COPIED
+#define IORING_NOTIF_USAGE_ZC_COPIED (1U << 31)
+#endif
 
 void set_buf(int fd, int force_opt, int opt, int bytes) {
   if (setsockopt(fd, SOL_SOCKET, force_opt, &bytes, sizeof(bytes)) != 0)
@@ -26,7 +42,18 @@ void set_buf(int fd, int force_opt, int opt, int bytes) {
 
 }  // namespace
 
+const char* to_string(LinkMode m) { return m == LinkMode::GSO ? "gso" : "plain"; }
+
+bool parse_link_mode(const std::string& s, LinkMode& out) {
+  for (LinkMode m : {LinkMode::PLAIN, LinkMode::GSO})
+    if (s == to_string(m)) { out = m; return true; }
+  return false;
+}
+
 UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
+  const bool gso = cfg_.mode == LinkMode::GSO;
+  if (cfg_.rx_buffers == 0) cfg_.rx_buffers = gso ? 256 : 1024;
+  if (!gso) cfg_.zerocopy = false;
   if (cfg_.num_paths < 1 || cfg_.num_paths > 256) {
     error_ = "num_paths must be 1..256";
     return;
@@ -85,13 +112,20 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   set_buf(fds_[0], SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
   int on = 1;
   setsockopt(fds_[0], IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  if (gso && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
+    error_ = std::string("UDP_GRO: ") + strerror(errno);
+    return;
+  }
 
   tx_.resize(cfg_.tx_slots);
   for (uint32_t i = 0; i < cfg_.tx_slots; i++) tx_free_.push_back(cfg_.tx_slots - 1 - i);
 
   // Provided-buffer ring: the kernel picks a buffer per datagram.
-  rx_buf_len_ = (cfg_.max_datagram + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in) +
-                 CMSG_SPACE(sizeof(int)) + 63) & ~size_t(63);
+  // Room for the TOS byte and, in GSO mode, the UDP_GRO segment size.
+  rx_msg_.msg_controllen = 2 * CMSG_SPACE(sizeof(int));
+  const size_t payload = gso ? std::max<size_t>(cfg_.max_datagram, kGroBufBytes) : cfg_.max_datagram;
+  rx_buf_len_ = (payload + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in) +
+                 rx_msg_.msg_controllen + 63) & ~size_t(63);
   br_bytes_ = cfg_.rx_buffers * sizeof(io_uring_buf);
   void* m = mmap(nullptr, br_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
   if (m == MAP_FAILED) {
@@ -115,7 +149,6 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
     io_uring_buf_ring_add(br_, rx_mem_ + i * rx_buf_len_, unsigned(rx_buf_len_), uint16_t(i), mask, int(i));
   io_uring_buf_ring_advance(br_, int(cfg_.rx_buffers));
   rx_msg_.msg_namelen = sizeof(sockaddr_in);
-  rx_msg_.msg_controllen = CMSG_SPACE(sizeof(int));
   arm_recv();
   io_uring_submit(&ring_);
 }
@@ -218,49 +251,177 @@ bool UdpLink::join_group(uint32_t group, bool join) {
 void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
                    const HostSpan* payload, size_t nspans) {
   if (!ok()) return;
-  if (tx_free_.empty()) flush();
-  if (nspans + 1 > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr)) {
+  if (nspans + 1 > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr[0])) {
     stats_.tx_err++;
     return;
   }
+  path = uint16_t(path % fds_.size());
+  size_t len = hdr_len;
+  for (size_t i = 0; i < nspans; i++) len += payload[i].len;
+  const uint16_t port = htons(dst.port);
+  const uint32_t ip = htonl(dst.ip);
+  if (open_ >= 0) {
+    // GSO: the datagram joins the open send if the kernel can cut it out of
+    // the same buffer (same socket, same destination, not longer than the
+    // segment size, which only the last may undercut).
+    TxSlot& t = tx_[size_t(open_)];
+    if (t.path == path && t.dst.sin_port == port && t.dst.sin_addr.s_addr == ip && !t.closed &&
+        len <= t.seg_len && t.segs < kMaxGsoSegs && t.bytes + len <= kGsoMaxBytes &&
+        t.msg.msg_iovlen + 1 + nspans <= size_t(cfg_.zerocopy ? kZcMaxIov : kSlotIov)) {
+      std::memcpy(t.hdr[t.segs], hdr, hdr_len);
+      iovec* v = t.iov + t.msg.msg_iovlen;
+      v[0] = {t.hdr[t.segs], hdr_len};
+      for (size_t i = 0; i < nspans; i++) v[1 + i] = {payload[i].ptr, payload[i].len};
+      t.msg.msg_iovlen += 1 + nspans;
+      t.segs++;
+      t.bytes += uint32_t(len);
+      t.closed = len < t.seg_len;
+      if (t.closed || t.segs == kMaxGsoSegs) {
+        submit_slot(uint32_t(open_));
+        open_ = -1;
+      }
+      return;
+    }
+    submit_slot(uint32_t(open_));
+    open_ = -1;
+  }
+  if (tx_free_.empty()) flush();
   uint32_t idx = tx_free_.back();
   tx_free_.pop_back();
   TxSlot& t = tx_[idx];
-  std::memcpy(t.hdr, hdr, hdr_len);
-  t.iov[0] = {t.hdr, hdr_len};
+  std::memcpy(t.hdr[0], hdr, hdr_len);
+  t.iov[0] = {t.hdr[0], hdr_len};
   for (size_t i = 0; i < nspans; i++) t.iov[1 + i] = {payload[i].ptr, payload[i].len};
   t.dst = sockaddr_in{};
   t.dst.sin_family = AF_INET;
-  t.dst.sin_port = htons(dst.port);
-  t.dst.sin_addr.s_addr = htonl(dst.ip);
+  t.dst.sin_port = port;
+  t.dst.sin_addr.s_addr = ip;
   t.msg = msghdr{};
+  // Unconnected: the destination travels with each send, the source port
+  // is the path's socket.
   t.msg.msg_name = &t.dst;
   t.msg.msg_namelen = sizeof(t.dst);
   t.msg.msg_iov = t.iov;
   t.msg.msg_iovlen = 1 + nspans;
+  t.path = path;
+  t.segs = 1;
+  t.seg_len = uint32_t(len);
+  t.bytes = uint32_t(len);
+  t.closed = false;
+  if (cfg_.mode == LinkMode::GSO && gso_ok_) open_ = idx;
+  else submit_slot(idx);
+}
+
+// Queue one slot's sendmsg; with more than one datagram in it, the segment
+// size goes along as a UDP_SEGMENT control message.
+void UdpLink::submit_slot(uint32_t idx) {
+  TxSlot& t = tx_[idx];
+  if (t.segs > 1) {
+    t.msg.msg_control = t.cmsg;
+    t.msg.msg_controllen = sizeof(t.cmsg);
+    cmsghdr* c = CMSG_FIRSTHDR(&t.msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    const uint16_t seg = uint16_t(t.seg_len);
+    std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+  }
   io_uring_sqe* s = sqe();
-  // Unconnected: the destination travels with each datagram, the source
-  // port is the path's socket.
-  io_uring_prep_sendmsg(s, fds_[path % fds_.size()], &t.msg, 0);
+  // A zero-copy send's buffer becomes the skb's page fragments (at most
+  // MAX_SKB_FRAGS, 17; more is EMSGSIZE), an iovec one or two of them.
+  if (cfg_.zerocopy && t.bytes >= cfg_.zc_min_bytes && t.msg.msg_iovlen <= kZcMaxIov) {
+    io_uring_prep_sendmsg_zc(s, fds_[t.path], &t.msg, 0);
+    s->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
+    stats_.tx_zc++;
+  } else {
+    io_uring_prep_sendmsg(s, fds_[t.path], &t.msg, 0);
+  }
   io_uring_sqe_set_data64(s, kTxTag | idx);
+  stats_.tx_sends++;
   tx_inflight_++;
   tx_unsubmitted_ = true;
 }
 
-// Submit the batch and wait until the kernel has taken every datagram, so
-// the payload spans (pointing into MR memory) may change afterwards.
+// A segmented send the route cannot take (a device without checksum
+// offload, a route MTU below the segment size: EIO or EINVAL) is sent again
+// one datagram per sendmsg, and the link stops segmenting. Called while the
+// payload is still valid (before flush() returns).
+void UdpLink::resend_unsegmented(const TxSlot& t) {
+  gso_ok_ = false;
+  stats_.tx_gso_fallbacks++;
+  size_t v = 0;
+  for (uint16_t k = 0; k < t.segs; k++) {
+    if (tx_free_.empty()) {  // every slot busy: the rest are lost (the transport resends)
+      stats_.tx_err += t.segs - k;
+      return;
+    }
+    const uint32_t idx = tx_free_.back();
+    tx_free_.pop_back();
+    TxSlot& n = tx_[idx];
+    // The datagram's iovecs: its header, then payload up to seg_len bytes.
+    size_t want = k + 1 < t.segs ? t.seg_len : t.bytes - size_t(k) * t.seg_len;
+    std::memcpy(n.hdr[0], t.iov[v].iov_base, t.iov[v].iov_len);
+    n.iov[0] = {n.hdr[0], t.iov[v].iov_len};
+    want -= t.iov[v].iov_len;
+    size_t ni = 1;
+    for (v++; want > 0 && v < t.msg.msg_iovlen; v++) {
+      n.iov[ni++] = t.iov[v];
+      want -= t.iov[v].iov_len;
+    }
+    n.dst = t.dst;
+    n.msg = msghdr{};
+    n.msg.msg_name = &n.dst;
+    n.msg.msg_namelen = sizeof(n.dst);
+    n.msg.msg_iov = n.iov;
+    n.msg.msg_iovlen = ni;
+    n.path = t.path;
+    n.segs = 1;
+    n.seg_len = n.bytes = uint32_t(k + 1 < t.segs ? t.seg_len : t.bytes - size_t(k) * t.seg_len);
+    n.closed = true;
+    submit_slot(idx);
+  }
+}
+
+// Submit the batch and wait until the kernel has taken every datagram (and,
+// for zero-copy sends, given the pages back), so the payload spans (pointing
+// into MR memory) may change afterwards.
 void UdpLink::flush() {
-  if (!ok() || tx_inflight_ == 0) return;
-  io_uring_submit(&ring_);
-  stats_.submits++;
-  tx_unsubmitted_ = false;
+  if (!ok()) return;
+  if (open_ >= 0) {
+    submit_slot(uint32_t(open_));
+    open_ = -1;
+  }
+  if (tx_inflight_ == 0) return;
   size_t none = 0;
   while (tx_inflight_ > 0) {
+    if (tx_unsubmitted_) {
+      io_uring_submit(&ring_);
+      stats_.submits++;
+      tx_unsubmitted_ = false;
+    }
     reap(nullptr, none);
-    if (tx_inflight_ == 0) break;
+    if (tx_inflight_ == 0 || tx_unsubmitted_) continue;
     io_uring_cqe* c;
     io_uring_wait_cqe(&ring_, &c);
   }
+}
+
+void UdpLink::tx_complete(uint32_t idx, int32_t res, uint32_t flags) {
+  TxSlot& t = tx_[idx];
+  if (flags & IORING_CQE_F_NOTIF) {  // zero-copy: the kernel let go of the pages
+    if (uint32_t(res) & IORING_NOTIF_USAGE_ZC_COPIED) stats_.tx_zc_copied++;
+  } else {
+    if (res >= 0) {
+      stats_.tx += t.segs;
+    } else if (t.segs > 1 && (res == -EIO || res == -EINVAL)) {
+      resend_unsegmented(t);
+    } else {
+      stats_.tx_err += t.segs;
+    }
+    if (flags & IORING_CQE_F_MORE) return;  // a notification follows
+  }
+  tx_free_.push_back(idx);
+  tx_inflight_--;
 }
 
 void UdpLink::reap(RxSink* sink, size_t& delivered) {
@@ -276,10 +437,7 @@ void UdpLink::reap(RxSink* sink, size_t& delivered) {
     io_uring_cq_advance(&ring_, n);
     for (unsigned i = 0; i < n; i++) {
       if (local[i].data & kTxTag) {
-        tx_free_.push_back(uint32_t(local[i].data));
-        tx_inflight_--;
-        if (local[i].res < 0) stats_.tx_err++;
-        else stats_.tx++;
+        tx_complete(uint32_t(local[i].data), local[i].res, local[i].flags);
         continue;
       }
       if (!(local[i].flags & IORING_CQE_F_MORE)) {
@@ -295,36 +453,47 @@ void UdpLink::reap(RxSink* sink, size_t& delivered) {
         stash_.push_back({local[i].res, local[i].flags});
         continue;
       }
-      io_uring_cqe fake{};
-      fake.res = local[i].res;
-      fake.flags = local[i].flags;
-      handle_cqe(&fake, sink, delivered);
+      handle_cqe(local[i].res, local[i].flags, sink, delivered);
     }
   }
 }
 
-void UdpLink::handle_cqe(io_uring_cqe* cqe, RxSink* sink, size_t& delivered) {
-  uint16_t bid = uint16_t(cqe->flags >> IORING_CQE_BUFFER_SHIFT);
+void UdpLink::handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& delivered) {
+  uint16_t bid = uint16_t(flags >> IORING_CQE_BUFFER_SHIFT);
   if (bid >= cfg_.rx_buffers) return;
   uint8_t* buf = rx_mem_ + size_t(bid) * rx_buf_len_;
-  io_uring_recvmsg_out* o = io_uring_recvmsg_validate(buf, cqe->res, &rx_msg_);
+  io_uring_recvmsg_out* o = io_uring_recvmsg_validate(buf, res, &rx_msg_);
   if (o && (o->flags & MSG_TRUNC)) {
     stats_.rx_trunc++;
   } else if (o && o->namelen >= sizeof(sockaddr_in)) {
     sockaddr_in sa;
     std::memcpy(&sa, io_uring_recvmsg_name(o), sizeof(sa));
     bool ce = false;
+    uint32_t seg = 0;  // UDP_GRO: the datagrams' size (the last may be shorter)
     for (cmsghdr* c = io_uring_recvmsg_cmsg_firsthdr(o, &rx_msg_); c;
          c = io_uring_recvmsg_cmsg_nexthdr(o, &rx_msg_, c)) {
       if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)
         ce = (*reinterpret_cast<uint8_t*>(CMSG_DATA(c)) & 3) == 3;
+      if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof(v));
+        seg = v > 0 ? uint32_t(v) : 0;
+      }
     }
     const uint8_t* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(o, &rx_msg_));
-    uint32_t plen = io_uring_recvmsg_payload_length(o, cqe->res, &rx_msg_);
-    stats_.rx++;
-    delivered++;
-    sink->on_datagram(payload, plen, Endpoint{ntohl(sa.sin_addr.s_addr), ntohs(sa.sin_port)},
-                      ntohs(sa.sin_port), ce);
+    uint32_t plen = io_uring_recvmsg_payload_length(o, res, &rx_msg_);
+    const Endpoint from{ntohl(sa.sin_addr.s_addr), ntohs(sa.sin_port)};
+    if (seg == 0 || seg > plen) seg = plen;
+    stats_.rx_bufs++;
+    // The datagrams are handed over where they lie: no copy of our own.
+    uint32_t off = 0;
+    do {
+      const uint32_t n = std::min(seg, plen - off);
+      stats_.rx++;
+      delivered++;
+      sink->on_datagram(payload + off, n, from, from.port, ce);
+      off += n;
+    } while (off < plen);
   }
   io_uring_buf_ring_add(br_, buf, unsigned(rx_buf_len_), bid, io_uring_buf_ring_mask(cfg_.rx_buffers), 0);
   io_uring_buf_ring_advance(br_, 1);
@@ -336,12 +505,7 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   while (!stash_.empty()) {
     std::vector<Stashed> s;
     s.swap(stash_);
-    for (auto& x : s) {
-      io_uring_cqe fake{};
-      fake.res = x.res;
-      fake.flags = x.flags;
-      handle_cqe(&fake, &sink, delivered);
-    }
+    for (auto& x : s) handle_cqe(x.res, x.flags, &sink, delivered);
   }
   reap(&sink, delivered);
   if (!rx_armed_) arm_recv();

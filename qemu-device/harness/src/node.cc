@@ -16,6 +16,8 @@ UdpLinkConfig Node::link_config(const Options& o, uint16_t base_port) {
   c.base_port = base_port;
   c.num_paths = o.eng.num_paths;
   c.max_datagram = o.eng.mtu + 256;
+  c.mode = o.link_mode;
+  c.zerocopy = o.zerocopy;
   return c;
 }
 

@@ -46,7 +46,14 @@ NETWORK
     --ctrl-port C     TCP control port on the server (46999)
 
 TRANSPORT
+    --link M          UDP link mode: gso (segmentation and receive
+                      offloads, UDP_SEGMENT/UDP_GRO; default) or plain (one
+                      sendmsg and one receive per datagram); they interoperate
+    --zerocopy        gso mode: zero-copy sends (io_uring SENDMSG_ZC) of
+                      32 KiB and more
     --paths N         paths per connection, 1..256 (128)
+    --path-burst N    obs/rr: packets a path carries before the next pick,
+                      so the link can segment runs (1..64; 16)
     --path-algo A     obs (oblivious random spraying, default), rr, dwrr,
                       bestrtt, single
     --single-path K   path used by --path-algo single (0)
@@ -92,7 +99,8 @@ JSON
     latency {median_us, p99_us, avg_us, samples} (lat mode),
     engine {tx_pkts, rx_pkts, retx_pkts, timeouts, acks_sent, naks_sent, ...,
     paths [[tx_pkts, tx_bytes, retx_pkts, timeouts, rx_pkts], ...]},
-    link {tx, rx, tx_err, rx_nobufs, submits, waits}, emu_dropped,
+    link {tx, rx, tx_err, rx_nobufs, submits, waits, tx_sends, rx_bufs,
+    tx_zc, tx_zc_copied, gso_fallbacks}, emu_dropped,
     cpu_s and wall_s (CPU seconds the process used over the run: the engine
     is one thread, so cpu_s/wall_s is its share of one core).
 
@@ -147,6 +155,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     }
     if (a == "--no-cc") { o.eng.cc.enabled = false; continue; }
     if (a == "--no-path-detail") { o.path_detail = false; continue; }
+    if (a == "--zerocopy") { o.zerocopy = true; continue; }
     if (i + 1 >= argc) {
       fprintf(stderr, "vstellar-harness: %s needs a value (see --help)\n", a.c_str());
       return false;
@@ -173,6 +182,8 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     else if (a == "--peer-port") o.peer_port = uint16_t(num(1, 65535));
     else if (a == "--ctrl-port") o.ctrl_port = uint16_t(num(1, 65535));
     else if (a == "--paths") o.eng.num_paths = uint16_t(num(1, 256));
+    else if (a == "--path-burst") o.eng.path_burst = uint16_t(num(1, 64));
+    else if (a == "--link") ok = parse_link_mode(v, o.link_mode);
     else if (a == "--path-algo") ok = parse_path_algo(v, o.eng.path_algo);
     else if (a == "--single-path") o.eng.single_path = uint16_t(num(0, 255));
     else if (a == "--mtu") o.eng.mtu = uint32_t(num(256, 16384));

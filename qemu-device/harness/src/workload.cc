@@ -201,9 +201,10 @@ std::string fmt(const char* f, ...) {
 std::string common_json(const Options& o, const char* role) {
   return fmt("\"role\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\",\"size\":%lu,\"qps\":%u,\"depth\":%u,"
              "\"paths\":%u,\"path_algo\":\"%s\",\"mtu\":%u,\"rto_us\":%lu,\"loss_rate\":%g,"
-             "\"loss_links\":%u",
+             "\"loss_links\":%u,\"link_mode\":\"%s\",\"zerocopy\":%s,\"path_burst\":%u",
              role, o.mode.c_str(), o.op.c_str(), o.size, o.qps, o.depth, o.eng.num_paths,
-             to_string(o.eng.path_algo), o.eng.mtu, o.eng.rto_ns / 1000, o.loss_rate, o.loss_links);
+             to_string(o.eng.path_algo), o.eng.mtu, o.eng.rto_ns / 1000, o.loss_rate, o.loss_links,
+             to_string(o.link_mode), o.zerocopy ? "true" : "false", o.eng.path_burst);
 }
 
 // CPU seconds this process used (user + system): the engine is one thread,
@@ -217,8 +218,10 @@ double cpu_seconds() {
 
 std::string link_json(const UdpLinkStats& s) {
   return fmt("{\"tx\":%lu,\"rx\":%lu,\"tx_err\":%lu,\"rx_trunc\":%lu,\"rx_nobufs\":%lu,"
-             "\"submits\":%lu,\"waits\":%lu}",
-             s.tx, s.rx, s.tx_err, s.rx_trunc, s.rx_nobufs, s.submits, s.waits);
+             "\"submits\":%lu,\"waits\":%lu,\"tx_sends\":%lu,\"rx_bufs\":%lu,\"tx_zc\":%lu,"
+             "\"tx_zc_copied\":%lu,\"gso_fallbacks\":%lu}",
+             s.tx, s.rx, s.tx_err, s.rx_trunc, s.rx_nobufs, s.submits, s.waits, s.tx_sends,
+             s.rx_bufs, s.tx_zc, s.tx_zc_copied, s.tx_gso_fallbacks);
 }
 
 // Interval goodput series.
@@ -437,7 +440,7 @@ int client_impl(const Options& o, std::string& json) {
   if (raw) {
     // The ceiling: the same sockets, the same io_uring batching, no engine.
     UdpLink& l = s.node->link();
-    PathSelector ps(o.eng.path_algo, o.eng.num_paths, 7, o.eng.single_path);
+    PathSelector ps(o.eng.path_algo, o.eng.num_paths, 7, o.eng.single_path, o.eng.path_burst);
     Buffer pay(std::max<uint64_t>(o.size, seg));
     uint8_t hdr[kRawHdr] = {};
     uint64_t per_msg = std::max<uint64_t>(1, (o.size + seg - 1) / seg);

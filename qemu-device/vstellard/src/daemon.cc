@@ -72,6 +72,8 @@ bool Daemon::Start(std::string* err) {
     lc.local_ip = o_.ip;
     lc.base_port = o_.udp_port;
     lc.num_paths = o_.paths;
+    lc.mode = o_.link_mode;
+    lc.zerocopy = o_.zerocopy;
     lc.mcast_port = uint16_t((o_.peer_port ? o_.peer_port : o_.udp_port) + DeviceShared::kMcastPortOffset);
     auto udp = std::make_unique<vstellar::UdpLink>(lc);
     if (!udp->ok()) {
@@ -85,6 +87,7 @@ bool Daemon::Start(std::string* err) {
   }
   vstellar::EngineConfig ec;
   ec.num_paths = o_.paths;
+  ec.path_burst = o_.path_burst;
   ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
   ec.integrity = o_.integrity;
   ec.integrity_key = o_.integrity_key;

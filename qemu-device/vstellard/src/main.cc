@@ -40,6 +40,12 @@ int Usage(const char* argv0, int rc) {
                "  --port N               engine UDP base port (default 0: no network)\n"
                "  --peer-port N          peers' UDP base port (default: --port)\n"
                "  --paths N              UDP paths per connection, 1..256 (default 128)\n"
+               "  --link=gso|plain       UDP link: segmentation and receive offloads\n"
+               "                         (UDP_SEGMENT, UDP_GRO; default) or one sendmsg and\n"
+               "                         one receive per datagram; the two interoperate\n"
+               "  --path-burst N         packets a path carries before the next pick, so the\n"
+               "                         link can send runs as one (1..64, default 16)\n"
+               "  --zerocopy             gso link: zero-copy sends (SENDMSG_ZC) of 32 KiB and more\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
                "                         work, then set need_kick and sleep (default 50)\n"
                "  --control-budget N     control commands per device per loop turn (default 64)\n"
@@ -90,7 +96,7 @@ bool Size(const char* s, unsigned long long* out) {
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
   enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
-         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey };
+         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kLink, kPathBurst, kZerocopy };
   static const option opts[] = {{"socket", required_argument, nullptr, 's'},
                                 {"pin", required_argument, nullptr, kPin},
                                 {"translation", required_argument, nullptr, kTrans},
@@ -100,6 +106,9 @@ int main(int argc, char** argv) {
                                 {"port", required_argument, nullptr, kPort},
                                 {"peer-port", required_argument, nullptr, kPeerPort},
                                 {"paths", required_argument, nullptr, kPaths},
+                                {"link", required_argument, nullptr, kLink},
+                                {"path-burst", required_argument, nullptr, kPathBurst},
+                                {"zerocopy", no_argument, nullptr, kZerocopy},
                                 {"stats-json", required_argument, nullptr, kStats},
                                 {"poll-us", required_argument, nullptr, kPollUs},
                                 {"control-budget", required_argument, nullptr, kControlBudget},
@@ -152,6 +161,14 @@ int main(int argc, char** argv) {
         if (!Num(optarg, 256, &v) || v == 0) return Usage(argv[0], 2);
         o.paths = uint16_t(v);
         break;
+      case kLink:
+        if (!vstellar::parse_link_mode(optarg, o.link_mode)) return Usage(argv[0], 2);
+        break;
+      case kPathBurst:
+        if (!Num(optarg, 64, &v) || v == 0) return Usage(argv[0], 2);
+        o.path_burst = uint16_t(v);
+        break;
+      case kZerocopy: o.zerocopy = true; break;
       case kStats: o.stats_json = optarg; break;
       case kPollUs:
         if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);

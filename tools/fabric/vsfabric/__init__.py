@@ -182,7 +182,10 @@ class Fabric:
             for i in range(H):
                 hn = self.host(t, i)
                 hip, tip = self.host_ip(t, i), f"198.18.{t + 1}.{2 * i}"
-                per[hn] += [f"link set h0 mtu {self.mtu} up", f"addr add {hip}/31 dev h0",
+                # gso_max_segs 1: the host's port cuts segmented sends
+                # (UDP_SEGMENT, TSO) into packets, as a NIC does, so
+                # switches queue, mark and drop packets, not 64 KiB bursts.
+                per[hn] += [f"link set h0 mtu {self.mtu} gso_max_segs 1 up", f"addr add {hip}/31 dev h0",
                             f"route add default via {tip} dev h0"]
                 per[tn] += [f"link set d{i} mtu {self.mtu} up", f"addr add {tip}/31 dev d{i}"]
             for a in range(A):

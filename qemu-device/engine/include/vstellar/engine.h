@@ -30,6 +30,10 @@ struct EngineConfig {
   uint16_t num_paths = 128;       // 1..256
   PathAlgo path_algo = PathAlgo::OBS;
   uint16_t single_path = 0;       // the path PathAlgo::SINGLE uses
+  // OBS/RR: packets sent on a path before the next pick (issue 16). 1 sprays
+  // every packet; 16 (64 KiB of 4 KiB packets) lets the UDP link's GSO mode
+  // hand a run to the kernel as one send. 1..64.
+  uint16_t path_burst = 1;
   uint64_t rto_ns = 250'000;      // minimum RTO (Stellar: 250 us)
   uint64_t rto_max_ns = 50'000'000;
   uint32_t window_pkts = 4096;    // PSN window per QP, power of two

@@ -14,7 +14,10 @@ bool parse_path_algo(const std::string& s, PathAlgo& out);
 
 class PathSelector {
  public:
-  PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path = 0);
+  // burst: OBS and RR keep each path they pick for this many first
+  // transmissions (1: a new path per packet).
+  PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path = 0,
+               uint16_t burst = 1);
   // Path for a first transmission of `bytes` payload bytes.
   uint16_t pick(uint32_t bytes);
   // Path for a retransmission: never `avoid` when another path exists, so a
@@ -30,12 +33,16 @@ class PathSelector {
 
  private:
   uint64_t rand();
+  uint16_t pick_one(uint32_t bytes);
   uint16_t pick_dwrr(uint32_t bytes);
   uint16_t pick_best_rtt();
 
   PathAlgo algo_;
   uint16_t n_;
   uint16_t single_;
+  uint16_t burst_;
+  uint16_t burst_left_ = 0;
+  uint16_t burst_path_ = 0;
   uint64_t rng_;
   uint32_t rr_ = 0;
   uint64_t picks_ = 0;

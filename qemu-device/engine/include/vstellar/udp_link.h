@@ -8,6 +8,19 @@
 // IP ECN: sockets send ECT(0) so a fabric can mark; the receive side reads the
 // TOS byte (IP_RECVTOS) and reports CE to the engine.
 //
+// Two modes (UdpLinkConfig::mode, issue 16). PLAIN: one sendmsg and one
+// receive per datagram. GSO (the default): consecutive datagrams of one
+// flush that leave from the same path (source port) for the same
+// destination with the same size go to the kernel as one sendmsg with
+// UDP_SEGMENT (at most kMaxGsoSegs datagrams and 64 KiB), which the stack
+// carries as one buffer and cuts into datagrams at the device (or not at
+// all on loopback); the receive socket sets UDP_GRO, so a burst of one
+// source port may arrive as one buffer, which poll() cuts back into
+// datagrams at the size the kernel reports. Every datagram on the wire is
+// the same in both modes, so the two interoperate. With zerocopy, a GSO
+// send of at least zc_min_bytes uses IORING_OP_SENDMSG_ZC (the payload is
+// not copied; flush() then also waits for the kernel's release).
+//
 // Waking an owner: event_fd() is an eventfd registered with the ring, which
 // the kernel signals whenever it posts a completion (a datagram arrived, a
 // send finished), so an owner can sleep in epoll and poll(0) when it fires
@@ -15,6 +28,7 @@
 #pragma once
 #include <liburing.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <cstdint>
 #include <string>
@@ -24,12 +38,19 @@
 
 namespace vstellar {
 
+enum class LinkMode : uint8_t { PLAIN, GSO };
+const char* to_string(LinkMode m);
+bool parse_link_mode(const std::string& s, LinkMode& out);
+
 struct UdpLinkConfig {
+  LinkMode mode = LinkMode::GSO;
+  bool zerocopy = false;           // GSO mode: SENDMSG_ZC for sends of zc_min_bytes and more
+  uint32_t zc_min_bytes = 32768;
   uint32_t local_ip = 0x7f000001;  // host order
   uint16_t base_port = 47000;
   uint16_t num_paths = 128;        // sockets on base_port .. base_port+num_paths-1
   uint32_t max_datagram = 4096 + 256;
-  uint32_t rx_buffers = 1024;      // provided buffers (power of two)
+  uint32_t rx_buffers = 0;         // provided buffers (power of two); 0: 1024 (PLAIN), 256 (GSO, 64 KiB each)
   uint32_t tx_slots = 512;         // sends in flight per flush
   int sock_buf = 16 << 20;         // SO_RCVBUF/SO_SNDBUF (forced when root)
   bool ecn = true;
@@ -48,6 +69,12 @@ class RxSink {
 
 struct UdpLinkStats {
   uint64_t tx = 0, tx_err = 0, rx = 0, rx_trunc = 0, rx_nobufs = 0, submits = 0, waits = 0;
+  // tx_sends: sendmsg requests (tx / tx_sends = datagrams per send);
+  // tx_zc: of them zero-copy, tx_zc_copied: ones the kernel copied anyway;
+  // rx_bufs: receive completions (rx / rx_bufs = datagrams per receive).
+  // tx_gso_fallbacks: segmented sends the route refused (then the link
+  // sends one datagram per sendmsg).
+  uint64_t tx_sends = 0, tx_zc = 0, tx_zc_copied = 0, rx_bufs = 0, tx_gso_fallbacks = 0;
 };
 
 class UdpLink final : public Link {
@@ -75,18 +102,33 @@ class UdpLink final : public Link {
   int event_fd() const { return event_fd_; }
 
  private:
-  static constexpr int kMaxIov = 66;
+  // One sendmsg: a datagram, or in GSO mode up to kMaxGsoSegs datagrams of
+  // seg_len bytes (the last may be shorter) from one path to one destination.
+  static constexpr int kMaxIov = 66;      // iovecs of one datagram
+  static constexpr int kMaxGsoSegs = 16;  // 16 x (4 KiB + header) stays under 64 KiB
+  static constexpr int kSlotIov = 256;
+  static constexpr size_t kGsoMaxBytes = 65000;  // UDP payload of one GSO send
+  static constexpr size_t kZcMaxIov = 16;
   struct TxSlot {
     msghdr msg;
-    iovec iov[kMaxIov];
+    iovec iov[kSlotIov];
     sockaddr_in dst;
-    uint8_t hdr[256];
+    alignas(cmsghdr) uint8_t cmsg[CMSG_SPACE(sizeof(uint16_t))];
+    uint8_t hdr[kMaxGsoSegs][256];
+    uint16_t path;
+    uint16_t segs;       // datagrams in it
+    uint32_t seg_len;    // bytes of each but the last
+    uint32_t bytes;
+    bool closed;         // its last datagram was shorter: nothing may follow
   };
   io_uring_sqe* sqe();
+  void submit_slot(uint32_t idx);
+  void resend_unsegmented(const TxSlot& t);
+  void tx_complete(uint32_t idx, int32_t res, uint32_t flags);
   void arm_recv();
   void arm_mc_recv();
   bool open_mc();
-  void handle_cqe(io_uring_cqe* cqe, RxSink* sink, size_t& delivered);
+  void handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& delivered);
   void reap(RxSink* sink, size_t& delivered);
 
   UdpLinkConfig cfg_;
@@ -97,8 +139,10 @@ class UdpLink final : public Link {
   int event_fd_ = -1;
   std::vector<TxSlot> tx_;
   std::vector<uint32_t> tx_free_;
-  uint32_t tx_inflight_ = 0;
+  uint32_t tx_inflight_ = 0;  // requests (and zero-copy notifications) not yet complete
   bool tx_unsubmitted_ = false;
+  int64_t open_ = -1;          // GSO: the slot later datagrams may join
+  bool gso_ok_ = true;         // false once the route refused a segmented send
   // provided buffer ring for multishot receive
   io_uring_buf_ring* br_ = nullptr;
   size_t br_bytes_ = 0;

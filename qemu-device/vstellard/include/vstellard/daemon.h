@@ -33,6 +33,9 @@ struct DaemonOptions {
   uint16_t udp_port = 0;       // engine base port; 0 = no network
   uint16_t peer_port = 0;      // peers' base port; 0 = same as udp_port
   uint16_t paths = 128;
+  vstellar::LinkMode link_mode = vstellar::LinkMode::GSO;  // UdpLinkConfig::mode
+  uint16_t path_burst = 16;    // EngineConfig::path_burst
+  bool zerocopy = false;       // UdpLinkConfig::zerocopy
   uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
   // Work per device per loop turn (DeviceShared): what is left waits a turn.
   uint32_t control_budget = 64;       // control commands

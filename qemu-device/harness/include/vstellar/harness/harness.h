@@ -23,7 +23,14 @@ struct Options {
   uint16_t base_port = 0;  // 0: 47000 for the server, 47300 for the client
   uint16_t peer_port = 0;  // 0: the other role's default
   uint16_t ctrl_port = 46999;
-  EngineConfig eng;
+  // Runs of 16 packets per path, for the GSO link.
+  EngineConfig eng = [] {
+    EngineConfig c;
+    c.path_burst = 16;
+    return c;
+  }();
+  LinkMode link_mode = LinkMode::GSO;
+  bool zerocopy = false;
   uint64_t size = 65536;
   uint32_t qps = 1;
   uint32_t depth = 16;
