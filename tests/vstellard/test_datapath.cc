@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -920,6 +921,85 @@ TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
 // With connected QPs and nothing to do, the daemon sleeps: datagrams wake
 // it through the UDP link's eventfd and timers through the epoll timeout,
 // so there is no periodic tick (it used to wake every millisecond).
+size_t OpenFds() {
+  size_t n = 0;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += !e.path().empty();
+  return n;
+}
+
+uint64_t MemoryUsed(Daemon& d) {  // "memory":{"limit":..,"device_limit":..,"used":N
+  const std::string j = d.StatsJson();
+  const size_t at = j.find("\"used\":", j.find("\"memory\":{\"limit\""));
+  return at == std::string::npos ? ~0ull : std::stoull(j.substr(at + 7));
+}
+
+// Device scale (issue 16): 64 devices on one daemon, each with a context,
+// PD, CQ, MR and an RC QP connected to its neighbour's; every pair moves a
+// SEND and a WRITE; then the frontends go away. Twice: after each round the
+// daemon holds no device, no accounted memory, and the process no more
+// file descriptors than before the round (kick/call eventfds, memfds,
+// sockets and the mappings behind them are all released).
+TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) {
+  StartDaemon();
+  constexpr int kDevices = 64;
+  for (int round = 0; round < 2; round++) {
+    SCOPED_TRACE(round);
+    const size_t fds_before = OpenFds();
+    std::vector<std::unique_ptr<Frontend>> fs;
+    std::vector<std::unique_ptr<Guest>> gs;
+    std::vector<GQp> qs;
+    for (int i = 0; i < kDevices; i++) {
+      FrontendOptions fo;
+      fo.mem_size = 8ull << 20;
+      fs.push_back(std::make_unique<Frontend>(fo));
+      std::string err;
+      ASSERT_TRUE(fs.back()->Connect(sock_, &err)) << i << ": " << err;
+      ASSERT_TRUE(fs.back()->StartQueues(&err)) << i << ": " << err;
+      gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+      gs.back()->Setup();
+      qs.push_back(gs.back()->CreateQp());
+    }
+    ASSERT_EQ(d_->Stats().size(), size_t(kDevices));
+    EXPECT_GT(MemoryUsed(*d_), 0u);
+    for (int i = 0; i < kDevices; i += 2) {
+      gs[i]->Connect(qs[i], qs[i + 1].qpn);
+      gs[i + 1]->Connect(qs[i + 1], qs[i].qpn);
+    }
+    // Every even device SENDs 3000 bytes to its odd neighbour and WRITEs
+    // 5000 bytes into it; all pairs at once.
+    for (int i = 0; i < kDevices; i += 2) {
+      Fill(gs[i]->Buf(0), 8192, uint8_t(i));
+      std::memset(gs[i + 1]->Buf(0), 0, 16384);
+      gs[i + 1]->PostRecv(qs[i + 1], 7, {gs[i + 1]->Sge(0, 4096)});
+      gs[i]->PostSend(qs[i], Wqe(VSTELLAR_WR_SEND, 1), {gs[i]->Sge(0, 3000)});
+      vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 2);
+      w.u.rdma.remote_addr = kMrGpa + 8192;
+      w.u.rdma.rkey = gs[i + 1]->rkey;
+      gs[i]->PostSend(qs[i], w, {gs[i]->Sge(0, 5000)});
+    }
+    for (int i = 0; i < kDevices; i += 2) {
+      for (uint64_t id : {1, 2}) {
+        auto c = gs[i]->Poll();
+        ASSERT_TRUE(c) << i;
+        EXPECT_EQ(c->wr_id, id);
+        EXPECT_EQ(c->status, 0);
+      }
+      auto r = gs[i + 1]->Poll();
+      ASSERT_TRUE(r) << i + 1;
+      EXPECT_EQ(r->wr_id, 7u);
+      EXPECT_EQ(r->byte_len, 3000u);
+      EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(0), gs[i]->Buf(0), 3000), 0) << i;
+      EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(8192), gs[i]->Buf(0), 5000), 0) << i;
+    }
+    gs.clear();
+    fs.clear();  // the connections close: the daemon destroys the devices
+    for (int i = 0; i < 500 && !d_->Stats().empty(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(d_->Stats().empty());
+    EXPECT_EQ(MemoryUsed(*d_), 0u);
+    EXPECT_EQ(OpenFds(), fds_before);
+  }
+}
+
 TEST_F(DataPath, IdleDaemonWithQpsSleeps) {
   StartDaemon();
   TwoGuests();
