@@ -4,6 +4,7 @@
 // when it closes. See docs/vstellard.md.
 #include <getopt.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -214,6 +215,13 @@ int main(int argc, char** argv) {
   }
   if (o.socket.empty() || optind != argc) return Usage(argv[0], 2);
   signal(SIGPIPE, SIG_IGN);
+  // A device holds about a dozen descriptors (its socket, two memfds, a
+  // kick and a call eventfd per queue): take all the hard limit allows.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   vstellard::Daemon d(o);
   std::string err;

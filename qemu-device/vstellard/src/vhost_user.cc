@@ -25,6 +25,10 @@ Fd::~Fd() {
 }
 
 namespace {
+// MSG_CTRUNC: more descriptors than a message may carry, or ones the
+// kernel could not install because the daemon reached RLIMIT_NOFILE.
+constexpr const char* kFdsCutOff =
+    "file descriptors cut off (too many with one message, or the daemon's RLIMIT_NOFILE reached)";
 
 constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 
@@ -473,7 +477,7 @@ bool ReadMessage(int sock, Message* m, std::string* err) {
     return false;
   }
   if (msg.msg_flags & MSG_CTRUNC) {
-    *err = "too many fds with one message";
+    *err = kFdsCutOff;
     return false;
   }
   if (m->hdr.size > kMaxPayload) {
@@ -527,7 +531,7 @@ MessageReader::Result MessageReader::Read(int sock, Message* m, std::string* err
       return Result::kClosed;
     }
     if ((msg.msg_flags & MSG_CTRUNC) || fds_.size() > kMaxMemRegions) {
-      *err = "too many fds with one message";
+      *err = kFdsCutOff;
       return Result::kError;
     }
     hdr_got_ += size_t(n);
