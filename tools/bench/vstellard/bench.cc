@@ -12,12 +12,29 @@
 //   vstellard_bench dma ...same options...
 //     The translation cost alone: copy MR to MR through the translators
 //     (what the engine does per packet), no network.
+//   vstellard_bench scale --devices N [--seconds S] [--size BYTES]
+//       [--link gso|plain] [--port P] [--vstellard PATH]
+//     N devices (test frontends, 8 MiB guests) on one vstellard process:
+//     attach time, the daemon's memory and idle CPU, bare and with a
+//     context, PD, CQ, MR and connected RC QP each; with S > 0 every device
+//     WRITEs to its neighbour for S seconds (Jain's index of the messages
+//     each completed); destroy time.
 // Each prints one JSON object.
+#include <endian.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -49,6 +66,9 @@ struct Args {
   size_t atc_entries = 16384;
   uint64_t atc_miss_ns = 0;
   uint16_t port = 53000;
+  uint64_t devices = 64;
+  std::string vstellard;  // scale: the daemon binary (default: the build tree's)
+  vstellar::LinkMode link = vstellar::LinkMode::GSO;
 };
 
 int Attach(const Args& a) {
@@ -283,11 +303,443 @@ int Write(const Args& a) {
   return errors ? 1 : 0;
 }
 
+// ---- scale: many devices on one daemon (issue 16) ----
+
+// One device as a guest's driver and provider drive it, reduced to what
+// the scale run needs: a user context, PD, CQ (256 CQEs), MR (256 KiB) and
+// one RC QP (64 SQ slots of 128 bytes), RDMA WRITEs posted through the
+// doorbell page and completions polled by their owner bit.
+// (tests/vstellard/test_datapath.cc's Guest is the full version, under gtest.)
+struct ScaleDev {
+  static constexpr uint64_t kCq = 0x200000, kSq = 0x210000, kMr = 0x400000, kMrLen = 256 << 10;
+  static constexpr uint32_t kLogCqe = 8, kSqLog = 6, kSqStride = 128;
+  std::unique_ptr<Frontend> f;
+  uint32_t uctx = 0, page = 0, pd = 0, cq = 0, cq_slot = 0, lkey = 0, rkey = 0, qpn = 0, qp_slot = 0;
+  uint32_t sq_pi = 0, cq_ci = 0, outstanding = 0;
+  uint64_t done = 0, errors = 0;
+
+  bool Cmd(uint16_t op, uint32_t ctx, const void* b, size_t n, uint32_t resp, void* out = nullptr) {
+    CmdResult r = f->Command(op, ctx, b, n, resp, 30000);
+    if (!r.done || r.status() != 0) return false;
+    if (out) std::memcpy(out, r.body.data(), std::min<size_t>(resp, r.body.size()));
+    return true;
+  }
+  template <typename T>
+  static std::vector<uint8_t> With(const T& body, const std::vector<uint64_t>& pages) {
+    std::vector<uint8_t> v(sizeof(T) + 8 * pages.size());
+    std::memcpy(v.data(), &body, sizeof(T));
+    std::memcpy(v.data() + sizeof(T), pages.data(), 8 * pages.size());
+    return v;
+  }
+  bool Setup() {
+    vstellar_resp_alloc_ucontext u{};
+    if (!Cmd(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, sizeof(u), &u)) return false;
+    uctx = u.ucontext;
+    page = u.db_page;
+    vstellar_resp_alloc_pd p{};
+    if (!Cmd(VSTELLAR_CMD_ALLOC_PD, uctx, nullptr, 0, sizeof(p), &p)) return false;
+    pd = p.pdn;
+    vstellar_cmd_create_cq c{};
+    c.log_cqe = kLogCqe;
+    c.page_shift = 12;
+    c.num_pages = 2;
+    std::memset(f->mem() + kCq, 0, 8192);
+    auto body = With(c, {kCq, kCq + 4096});
+    vstellar_resp_create_cq rc{};
+    if (!Cmd(VSTELLAR_CMD_CREATE_CQ, uctx, body.data(), body.size(), sizeof(rc), &rc)) return false;
+    cq = rc.cqn;
+    cq_slot = rc.db_slot;
+    vstellar_cmd_reg_mr m{};
+    m.pdn = pd;
+    m.access_flags = VSTELLAR_ACCESS_VALID;
+    m.iova = kMr;
+    m.length = kMrLen;
+    m.page_shift = 12;
+    std::vector<uint64_t> pages;
+    for (uint64_t a = kMr; a < kMr + kMrLen; a += 4096) pages.push_back(a);
+    m.num_pages = uint32_t(pages.size());
+    body = With(m, pages);
+    vstellar_resp_reg_mr rm{};
+    if (!Cmd(VSTELLAR_CMD_REG_MR, uctx, body.data(), body.size(), sizeof(rm), &rm)) return false;
+    lkey = rm.lkey;
+    rkey = rm.rkey;
+    std::memset(f->mem() + kSq, 0, 3 * 4096);
+    vstellar_cmd_create_qp q{};
+    q.pdn = pd;
+    q.send_cqn = q.recv_cqn = cq;
+    q.qp_type = VSTELLAR_QPT_RC;
+    q.sq_log_wqe = kSqLog;
+    q.sq_log_stride = 7;
+    q.rq_log_wqe = 6;
+    q.rq_log_stride = 6;
+    q.page_shift = 12;
+    q.max_send_sge = 4;
+    q.max_recv_sge = 2;
+    q.sq_pages = 2;
+    q.rq_pages = 1;
+    body = With(q, {kSq, kSq + 4096, kSq + 8192});
+    vstellar_resp_create_qp rq{};
+    if (!Cmd(VSTELLAR_CMD_CREATE_QP, uctx, body.data(), body.size(), sizeof(rq), &rq)) return false;
+    qpn = rq.qpn;
+    qp_slot = rq.db_slot;
+    return true;
+  }
+  bool Connect(uint32_t dest) {
+    vstellar_cmd_modify_qp m{};
+    m.qpn = qpn;
+    m.attr.port = 1;
+    m.attr.path_mtu = 5;  // 4096
+    m.attr.timeout = 14;
+    m.attr.retry_cnt = 7;
+    m.attr.rnr_retry = 7;
+    m.attr.max_rd_atomic = 4;
+    m.attr.max_dest_rd_atomic = 4;
+    m.attr.access_flags = VSTELLAR_ACCESS_VALID;
+    m.attr.dest_qpn = dest;
+    m.attr.av.dgid[10] = m.attr.av.dgid[11] = 0xff;
+    m.attr.av.dgid[12] = 127;
+    m.attr.av.dgid[15] = 1;
+    const std::pair<uint8_t, uint32_t> steps[] = {
+        {VSTELLAR_QPS_INIT, VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_PORT | VSTELLAR_QP_ACCESS_FLAGS},
+        {VSTELLAR_QPS_RTR, VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN |
+                               VSTELLAR_QP_RQ_PSN | VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER},
+        {VSTELLAR_QPS_RTS, VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT | VSTELLAR_QP_RNR_RETRY |
+                               VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC}};
+    for (auto [state, mask] : steps) {
+      m.attr.qp_state = state;
+      m.attr.attr_mask = mask;
+      if (!Cmd(VSTELLAR_CMD_MODIFY_QP, uctx, &m, sizeof(m), 0)) return false;
+    }
+    return true;
+  }
+  std::atomic_ref<uint32_t> Db(uint32_t off) {
+    return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(f->doorbell_page(page) + off));
+  }
+  // Keeps `depth` WRITEs of `size` bytes into the peer's MR outstanding.
+  void Post(uint32_t depth, uint32_t size, uint32_t peer_rkey) {
+    bool posted = false;
+    while (outstanding < depth) {
+      uint8_t* s = f->mem() + kSq + (sq_pi & ((1u << kSqLog) - 1)) * kSqStride;
+      vstellar_send_wqe w{};
+      w.wr_id = sq_pi;
+      w.opcode = VSTELLAR_WR_RDMA_WRITE;
+      w.flags = VSTELLAR_WQE_SIGNALED;
+      w.num_sge = 1;
+      w.u.rdma.remote_addr = kMr;
+      w.u.rdma.rkey = peer_rkey;
+      const vstellar_sge sge{kMr, size, lkey};
+      std::memcpy(s + sizeof(w), &sge, sizeof(sge));
+      std::memcpy(s, &w, sizeof(w));
+      sq_pi++;
+      outstanding++;
+      posted = true;
+    }
+    if (!posted) return;
+    std::atomic_thread_fence(std::memory_order_release);
+    Db(VSTELLAR_DB_SLOT_SIZE * qp_slot + offsetof(vstellar_db_qp, sq_pi)).store(htole32(sq_pi));
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (Db(0).load()) f->Kick(VSTELLAR_VQ_KICK);
+  }
+  void Reap() {
+    const uint32_t n = 1u << kLogCqe;
+    for (;;) {
+      uint8_t* e = f->mem() + kCq + 32ull * (cq_ci & (n - 1));
+      const uint8_t want = ((cq_ci >> kLogCqe) & 1) ? 0 : 1;
+      if ((std::atomic_ref<uint8_t>(e[31]).load(std::memory_order_acquire) & VSTELLAR_CQE_OWNER) != want) break;
+      vstellar_cqe c;
+      std::memcpy(&c, e, sizeof(c));
+      cq_ci++;
+      Db(VSTELLAR_DB_SLOT_SIZE * cq_slot + offsetof(vstellar_db_cq, ci)).store(htole32(cq_ci));
+      outstanding--;
+      if (c.status == 0) done++;
+      else errors++;
+    }
+  }
+};
+
+// The daemon under test, as its own process (its memory, CPU time and file
+// descriptors are then its own): vstellard with --stats-json, which it
+// rewrites on SIGUSR1.
+class DaemonProcess {
+ public:
+  DaemonProcess(const std::string& exe, const std::string& dir, const Args& a) : dir_(dir) {
+    sock_ = dir + "/s";
+    stats_ = dir + "/stats.json";
+    const std::string port = std::to_string(a.port), link = vstellar::to_string(a.link),
+                      burst = a.link == vstellar::LinkMode::GSO ? "16" : "1";
+    std::vector<std::string> args = {exe,     "--socket",     sock_, "--port", port,   "--paths", "16",
+                                     "--link", link,          "--path-burst", burst, "--stats-json", stats_};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, (dir + "/log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~DaemonProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    for (const char* f : {"/s", "/stats.json", "/stats.json.tmp", "/log"}) unlink((dir_ + f).c_str());
+  }
+  const std::string& socket() const { return sock_; }
+  bool WaitListening(double secs) {
+    const auto t0 = Clock::now();
+    while (Since(t0) < secs) {
+      if (pid_ < 0 || waitpid(pid_, nullptr, WNOHANG) != 0) return false;
+      int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un sa{};
+      sa.sun_family = AF_UNIX;
+      std::snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock_.c_str());
+      const bool up = connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
+      close(s);
+      if (up) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // Its counters, freshly written (SIGUSR1, then wait for the new file).
+  std::string Stats() {
+    unlink(stats_.c_str());
+    kill(pid_, SIGUSR1);
+    for (int i = 0; i < 10000; i++) {
+      FILE* f = std::fopen(stats_.c_str(), "r");
+      if (f) {
+        std::string s;
+        char b[65536];
+        for (size_t n; (n = std::fread(b, 1, sizeof(b), f)) > 0;) s.append(b, n);
+        std::fclose(f);
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return "";
+  }
+  uint64_t Status(const char* key) {  // a /proc/PID/status field, kB fields in bytes
+    FILE* f = std::fopen(("/proc/" + std::to_string(pid_) + "/status").c_str(), "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t v = 0;
+    const size_t kl = std::strlen(key);
+    while (std::fgets(line, sizeof(line), f))
+      if (!std::strncmp(line, key, kl) && line[kl] == ':') {
+        v = std::strtoull(line + kl + 1, nullptr, 10);
+        if (std::strstr(line, "kB")) v <<= 10;
+      }
+    std::fclose(f);
+    return v;
+  }
+  double CpuSeconds() {  // utime + stime from /proc/PID/stat
+    FILE* f = std::fopen(("/proc/" + std::to_string(pid_) + "/stat").c_str(), "r");
+    if (!f) return 0;
+    char b[1024];
+    const size_t n = std::fread(b, 1, sizeof(b) - 1, f);
+    std::fclose(f);
+    b[n] = 0;
+    const char* p = std::strrchr(b, ')');
+    unsigned long long ut = 0, st = 0;
+    if (p) std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st);
+    return double(ut + st) / double(sysconf(_SC_CLK_TCK));
+  }
+
+ private:
+  std::string dir_, sock_, stats_;
+  pid_t pid_ = -1;
+};
+
+uint64_t JsonNumber(const std::string& j, const std::string& key, size_t from = 0) {
+  const size_t at = j.find("\"" + key + "\":", from);
+  return at == std::string::npos ? 0 : std::strtoull(j.c_str() + at + key.size() + 3, nullptr, 10);
+}
+
+size_t LiveDevices(const std::string& j) {
+  size_t n = 0;
+  for (size_t at = 0; (at = j.find("\"closed\":false", at)) != std::string::npos; at++) n++;
+  return n;
+}
+
+// N devices on one vstellard process (with the UDP engine): each gets a
+// context, PD, CQ, MR and an RC QP connected to its neighbour's. Measured
+// on the daemon's process: attach time, memory (private and shared, bare
+// and with the objects; the accounted budget), idle CPU time and sleeps
+// (voluntary context switches) bare and with connected QPs; with
+// --seconds > 0, every device WRITEs to its neighbour for that long and
+// Jain's index of the messages each completed is reported; then all
+// frontends close and the time until the daemon has destroyed every device.
+int Scale(const Args& a) {
+  // About a dozen descriptors per device on the frontends' side.
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  std::string exe = a.vstellard;
+  if (exe.empty()) {  // build/tools/bench/vstellard/ -> build/qemu-device/vstellard/vstellard
+    char self[4096];
+    const ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    exe = std::string(self, k > 0 ? size_t(k) : 0);
+    exe = exe.substr(0, exe.rfind('/')) + "/../../../qemu-device/vstellard/vstellard";
+  }
+  char tmpl[] = "/tmp/vstellard-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) return 1;
+  int rc = 0;
+  {
+    DaemonProcess d(exe, tmpl, a);
+    if (!d.WaitListening(10)) {
+      std::fprintf(stderr, "scale: %s did not start (see its log)\n", exe.c_str());
+      rmdir(tmpl);
+      return 1;
+    }
+    const uint32_t n = uint32_t(a.devices);
+    std::vector<ScaleDev> devs(n);
+    std::vector<double> attach_s;
+    auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };  // > poll_us
+    settle();
+    const uint64_t anon0 = d.Status("RssAnon"), shm0 = d.Status("RssShmem");
+    std::string err;
+    bool ok = true;
+    const auto ta = Clock::now();
+    for (uint32_t i = 0; i < n && ok; i++) {
+      FrontendOptions fo;
+      fo.mem_size = 8ull << 20;
+      devs[i].f = std::make_unique<Frontend>(fo);
+      const auto t0 = Clock::now();
+      ok = devs[i].f->Connect(d.socket(), &err) && devs[i].f->StartQueues(&err);
+      CmdResult r;
+      if (ok) r = devs[i].f->Command(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, sizeof(vstellar_resp_query_device), 30000);
+      ok = ok && r.done && r.status() == 0;
+      attach_s.push_back(Since(t0));
+    }
+    const double attach_total = Since(ta);
+    settle();
+    const uint64_t anon1 = d.Status("RssAnon"), shm1 = d.Status("RssShmem");
+    auto idle = [&](double* cpu, uint64_t* sleeps) {
+      const double c0 = d.CpuSeconds();
+      const uint64_t s0 = d.Status("voluntary_ctxt_switches");
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      *cpu = (d.CpuSeconds() - c0) / 2;
+      *sleeps = (d.Status("voluntary_ctxt_switches") - s0) / 2;
+    };
+    double idle_bare = 0, idle_qps = 0;
+    uint64_t sleeps_bare = 0, sleeps_qps = 0;
+    if (ok) idle(&idle_bare, &sleeps_bare);
+    const auto tsu = Clock::now();
+    for (uint32_t i = 0; i < n && ok; i++) ok = devs[i].Setup();
+    for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
+    const double setup_total = Since(tsu);
+    settle();
+    const uint64_t anon2 = d.Status("RssAnon"), shm2 = d.Status("RssShmem");
+    std::string j = d.Stats();
+    const uint64_t accounted = JsonNumber(j, "used", j.find("\"memory\":{\"limit\""));
+    const size_t live = LiveDevices(j);
+    if (ok) idle(&idle_qps, &sleeps_qps);
+    // Busy: every device keeps `depth` WRITEs to its neighbour in flight.
+    const uint32_t size = uint32_t(std::min<uint64_t>(a.size, ScaleDev::kMrLen)), depth = 8;
+    double jain = 0, busy_gbps = 0, busy_cpu = 0;
+    uint64_t min_done = 0, max_done = 0, errors = 0;
+    if (ok && a.seconds > 0 && n >= 2) {
+      const auto tb = Clock::now();
+      const auto warm_end = tb + std::chrono::milliseconds(200);
+      bool counting = false;
+      double c0 = 0;
+      while (Since(tb) < a.seconds + 0.2) {
+        if (!counting && Clock::now() >= warm_end) {
+          for (auto& v : devs) v.done = 0;
+          counting = true;
+          c0 = d.CpuSeconds();
+        }
+        uint64_t before = 0, after = 0;
+        for (uint32_t i = 0; i < n; i++) {
+          ScaleDev& v = devs[i];
+          before += v.done + v.errors;
+          v.Reap();
+          after += v.done + v.errors;
+          v.Post(depth, size, devs[i ^ 1].rkey);
+        }
+        // Nothing completed: leave the cores to the daemon for a moment
+        // (guests' vCPUs would not spin on 64 CQs either).
+        if (after == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      busy_cpu = (d.CpuSeconds() - c0) / a.seconds;
+      double sum = 0, sq = 0;
+      min_done = ~0ull;
+      for (auto& v : devs) {
+        sum += double(v.done);
+        sq += double(v.done) * double(v.done);
+        min_done = std::min(min_done, v.done);
+        max_done = std::max(max_done, v.done);
+        errors += v.errors;
+      }
+      jain = sq > 0 ? sum * sum / (double(n) * sq) : 0;
+      busy_gbps = sum * size * 8 / a.seconds / 1e9;
+      const auto td = Clock::now();  // what is in flight finishes first
+      for (bool left = true; left && Since(td) < 10;) {
+        left = false;
+        for (auto& v : devs) {
+          v.Reap();
+          left |= v.outstanding > 0;
+        }
+      }
+    }
+    j = d.Stats();
+    const size_t eng = j.find("\"engine\":");
+    const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
+    const auto tdown = Clock::now();
+    devs.clear();
+    while (LiveDevices(d.Stats()) > 0 && Since(tdown) < 60) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const double destroy_total = Since(tdown);
+    settle();
+    const uint64_t anon3 = d.Status("RssAnon");
+    // A second round of the same devices: a daemon that leaked would grow
+    // again; one whose allocator kept the freed memory reuses it.
+    devs = std::vector<ScaleDev>(n);
+    for (uint32_t i = 0; i < n && ok; i++) {
+      FrontendOptions fo;
+      fo.mem_size = 8ull << 20;
+      devs[i].f = std::make_unique<Frontend>(fo);
+      ok = devs[i].f->Connect(d.socket(), &err) && devs[i].f->StartQueues(&err) && devs[i].Setup();
+    }
+    for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
+    devs.clear();
+    for (const auto t2 = Clock::now(); LiveDevices(d.Stats()) > 0 && Since(t2) < 60;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    settle();
+    const uint64_t anon4 = d.Status("RssAnon");
+    if (!ok) {
+      std::fprintf(stderr, "scale: a device failed to attach or set up: %s\n", err.c_str());
+      rc = 1;
+    } else {
+      std::sort(attach_s.begin(), attach_s.end());
+      auto pct = [&](double p) { return attach_s[std::min(attach_s.size() - 1, size_t(p * double(attach_s.size())))]; };
+      auto per = [&](uint64_t hi, uint64_t lo) { return (double(hi) - double(lo)) / n; };
+      std::printf(
+          "{\"mode\":\"scale\",\"devices\":%u,\"live\":%zu,\"link\":\"%s\",\"attach_s_per_device\":%.6f,"
+          "\"attach_p50_s\":%.6f,\"attach_p99_s\":%.6f,\"setup_s_per_device\":%.6f,\"destroy_s_per_device\":%.6f,"
+          "\"rss_anon_per_device\":%.0f,\"rss_shmem_per_device\":%.0f,\"rss_anon_per_device_with_objects\":%.0f,"
+          "\"rss_shmem_per_device_with_objects\":%.0f,\"accounted_per_device\":%.0f,\"rss_anon_base\":%llu,"
+          "\"rss_anon_after_destroy\":%llu,\"rss_anon_after_second_round\":%llu,\"idle_cpu_bare\":%.5f,\"idle_sleeps_bare\":%llu,\"idle_cpu_qps\":%.5f,"
+          "\"idle_sleeps_qps\":%llu,\"busy_seconds\":%.2f,\"busy_size\":%u,\"busy_gbps\":%.3f,\"busy_daemon_cpu\":%.3f,"
+          "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu}\n",
+          n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
+          destroy_total / n, per(anon1, anon0), per(shm1, shm0), per(anon2, anon0), per(shm2, shm0),
+          double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
+          (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
+          busy_cpu, jain, (unsigned long long)min_done, (unsigned long long)max_done, (unsigned long long)errors,
+          (unsigned long long)retx, (unsigned long long)timeouts);
+      rc = errors ? 1 : 0;
+    }
+  }
+  rmdir(tmpl);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s attach|write|dma [options]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s attach|write|dma|scale [options]\n", argv[0]);
     return 2;
   }
   Args a;
@@ -302,6 +754,11 @@ int main(int argc, char** argv) {
     else if (k == "--atc-entries") a.atc_entries = std::stoull(v);
     else if (k == "--atc-miss-ns") a.atc_miss_ns = std::stoull(v);
     else if (k == "--port") a.port = uint16_t(std::stoul(v));
+    else if (k == "--devices") a.devices = std::stoull(v);
+    else if (k == "--vstellard") a.vstellard = v;
+    else if (k == "--link") {
+      if (!vstellar::parse_link_mode(v, a.link)) return 2;
+    }
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -310,6 +767,7 @@ int main(int argc, char** argv) {
   if (a.mode == "attach") return Attach(a);
   if (a.mode == "write") return Write(a);
   if (a.mode == "dma") return Dma(a);
+  if (a.mode == "scale") return Scale(a);
   std::fprintf(stderr, "unknown mode %s\n", a.mode.c_str());
   return 2;
 }
