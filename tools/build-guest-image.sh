@@ -31,17 +31,6 @@ root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
 # second libibverbs beside ours.
 host_packages=(busybox-static kmod iproute2)
 
-debs=$VSTELLAR_CACHE/debs
-apt_download_dir "$debs"
-getdeb() {  # getdeb PKG VERSION [ARCH]: the .deb in the cache, downloaded once
-	local pkg=$1 ver=$2 arch=${3:-$(dpkg --print-architecture)}
-	# apt names files PKG_VERSION_ARCH.deb with an epoch's colon as %3a.
-	local f=$debs/${pkg}_${ver/:/%3a}_$arch.deb
-	[[ -f $f ]] || (cd "$debs" && apt-get download -qq "$pkg=$ver") ||
-		die "apt-get download $pkg=$ver failed (run: make deps)"
-	[[ -f $f ]] || die "apt-get download $pkg=$ver did not give $f"
-	echo "$f"
-}
 kdeb=$(getdeb "linux-image-$abi" "$GUEST_KERNEL_VERSION")
 perftest_ver=$(apt-cache policy perftest | sed -n 's/ *Candidate: //p')
 [[ -n $perftest_ver && $perftest_ver != "(none)" ]] || die "no perftest package known to apt (run: make deps)"
@@ -63,37 +52,21 @@ pdeb=$(getdeb perftest "$perftest_ver")
 #    (NFSv4 needs none).
 mpi_roots=(libucx0 ucx-utils openmpi-bin libfabric1 libfabric-bin dropbear-bin
 	nvme-cli nfs-kernel-server nfs-common)
-declare -A mpi_dep=() mpi_seen=() mpi_stop=()
+declare -A DEB_STOP=()
 for p in libibverbs1 librdmacm1 ibverbs-providers openssh-client libhwloc-plugins \
 	libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g libcrypt1 \
 	uuid-runtime adduser ucf lsb-base netbase init-system-helpers python3 rpcbind; do
-	mpi_stop[$p]=1
+	DEB_STOP[$p]=1
 done
-pkg=
-while IFS= read -r line; do  # apt-cache's tree: "pkg", then "  Depends: dep"
-	case $line in
-	*Depends:\ \<*) ;;  # virtual (ssh-client): its providers are indented lines
-	*Depends:\ *) mpi_dep[$pkg]+=" ${line##* }" ;;
-	[!\ ]*) pkg=$line ;;
-	esac
-done < <(apt-cache depends --recurse --important "${mpi_roots[@]}")
-todo=("${mpi_roots[@]}")
-while ((${#todo[@]})); do
-	p=${todo[-1]}; unset 'todo[-1]'
-	[[ -n ${mpi_seen[$p]:-} || -n ${mpi_stop[$p]:-} ]] && continue
-	mpi_seen[$p]=1
-	read -ra deps <<< "${mpi_dep[$p]:-}"
-	todo+=("${deps[@]}")
-done
-mpi_debs=()
+mpi_debs=() mpi_packages=()
 while read -r p ver arch; do
+	mpi_packages+=("$p")
 	mpi_debs+=("$(getdeb "$p" "$ver" "$arch")")
-done < <(apt-cache show --no-all-versions "${!mpi_seen[@]}" |
-	awk '/^Package: / {p = $2} /^Version: / {v = $2} /^Architecture: / {print p, v, $2}' | sort)
+done < <(deb_closure "${mpi_roots[@]}")
 
 host_versions=$(dpkg-query -W "${host_packages[@]}" python3.11-minimal libpython3.11-stdlib)
 key=$(key_of "$kdeb" "$pdeb" "${mpi_debs[@]}" "$host_versions" "${root_modules[*]}" "$stage" \
-	"$VSTELLAR_TOP/tools/guest" "$0" "${extras[@]}")
+	"$VSTELLAR_TOP/tools/guest" "$0" "$VSTELLAR_TOP/tools/lib.sh" "${extras[@]}")
 out=$VSTELLAR_CACHE/guest-$key
 if [[ -e $out/.complete ]]; then
 	touch "$out/.complete"
@@ -191,38 +164,13 @@ cp -a "$stage/." "$root/"
 for d in "${extras[@]}"; do cp -a "$d/." "$root/"; done
 
 # Shared libraries of every ELF file in the root, resolved against the root
-# first (so our libibverbs wins), then the host. A library found nowhere is
-# a missing package in tools/install-deps.sh, not something to skip.
-libpath=$root/usr/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/libibverbs
-# The host may have Debian's own libibverbs1 (libopenmpi-dev pulls it in):
-# none of its libraries may stand in for one our build lacks.
-declare -A not_from_host=()
-while read -r f; do not_from_host[${f##*/}]=1; done < <(dpkg -L libibverbs1 librdmacm1 \
-	ibverbs-providers 2>/dev/null | grep '\.so')
-for _ in 1 2 3; do
-	find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
-		xargs -0 file -N -F' ' | awk '/ ELF / && /dynamically linked|shared object/ {print $1}' |
-		while read -r elf; do
-			LD_LIBRARY_PATH=$libpath ldd "$elf" 2>/dev/null |
-				awk -v elf="${elf#"$root"}" '/=> not found/ {print "MISSING " $1 " " elf}
-					/=> \// {print $3} /^\t\/lib64/ {print $1}'
-		done | sort -u | while read -r lib what needed_by; do
-			[[ $lib == MISSING ]] && die "$needed_by needs $what, which no installed package provides (add its package to tools/install-deps.sh)"
-			case $lib in "$root"/*) continue ;; esac
-			[[ -z ${not_from_host[${lib##*/}]:-} ]] ||
-				die "${lib##*/} would come from the host's Debian rdma-core, not from $stage"
-			[[ -e $root$lib ]] || { copy_path "$lib"; real=$(readlink -f "$lib"); copy_path "$real"; }
-		done
-done
+# first (so our libibverbs wins), then the host.
+copy_needed_libs "$root" "$root/usr/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu/libibverbs"
 # glibc dlopens libgcc_s for pthread_exit/pthread_cancel (stack unwinding):
 # no ELF names it, yet rping's threads need it.
 [[ -e $root/usr/lib/x86_64-linux-gnu/libgcc_s.so.1 ]] ||
 	copy_path /usr/lib/x86_64-linux-gnu/libgcc_s.so.1
-# Debian's merged /usr: /lib -> /usr/lib is on the host, be exact here too.
-if [[ -d $root/lib/x86_64-linux-gnu ]]; then
-	cp -a "$root/lib/x86_64-linux-gnu/." "$root/usr/lib/x86_64-linux-gnu/"
-	rm -rf "$root/lib/x86_64-linux-gnu"
-fi
+merge_usr_lib "$root"
 ln -sfn ../usr/lib/x86_64-linux-gnu "$root/lib/x86_64-linux-gnu"
 
 echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
@@ -246,6 +194,10 @@ ldconfig -r "$root"
 
 (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet) > "$out/initrd.cpio"
 rm -rf "$kx"
+# What the image has, or has on purpose left out: where the package walk of
+# an overlay (tools/build-guest-overlay.sh) stops.
+printf '%s\n' "${host_packages[@]}" perftest "${mpi_packages[@]}" "${!DEB_STOP[@]}" |
+	sort -u > "$out/packages"
 touch "$out/.complete"
 prune_cache guest
 log "guest image built in $((SECONDS - start)) s: $(du -h "$out/initrd.cpio" | cut -f1) initramfs"

@@ -81,3 +81,88 @@ prune_cache() {
 		) 9> "$dir.lock"
 	done < <(ls -1dt "$VSTELLAR_CACHE/$kind"-*/.complete 2>/dev/null | sed 's|/\.complete$||')
 }
+
+# getdeb PKG VERSION [ARCH]: the .deb in $VSTELLAR_CACHE/debs, downloaded
+# once (apt checks it against the signed index).
+getdeb() {
+	local pkg=$1 ver=$2 arch=${3:-$(dpkg --print-architecture)}
+	local debs=$VSTELLAR_CACHE/debs
+	apt_download_dir "$debs"
+	# apt names files PKG_VERSION_ARCH.deb with an epoch's colon as %3a.
+	local f=$debs/${pkg}_${ver/:/%3a}_$arch.deb
+	[[ -f $f ]] || (cd "$debs" && apt-get download -qq "$pkg=$ver") ||
+		die "apt-get download $pkg=$ver failed (run: make deps)"
+	[[ -f $f ]] || die "apt-get download $pkg=$ver did not give $f"
+	echo "$f"
+}
+
+# deb_closure PKG...: "package version arch" lines, sorted, for the PKGs and
+# the closure of their Depends and Pre-Depends (apt's --important tree). The
+# walk does not enter a package that is a key of the associative array
+# DEB_STOP, which the caller declares: what the image has from elsewhere or
+# must not carry.
+deb_closure() {
+	local -A dep=() seen=()
+	local line pkg= p todo deps
+	while IFS= read -r line; do  # apt-cache's tree: "pkg", then "  Depends: dep"
+		case $line in
+		*Depends:\ \<*) ;;  # virtual (ssh-client): its providers are indented lines
+		*Depends:\ *) dep[$pkg]+=" ${line##* }" ;;
+		[!\ ]*) pkg=$line ;;
+		esac
+	done < <(apt-cache depends --recurse --important "$@")
+	todo=("$@")
+	while ((${#todo[@]})); do
+		p=${todo[-1]}; unset 'todo[-1]'
+		[[ -n ${seen[$p]:-} || -n ${DEB_STOP[$p]:-} ]] && continue
+		seen[$p]=1
+		read -ra deps <<< "${dep[$p]:-}"
+		todo+=("${deps[@]}")
+	done
+	apt-cache show --no-all-versions "${!seen[@]}" |
+		awk '/^Package: / {p = $2} /^Version: / {v = $2} /^Architecture: / {print p, v, $2}' | sort
+}
+
+# copy_needed_libs ROOT LIBPATH [BASE_ROOT]: copy into ROOT, from the host,
+# every shared library that an ELF file in ROOT needs and that neither ROOT
+# nor BASE_ROOT (the image an overlay goes on) has; LIBPATH is searched
+# first. A library found nowhere is a missing package in
+# tools/install-deps.sh, not something to skip; one of the host's Debian
+# rdma-core (libopenmpi-dev pulls it in) may never stand in for ours.
+copy_needed_libs() {
+	local root=$1 libpath=$2 base=${3:-$1} f lib what needed_by real
+	local -A not_from_host=()
+	while read -r f; do not_from_host[${f##*/}]=1; done < <(dpkg -L libibverbs1 librdmacm1 \
+		ibverbs-providers 2>/dev/null | grep '\.so')
+	for _ in 1 2 3; do
+		find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 |
+			xargs -0 file -N -F' ' | awk '/ ELF / && /dynamically linked|shared object/ {print $1}' |
+			while read -r elf; do
+				LD_LIBRARY_PATH=$libpath ldd "$elf" 2>/dev/null |
+					awk -v elf="${elf#"$root"}" '/=> not found/ {print "MISSING " $1 " " elf}
+						/=> \// {print $3} /^\t\/lib64/ {print $1}'
+			done | sort -u | while read -r lib what needed_by; do
+				[[ $lib == MISSING ]] && die "$needed_by needs $what, which no installed package provides (add its package to tools/install-deps.sh)"
+				case $lib in "$root"/* | "$base"/*) continue ;; esac
+				[[ -z ${not_from_host[${lib##*/}]:-} ]] ||
+					die "${lib##*/} would come from the host's Debian rdma-core, not from our build"
+				[[ -e $root$lib || -e $base$lib ]] && continue
+				real=$(readlink -f "$lib")
+				for f in "$lib" "$real"; do
+					mkdir -p "$root$(dirname "$f")"
+					cp -a "$f" "$root$f"
+				done
+			done
+	done
+}
+
+# merge_usr_lib ROOT: Debian's merged /usr (/lib -> /usr/lib on the host):
+# move what packages put in /lib/x86_64-linux-gnu to /usr/lib and link.
+merge_usr_lib() {
+	local root=$1
+	if [[ -d $root/lib/x86_64-linux-gnu && ! -L $root/lib/x86_64-linux-gnu ]]; then
+		mkdir -p "$root/usr/lib/x86_64-linux-gnu"
+		cp -a "$root/lib/x86_64-linux-gnu/." "$root/usr/lib/x86_64-linux-gnu/"
+		rm -rf "$root/lib/x86_64-linux-gnu"
+	fi
+}
