@@ -15,6 +15,7 @@
 #include <vstellar/vstellar-abi.h>
 
 #include "vstellar_cmd.h"
+#include "vstellar_compat.h"
 #include "vstellar_com.h"
 
 #define DRV_MODULE_NAME		"vstellar"

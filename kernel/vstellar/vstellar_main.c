@@ -446,8 +446,10 @@ static struct net_device *vstellar_find_netdev(void)
  */
 static int vstellar_create_cq(struct ib_cq *ibcq,
 			      const struct ib_cq_init_attr *attr,
-			      struct ib_udata *udata)
+			      vstellar_create_cq_arg_t *arg)
 {
+	struct ib_udata *udata = vstellar_create_cq_udata(arg);
+
 	if (attr->flags)
 		return -EOPNOTSUPP;
 	if (attr->cqe < 1)
@@ -569,7 +571,7 @@ static int vstellar_find_vqs(struct vstellar_dev *dev)
 		names[VSTELLAR_VQ_CQN0 + i] = cqn_names[i];
 	}
 	/* the names are copied into the interrupt names by the transport */
-	err = virtio_find_vqs(dev->vdev, nvqs, vqs, callbacks, names, NULL);
+	err = vstellar_compat_find_vqs(dev->vdev, nvqs, vqs, callbacks, names);
 	if (err)
 		goto out;
 
