@@ -15,6 +15,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,25 @@ static const struct verbs_context_ops vstellar_ctx_ops = {
 	.resize_cq = vstellar_resize_cq,
 };
 
+/*
+ * rdma-core has kept the provider ABI name (IBVERBS_PRIVATE_34, the -rdmav34
+ * suffix) from 36 to 56 while struct ibv_qp_ex grew at its end (44 added
+ * wr_atomic_write, 45 wr_flush). struct verbs_qp puts comp_mask after it, so
+ * a provider compiled against other headers than the running libibverbs'
+ * sets VERBS_QP_EX where libibverbs does not look, and ibv_qp_to_qp_ex()
+ * returns NULL for its QPs. Ask libibverbs where it looks.
+ */
+static bool vstellar_qp_layout_matches(void)
+{
+	struct {
+		struct verbs_qp vqp;
+		uint64_t beyond[4];	/* a larger layout reads here: zero */
+	} probe = {};
+
+	probe.vqp.comp_mask = VERBS_QP_EX;
+	return ibv_qp_to_qp_ex(&probe.vqp.qp) == &probe.vqp.qp_ex;
+}
+
 static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,
 						    int cmd_fd,
 						    void *private_data)
@@ -121,6 +141,12 @@ static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,
 		return NULL;
 	pthread_mutex_init(&ctx->qp_table_lock, NULL);
 
+	if (!vstellar_qp_layout_matches()) {
+		verbs_err(&ctx->ibv_ctx,
+			  "vstellar: this provider was built for another rdma-core release than the running libibverbs (struct verbs_qp differs); install the vstellar provider package made for this rdma-core\n");
+		errno = EPROTO;
+		goto err;
+	}
 	if (ibv_cmd_get_context(&ctx->ibv_ctx, &cmd.ibv_cmd, sizeof(cmd),
 				&resp.ibv_resp, sizeof(resp)))
 		goto err;
