@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,8 @@ int Usage(const char* argv0, int rc) {
   std::fprintf(rc ? stderr : stdout,
                "usage: %s --socket PATH [options]\n"
                "  --socket PATH          vhost-user socket to listen on (required)\n"
+               "  --config FILE          options from FILE, one `option = value` a line\n"
+               "                         (options after it on the command line win)\n"
                "  --pin=lazy|eager       PVDMA: pin 2 MiB blocks on first access (default) or\n"
                "                         all guest memory at attach (VFIO-like baseline)\n"
                "  --translation=emtt|atc MR translation: final translations in the MR (default)\n"
@@ -92,125 +95,172 @@ bool Size(const char* s, unsigned long long* out) {
   return true;
 }
 
+
+enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
+       kPaths, kStats, kPollUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
+       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy };
+const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
+                           {"config", required_argument, nullptr, kConfig},
+                           {"pin", required_argument, nullptr, kPin},
+                           {"translation", required_argument, nullptr, kTrans},
+                           {"atc-entries", required_argument, nullptr, kAtcEntries},
+                           {"atc-miss-ns", required_argument, nullptr, kAtcMiss},
+                           {"ip", required_argument, nullptr, kIp},
+                           {"port", required_argument, nullptr, kPort},
+                           {"peer-port", required_argument, nullptr, kPeerPort},
+                           {"paths", required_argument, nullptr, kPaths},
+                           {"link", required_argument, nullptr, kLink},
+                           {"path-burst", required_argument, nullptr, kPathBurst},
+                           {"zerocopy", no_argument, nullptr, kZerocopy},
+                           {"stats-json", required_argument, nullptr, kStats},
+                           {"poll-us", required_argument, nullptr, kPollUs},
+                           {"control-budget", required_argument, nullptr, kControlBudget},
+                           {"wqe-budget", required_argument, nullptr, kWqeBudget},
+                           {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
+                           {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
+                           {"memory-limit", required_argument, nullptr, kMemLimit},
+                           {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
+                           {"integrity-key", required_argument, nullptr, kIntegrityKey},
+                           {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
+                           {"help", no_argument, nullptr, kHelp},
+                           {nullptr, 0, nullptr, 0}};
+
+const char* ArgName(int code) {
+  for (const option* opt = kOptions; opt->name; opt++)
+    if (opt->val == code) return opt->name;
+  return "?";
+}
+
+// Sets the option `code` from `arg` (the same for the command line and the
+// config file); on a bad value says why in *why.
+bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* why) {
+  unsigned long long v;
+  auto num = [&](unsigned long long min, unsigned long long max) {
+    if (Num(arg, max, &v) && v >= min) return true;
+    *why = "not a number in " + std::to_string(min) + ".." + std::to_string(max);
+    return false;
+  };
+  auto size = [&]() {
+    if (Size(arg, &v)) return true;
+    *why = "not a size (a positive number with an optional K, M or G)";
+    return false;
+  };
+  switch (code) {
+    case kSocket: o.socket = arg; return true;
+    case kPin:
+      if (!std::strcmp(arg, "lazy")) o.pin = vstellard::PinMode::kLazy;
+      else if (!std::strcmp(arg, "eager")) o.pin = vstellard::PinMode::kEager;
+      else return *why = "not lazy or eager", false;
+      return true;
+    case kTrans:
+      if (!std::strcmp(arg, "emtt")) o.translation = vstellard::TranslationMode::kEmtt;
+      else if (!std::strcmp(arg, "atc")) o.translation = vstellard::TranslationMode::kAtc;
+      else return *why = "not emtt or atc", false;
+      return true;
+    case kAtcEntries: if (!num(1, 1ull << 26)) return false; o.atc_entries = v; return true;
+    case kAtcMiss: if (!num(0, 1000000)) return false; o.atc_miss_ns = v; return true;
+    case kIp: {
+      in_addr a;
+      if (inet_pton(AF_INET, arg, &a) != 1) return *why = "not an IPv4 address", false;
+      o.ip = ntohl(a.s_addr);
+      return true;
+    }
+    case kPort: if (!num(0, 65535)) return false; o.udp_port = uint16_t(v); return true;
+    case kPeerPort: if (!num(0, 65535)) return false; o.peer_port = uint16_t(v); return true;
+    case kPaths: if (!num(1, 256)) return false; o.paths = uint16_t(v); return true;
+    case kLink:
+      if (!vstellar::parse_link_mode(arg, o.link_mode)) return *why = "not gso or plain", false;
+      return true;
+    case kPathBurst: if (!num(1, 64)) return false; o.path_burst = uint16_t(v); return true;
+    case kZerocopy: o.zerocopy = true; return true;
+    case kStats: o.stats_json = arg; return true;
+    case kPollUs: if (!num(0, 1000000)) return false; o.poll_us = v; return true;
+    case kControlBudget:
+      if (!num(1, 1u << 20)) return false;
+      o.control_budget = uint32_t(v);
+      return true;
+    case kWqeBudget: if (!num(1, 1u << 20)) return false; o.wqe_budget_queue = uint32_t(v); return true;
+    case kWqeBudgetDevice:
+      if (!num(1, 1u << 24)) return false;
+      o.wqe_budget_device = uint32_t(v);
+      return true;
+    case kVhostTimeout:
+      if (!num(1, 3'600'000)) return false;
+      o.vhost_timeout_ms = uint32_t(v);
+      return true;
+    case kAllowUnsealed: o.require_sealed_memory = false; return true;
+    case kIntegrityKey:
+      if (!vstellar::ReadIntegrityKey(arg, &o.integrity_key, why)) return false;
+      o.integrity = true;
+      return true;
+    case kMemLimit: if (!size()) return false; o.memory_limit = v; return true;
+    case kDevMemLimit: if (!size()) return false; o.device_memory_limit = v; return true;
+  }
+  *why = "not an option";
+  return false;
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// A config file: one `option = value` per line, the long options without
+// their dashes (`allow-unsealed-memory = yes` for the one flag), `#` starts
+// a comment. On an error *why is "FILE:LINE: what is wrong".
+bool ApplyConfig(vstellard::DaemonOptions& o, const char* path, std::string* why) {
+  FILE* f = std::fopen(path, "re");
+  if (!f) return *why = std::string(path) + ": " + std::strerror(errno), false;
+  char* buf = nullptr;
+  size_t cap = 0;
+  bool ok = true;
+  for (unsigned line = 1; ok && getline(&buf, &cap, f) > 0; line++) {
+    std::string text(buf);
+    text = Trim(text.substr(0, text.find('#')));
+    if (text.empty()) continue;
+    std::string where = std::string(path) + ":" + std::to_string(line) + ": ";
+    size_t eq = text.find('=');
+    std::string key = Trim(text.substr(0, eq)), value = eq == std::string::npos ? "" : Trim(text.substr(eq + 1));
+    const option* opt = kOptions;
+    while (opt->name && key != opt->name) opt++;
+    std::string err;
+    if (eq == std::string::npos) {
+      *why = where + "expected `option = value`";
+      ok = false;
+    } else if (!opt->name || opt->val == kConfig || opt->val == kHelp) {
+      *why = where + "unknown option '" + key + "'";
+      ok = false;
+    } else if (opt->has_arg == no_argument && value != "yes" && value != "no") {
+      *why = where + key + " = " + value + ": not yes or no";
+      ok = false;
+    } else if (opt->has_arg == no_argument && value == "no") {
+      continue;
+    } else if (value.empty() && opt->has_arg != no_argument) {
+      *why = where + key + ": no value";
+      ok = false;
+    } else if (!Apply(o, opt->val, value.c_str(), &err)) {
+      *why = where + key + " = " + value + ": " + err;
+      ok = false;
+    }
+  }
+  std::free(buf);
+  std::fclose(f);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   vstellard::DaemonOptions o;
-  enum { kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort, kPaths, kStats, kPollUs,
-         kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout, kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kLink, kPathBurst, kZerocopy };
-  static const option opts[] = {{"socket", required_argument, nullptr, 's'},
-                                {"pin", required_argument, nullptr, kPin},
-                                {"translation", required_argument, nullptr, kTrans},
-                                {"atc-entries", required_argument, nullptr, kAtcEntries},
-                                {"atc-miss-ns", required_argument, nullptr, kAtcMiss},
-                                {"ip", required_argument, nullptr, kIp},
-                                {"port", required_argument, nullptr, kPort},
-                                {"peer-port", required_argument, nullptr, kPeerPort},
-                                {"paths", required_argument, nullptr, kPaths},
-                                {"link", required_argument, nullptr, kLink},
-                                {"path-burst", required_argument, nullptr, kPathBurst},
-                                {"zerocopy", no_argument, nullptr, kZerocopy},
-                                {"stats-json", required_argument, nullptr, kStats},
-                                {"poll-us", required_argument, nullptr, kPollUs},
-                                {"control-budget", required_argument, nullptr, kControlBudget},
-                                {"wqe-budget", required_argument, nullptr, kWqeBudget},
-                                {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
-                                {"vhost-timeout-ms", required_argument, nullptr, kVhostTimeout},
-                                {"memory-limit", required_argument, nullptr, kMemLimit},
-                                {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
-                                {"integrity-key", required_argument, nullptr, kIntegrityKey},
-                                {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
-                                {"help", no_argument, nullptr, 'h'},
-                                {nullptr, 0, nullptr, 0}};
-  unsigned long long v;
-  for (int c; (c = getopt_long(argc, argv, "s:h", opts, nullptr)) != -1;) {
-    switch (c) {
-      case 's': o.socket = optarg; break;
-      case kPin:
-        if (!std::strcmp(optarg, "lazy")) o.pin = vstellard::PinMode::kLazy;
-        else if (!std::strcmp(optarg, "eager")) o.pin = vstellard::PinMode::kEager;
-        else return Usage(argv[0], 2);
-        break;
-      case kTrans:
-        if (!std::strcmp(optarg, "emtt")) o.translation = vstellard::TranslationMode::kEmtt;
-        else if (!std::strcmp(optarg, "atc")) o.translation = vstellard::TranslationMode::kAtc;
-        else return Usage(argv[0], 2);
-        break;
-      case kAtcEntries:
-        if (!Num(optarg, 1ull << 26, &v) || v == 0) return Usage(argv[0], 2);
-        o.atc_entries = v;
-        break;
-      case kAtcMiss:
-        if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);
-        o.atc_miss_ns = v;
-        break;
-      case kIp: {
-        in_addr a;
-        if (inet_pton(AF_INET, optarg, &a) != 1) return Usage(argv[0], 2);
-        o.ip = ntohl(a.s_addr);
-        break;
-      }
-      case kPort:
-        if (!Num(optarg, 65535, &v)) return Usage(argv[0], 2);
-        o.udp_port = uint16_t(v);
-        break;
-      case kPeerPort:
-        if (!Num(optarg, 65535, &v)) return Usage(argv[0], 2);
-        o.peer_port = uint16_t(v);
-        break;
-      case kPaths:
-        if (!Num(optarg, 256, &v) || v == 0) return Usage(argv[0], 2);
-        o.paths = uint16_t(v);
-        break;
-      case kLink:
-        if (!vstellar::parse_link_mode(optarg, o.link_mode)) return Usage(argv[0], 2);
-        break;
-      case kPathBurst:
-        if (!Num(optarg, 64, &v) || v == 0) return Usage(argv[0], 2);
-        o.path_burst = uint16_t(v);
-        break;
-      case kZerocopy: o.zerocopy = true; break;
-      case kStats: o.stats_json = optarg; break;
-      case kPollUs:
-        if (!Num(optarg, 1000000, &v)) return Usage(argv[0], 2);
-        o.poll_us = v;
-        break;
-      case kControlBudget:
-        if (!Num(optarg, 1u << 20, &v) || v == 0) return Usage(argv[0], 2);
-        o.control_budget = uint32_t(v);
-        break;
-      case kWqeBudget:
-        if (!Num(optarg, 1u << 20, &v) || v == 0) return Usage(argv[0], 2);
-        o.wqe_budget_queue = uint32_t(v);
-        break;
-      case kWqeBudgetDevice:
-        if (!Num(optarg, 1u << 24, &v) || v == 0) return Usage(argv[0], 2);
-        o.wqe_budget_device = uint32_t(v);
-        break;
-      case kVhostTimeout:
-        if (!Num(optarg, 3'600'000, &v) || v == 0) return Usage(argv[0], 2);
-        o.vhost_timeout_ms = uint32_t(v);
-        break;
-      case kAllowUnsealed: o.require_sealed_memory = false; break;
-      case kIntegrityKey: {
-        std::string err;
-        if (!vstellar::ReadIntegrityKey(optarg, &o.integrity_key, &err)) {
-          std::fprintf(stderr, "%s: --integrity-key %s\n", argv[0], err.c_str());
-          return 2;
-        }
-        o.integrity = true;
-        break;
-      }
-      case kMemLimit:
-        if (!Size(optarg, &v)) return Usage(argv[0], 2);
-        o.memory_limit = v;
-        break;
-      case kDevMemLimit:
-        if (!Size(optarg, &v)) return Usage(argv[0], 2);
-        o.device_memory_limit = v;
-        break;
-      case 'h': return Usage(argv[0], 0);
-      default: return Usage(argv[0], 2);
+  std::string why;
+  for (int c; (c = getopt_long(argc, argv, "s:h", kOptions, nullptr)) != -1;) {
+    if (c == kHelp) return Usage(argv[0], 0);
+    if (c == '?') return Usage(argv[0], 2);
+    // Options apply in order: those after --config override the file's.
+    if (c == kConfig ? !ApplyConfig(o, optarg, &why) : !Apply(o, c, optarg, &why)) {
+      if (c == kConfig) std::fprintf(stderr, "vstellard: %s\n", why.c_str());
+      else std::fprintf(stderr, "vstellard: --%s %s: %s\n", ArgName(c), optarg, why.c_str());
+      return 2;
     }
   }
   if (o.socket.empty() || optind != argc) return Usage(argv[0], 2);
