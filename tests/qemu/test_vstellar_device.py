@@ -148,6 +148,8 @@ class VstellarDeviceTest(unittest.TestCase):
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("memory-backend-memfd", r.stdout)
             self.assertIn("share=on", r.stdout)
+            # libvirt users get the domain XML that makes it so
+            self.assertIn("<source type='memfd'/><access mode='shared'/>", r.stdout)
         finally:
             b.close()
 

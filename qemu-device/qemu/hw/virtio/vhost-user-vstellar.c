@@ -432,7 +432,9 @@ static bool vu_vstellar_check_guest_ram(Error **errp)
         error_setg(errp, "vhost-user-vstellar: guest RAM must be shared "
                    "with vstellard: use -object memory-backend-memfd,"
                    "id=mem,size=<RAM size>,share=on -machine "
-                   "memory-backend=mem");
+                   "memory-backend=mem; with libvirt, put <memoryBacking>"
+                   "<source type='memfd'/><access mode='shared'/>"
+                   "</memoryBacking> in the domain XML");
         return false;
     }
     return true;
