@@ -5,6 +5,7 @@
 #   make bench   run the benchmarks; JSON and PNG land in out/bench/
 #   make fuzz    run each fuzz target FUZZ_SECONDS (600); crashes in out/fuzz/
 #   make deps    install the Debian packages the rest needs (run first by all)
+#   make deb     Debian packages for bookworm in build/deb/ (docs/packages.md)
 #
 # Host C++ (engine, vstellard, tests) builds with CMake/Ninja in build/.
 # QEMU, rdma-core and the guest image are built by tools/build-*.sh into
@@ -17,12 +18,12 @@ BUILD := build
 OUT := out
 NINJA_JOBS ?= $(shell nproc)
 
-.PHONY: all deps host guest kmod demo test test-unit test-guest bench fuzz clean distclean-cache help
+.PHONY: all deps host guest kmod deb demo test test-unit test-guest bench fuzz clean distclean-cache help
 
 all: deps host guest
 
 help:
-	@sed -n '3,8p' Makefile | sed 's/^# *//'
+	@sed -n '3,9p' Makefile | sed 's/^# *//'
 
 deps:
 	@tools/install-deps.sh
@@ -69,12 +70,18 @@ guest: deps kmod
 		> $(BUILD)/guest.env
 	@cat $(BUILD)/guest.env
 
+# Debian packages (dpkg-buildpackage, lintian-checked): the DKMS driver, the
+# providers for Debian's rdma-core, vstellard with its systemd unit, and our
+# QEMU beside the system's.
+deb: deps
+	@tools/build-debs.sh $(BUILD)/deb
+
 demo: all
 	@tools/demo.sh
 
 # One ctest run covers unit, host and guest tests, so CI reads one summary.
 # Leftovers of killed runs (guest and fabric namespaces) are removed first.
-test: all
+test: all deb
 	@tools/vstellar-guest cleanup > /dev/null
 	@tools/fabric/vsfabric-cli cleanup > /dev/null
 	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
@@ -82,7 +89,7 @@ test: all
 test-unit: all
 	@ctest --test-dir $(BUILD) --output-on-failure -LE guest $(CTEST_ARGS)
 
-test-guest: all
+test-guest: all deb
 	@ctest --test-dir $(BUILD) --output-on-failure -L guest $(CTEST_ARGS)
 
 bench: all

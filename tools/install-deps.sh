@@ -26,11 +26,15 @@ pkgs_guest=("linux-headers-$GUEST_KERNEL_ABI" busybox-static kmod iproute2
 # MPI programs that run in guests (tools/mpi), built with Debian's mpicc;
 # the guest takes UCX, OpenMPI and libfabric from their .debs, not from here.
 pkgs_mpi=(libopenmpi-dev)
+# Debian packages (make deb, tools/build-debs.sh) and the stock-guest and
+# DKMS tests: Debian's packaging tools, DKMS, mmdebstrap for Debian root
+# trees; ipxe-qemu holds the virtio-net option ROM vstellar-qemu links.
+pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu)
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 
 want=("${pkgs_build[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
-	"${pkgs_run[@]}")
+	"${pkgs_deb[@]}" "${pkgs_run[@]}")
 
 [[ $(id -u) == 0 ]] || die "must run as root (apt-get install); try: sudo make deps"
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A Debian root tree from Debian's archive, made by mmdebstrap, for the
+# packaging tests (docs/packages.md).
+#
+#   tools/build-debian-root.sh NAME SUITE PACKAGE,PACKAGE,...
+#
+# Cached in $VSTELLAR_CACHE/root-NAME-<key>, keyed by the suite, the
+# package list and this script (the archive moves on: remove the entry to
+# take newer packages). Prints the directory.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+name=${1:?usage: build-debian-root.sh NAME SUITE PACKAGES}
+suite=${2:?usage: build-debian-root.sh NAME SUITE PACKAGES}
+packages=${3:?usage: build-debian-root.sh NAME SUITE PACKAGES}
+key=$(key_of "$suite" "$packages" "$0")
+out=$VSTELLAR_CACHE/root-$name-$key
+
+done_already() {
+	[[ -e $out/.complete ]] || return 1
+	touch "$out/.complete"
+	echo "$out/root"
+}
+done_already && exit 0
+lock_entry "$out"
+done_already && exit 0
+
+start=$SECONDS
+rm -rf "$out" && mkdir -p "$out"
+log "mmdebstrap $suite with $packages into $out/root"
+# No documentation, manual pages or translations: the roots are for builds
+# and tests, and they are smaller and quicker to make without.
+mmdebstrap --mode=root --variant=apt --include="$packages" \
+	--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+	--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+	"$suite" "$out/root" > "$out/mmdebstrap.log" 2>&1 ||
+	die "mmdebstrap failed; see $out/mmdebstrap.log"
+touch "$out/.complete"
+VSTELLAR_CACHE_KEEP=2 prune_cache "root-$name"
+log "$suite root made in $((SECONDS - start)) s"
+echo "$out/root"
