@@ -28,8 +28,10 @@ pkgs_guest=("linux-headers-$GUEST_KERNEL_ABI" busybox-static kmod iproute2
 pkgs_mpi=(libopenmpi-dev)
 # Debian packages (make deb, tools/build-debs.sh) and the stock-guest and
 # DKMS tests: Debian's packaging tools, DKMS, mmdebstrap for Debian root
-# trees; ipxe-qemu holds the virtio-net option ROM vstellar-qemu links.
-pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu)
+# trees; ipxe-qemu holds the virtio-net option ROM vstellar-qemu links; libvirt
+# for the libvirt test.
+pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu libvirt-daemon-system
+	libvirt-daemon-driver-qemu libvirt-clients)
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 

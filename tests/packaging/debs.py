@@ -38,3 +38,19 @@ def unpack(package, into=None):
     into = into or tempfile.mkdtemp(prefix=f"{package}-")
     subprocess.run(["dpkg-deb", "-x", deb(package), into], check=True)
     return into
+
+
+def unpack_installed(package, into=None):
+    """Unpack PACKAGE and point its relative symlinks where they point once
+    installed (dh_link makes links to other packages' files relative to the
+    installed path), so its programs run from the unpacked tree as from /."""
+    into = unpack(package, into)
+    for dirpath, dirnames, filenames in os.walk(into):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) and not os.readlink(path).startswith("/"):
+                installed_dir = "/" + os.path.relpath(dirpath, into)
+                target = os.path.normpath(os.path.join(installed_dir, os.readlink(path)))
+                os.unlink(path)
+                os.symlink(target, path)
+    return into
