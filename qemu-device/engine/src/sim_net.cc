@@ -8,6 +8,10 @@
 namespace vstellar {
 namespace {
 
+// Bytes a datagram takes on the wire besides its UDP payload (IPv4, UDP,
+// Ethernet header and FCS), as a shaper counts them.
+constexpr size_t kWireOverhead = 42;
+
 class SimLink final : public Link {
  public:
   SimLink(SimNet& net, uint32_t ip) : net_(net), ip_(ip) {}
@@ -61,20 +65,44 @@ void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint
   bool drop = (im.loss > 0 && uni() < im.loss) || (burst_bad_ && uni() < im.burst_loss) ||
               (int(path) == im.dead_path) ||
               (int(path) == im.lossy_path && uni() < im.lossy_path_rate);
+  bool ce = im.ce_rate > 0 && uni() < im.ce_rate;
+  uint64_t t = now_;
+  if (!drop && im.uplinks > 0) {
+    const uint16_t u = uplink_of(from, path);
+    if (int(u) == im.dead_uplink) {
+      drop = true;
+    } else if (const SimQueueConfig& c = u < im.uplink_each.size() ? im.uplink_each[u] : im.uplink;
+               c.rate_bps) {
+      t = up_[{from, u}].admit(c, now_, uint32_t(bytes.size() + kWireOverhead), ce);
+      if (t == UINT64_MAX) {
+        stats.queue_drops++;
+        drop = true;
+      }
+    }
+  }
   if (drop) {
     stats.dropped++;
     return;
   }
-  uint64_t t = now_ + im.delay_ns;
-  if (im.jitter_ns) t += std::uniform_int_distribution<uint64_t>(0, im.jitter_ns - 1)(rng_);
-  bool ce = im.ce_rate > 0 && uni() < im.ce_rate;
-  if (im.bandwidth_bps) {
-    uint64_t& free_at = link_free_[to];
-    uint64_t start = std::max(free_at, now_);
-    if (im.ecn_threshold_ns && start - now_ > im.ecn_threshold_ns) ce = true;
-    free_at = start + (bytes.size() + 42) * 8'000'000'000ull / im.bandwidth_bps;
-    t += free_at - now_;
+  if (t > now_) {  // still in flight to the destination's queue
+    events_.push({t, seq_++, from, to, ce, std::move(bytes), true});
+    return;
   }
+  deliver_at(t, from, to, ce, std::move(bytes));
+}
+
+void SimNet::deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes) {
+  const SimImpairment& im = impairment;
+  if (im.downlink.rate_bps) {
+    t = down_[to].admit(im.downlink, t, uint32_t(bytes.size() + kWireOverhead), ce);
+    if (t == UINT64_MAX) {
+      stats.queue_drops++;
+      stats.dropped++;
+      return;
+    }
+  }
+  t += im.delay_ns;
+  if (im.jitter_ns) t += std::uniform_int_distribution<uint64_t>(0, im.jitter_ns - 1)(rng_);
   if (im.reorder > 0 && uni() < im.reorder) {
     t += im.reorder_delay_ns;
     stats.reordered++;
@@ -85,6 +113,106 @@ void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint
     events_.push({t + im.delay_ns / 2 + 1, seq_++, from, to, ce, bytes});
   }
   events_.push({t, seq_++, from, to, ce, std::move(bytes)});
+}
+
+uint16_t SimNet::uplink_of(uint32_t from, uint16_t path) const {
+  if (impairment.uplinks == 0) return 0;
+  uint64_t x = (uint64_t(from) << 16 | path) ^ (impairment.ecmp_seed * 0x9e3779b97f4a7c15ull);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's finaliser
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return uint16_t(x % impairment.uplinks);
+}
+
+void SimNet::Queue::drain(uint64_t now) {
+  if (area_t == 0) area_t = first_t = now;
+  while (!inq.empty() && inq.front().first <= now) {
+    const uint64_t d = std::max(inq.front().first, area_t);
+    area += double(backlog) * double(d - area_t);
+    area_t = d;
+    backlog -= inq.front().second;
+    inq.pop_front();
+  }
+  if (now > area_t) {
+    area += double(backlog) * double(now - area_t);
+    area_t = now;
+  }
+}
+
+uint64_t SimNet::Queue::admit(const SimQueueConfig& c, uint64_t now, uint32_t len, bool& ce) {
+  drain(now);
+  st.pkts++;
+  const size_t bin = size_t(backlog / 1024);
+  if (seen.size() <= bin) seen.resize(bin + 1);
+  seen[bin]++;
+  if (c.limit_bytes && backlog + len > c.limit_bytes) {
+    st.drops++;
+    return UINT64_MAX;
+  }
+  if (c.ecn_bytes && backlog > c.ecn_bytes) {
+    ce = true;
+    st.marks++;
+  }
+  const double ns_per_byte = 8e9 / double(c.rate_bps);
+  const uint64_t start = std::max(now, last_dep);
+  uint64_t dep;
+  if (c.burst_bytes == 0) {
+    dep = start + uint64_t(len * ns_per_byte);  // serialised at the rate
+  } else {
+    // Token bucket: tokens refill at the rate up to burst_bytes; a packet
+    // leaves (at once, the line is much faster) when it finds enough.
+    tokens = std::min(double(c.burst_bytes), tokens + double(start - tok_t) / ns_per_byte);
+    tok_t = start;
+    if (tokens >= len) {
+      dep = start;
+      tokens -= len;
+    } else {
+      dep = start + uint64_t((len - tokens) * ns_per_byte);
+      tokens = 0;
+      tok_t = dep;
+    }
+  }
+  last_dep = dep;
+  inq.emplace_back(dep, len);
+  backlog += len;
+  st.max_backlog = std::max(st.max_backlog, backlog);
+  return dep;
+}
+
+SimQueueStats SimNet::Queue::stats() const {
+  SimQueueStats s = st;
+  s.mean_backlog = area_t > first_t ? area / double(area_t - first_t) : 0;
+  uint64_t n = 0, want = (st.pkts * 99 + 99) / 100;
+  for (size_t i = 0; i < seen.size(); i++) {
+    n += seen[i];
+    if (n >= want) {
+      s.p99_backlog = i * 1024;
+      break;
+    }
+  }
+  return s;
+}
+
+void SimNet::reset_queue_stats() {
+  auto reset = [&](Queue& q) {
+    q.drain(now_);
+    q.st = SimQueueStats{};
+    q.seen.clear();
+    q.area = 0;
+    q.first_t = q.area_t = now_;
+  };
+  for (auto& [k, q] : up_) reset(q);
+  for (auto& [ip, q] : down_) reset(q);
+}
+
+SimQueueStats SimNet::uplink_stats(uint32_t node, uint16_t u) const {
+  auto it = up_.find({node, u});
+  return it == up_.end() ? SimQueueStats{} : it->second.stats();
+}
+
+SimQueueStats SimNet::downlink_stats(uint32_t node) const {
+  auto it = down_.find(node);
+  return it == down_.end() ? SimQueueStats{} : it->second.stats();
 }
 
 void SimNet::inject(uint32_t from, uint32_t to, std::vector<uint8_t> bytes, bool ce) {
@@ -98,6 +226,10 @@ bool SimNet::step(uint64_t limit) {
   while (!events_.empty() && events_.top().t <= now_) {
     Event ev = events_.top();
     events_.pop();
+    if (ev.hop) {
+      deliver_at(ev.t, ev.from, ev.to, ev.ce, std::move(ev.bytes));
+      continue;
+    }
     auto it = engines_.find(ev.to);
     if (it == engines_.end()) continue;
     stats.delivered++;

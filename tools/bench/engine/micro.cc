@@ -113,7 +113,7 @@ static void BM_SimLossGoodput(benchmark::State& st) {
   double gbps = 0, retx = 0, dropped = 0;
   for (auto _ : st) {
     SimNet net(7);
-    net.impairment.bandwidth_bps = 25'000'000'000ull;
+    net.impairment.downlink.rate_bps = 25'000'000'000ull;
     net.impairment.delay_ns = 5'000;
     net.impairment.jitter_ns = 2'000;
     uint32_t lossy = harness::link_of(0, 60);

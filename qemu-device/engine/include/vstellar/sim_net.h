@@ -1,11 +1,16 @@
 // A simulated network with a virtual clock, for deterministic transport
 // tests: engines attached to it exchange datagrams through impairments
 // (random and bursty loss, duplication, reordering, delay and jitter, one
-// lossy path, one dead path, ECN marking, a bandwidth bottleneck). Time only
-// advances when every engine is idle, so a test of a 250 us RTO runs in
-// microseconds of real time.
+// lossy path, one dead path, ECN marking) and up to two stages of shaped,
+// bounded queues: an ECMP stage (a ToR's uplinks: each source node's path is
+// hashed onto one of several shared queues, one of which may be a black
+// hole) and a per-destination stage (the receiver's port, where incast
+// meets). Queues are token buckets in front of a tail-drop FIFO, as Linux
+// tbf is on the namespace fabric. Time only advances when every engine is
+// idle, so a test of a 250 us RTO runs in microseconds of real time.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +23,26 @@
 namespace vstellar {
 
 class Engine;
+
+// One shaped queue, like `tbf rate R burst B limit L`: packets leave at
+// rate_bps, except that up to burst_bytes of tokens saved while the link
+// was idle let a burst leave at once (burst_bytes 0: no burst, each packet
+// is serialised at the rate); a packet that finds limit_bytes queued
+// (0: no limit) is dropped at the tail; one that finds more than ecn_bytes
+// queued (0: never) is CE-marked. rate_bps 0: no queue at this stage.
+struct SimQueueConfig {
+  uint64_t rate_bps = 0;
+  uint64_t limit_bytes = 0;
+  uint64_t burst_bytes = 0;
+  uint64_t ecn_bytes = 0;
+};
+
+struct SimQueueStats {
+  uint64_t pkts = 0, drops = 0, marks = 0;
+  uint64_t max_backlog = 0;       // bytes
+  double mean_backlog = 0;        // bytes, averaged over time since the first packet
+  uint64_t p99_backlog = 0;       // bytes found queued by arriving packets, 99th percentile (1 KiB bins)
+};
 
 struct SimImpairment {
   double loss = 0;                  // random loss per packet
@@ -33,12 +58,23 @@ struct SimImpairment {
   double lossy_path_rate = 0;
   int dead_path = -1;               // path id whose packets all vanish
   double ce_rate = 0;               // random CE marks
-  uint64_t bandwidth_bps = 0;       // per-destination bottleneck (0 = none)
-  uint64_t ecn_threshold_ns = 0;    // CE-mark when the bottleneck queue exceeds this
+  // ECMP stage: packets from node N on path p go through N's uplink
+  // hash(N, p, ecmp_seed) % uplinks, each shaped by `uplink` and shared by
+  // every connection from N (0 uplinks: no such stage); as on a switch,
+  // each direction has its own queue. dead_uplink's packets vanish (every
+  // node's uplink of that number: a link broken both ways).
+  uint16_t uplinks = 0;
+  SimQueueConfig uplink;
+  std::vector<SimQueueConfig> uplink_each;  // if set: uplink u is shaped by uplink_each[u]
+  uint64_t ecmp_seed = 0;
+  int dead_uplink = -1;
+  // Per-destination stage: one queue per receiving node.
+  SimQueueConfig downlink;
 };
 
 struct SimStats {
   uint64_t sent = 0, delivered = 0, dropped = 0, duplicated = 0, reordered = 0, ce = 0;
+  uint64_t queue_drops = 0;  // tail drops of the queue stages (also counted in dropped)
 };
 
 class SimNet : public Clock {
@@ -66,6 +102,12 @@ class SimNet : public Clock {
   void run_for(uint64_t ns);
 
   void enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint8_t> bytes);
+  // Which uplink the ECMP stage sends (from, path) over.
+  uint16_t uplink_of(uint32_t from, uint16_t path) const;
+  SimQueueStats uplink_stats(uint32_t node, uint16_t u) const;
+  SimQueueStats downlink_stats(uint32_t node) const;
+  // Start the queues' statistics afresh (after a warm-up); what they hold stays.
+  void reset_queue_stats();
   // IPv4 multicast: a datagram to a group (224.0.0.0/4) goes to every node
   // that joined it (the sender too, as IP_MULTICAST_LOOP does).
   void join_group(uint32_t node, uint32_t group, bool join);
@@ -77,6 +119,20 @@ class SimNet : public Clock {
     uint32_t from, to;
     bool ce;
     std::vector<uint8_t> bytes;
+    bool hop = false;  // reaches the destination's queue at t (not yet delivered)
+  };
+  struct Queue {
+    std::deque<std::pair<uint64_t, uint32_t>> inq;  // (departure time, bytes), FIFO
+    uint64_t backlog = 0, last_dep = 0, first_t = 0, area_t = 0;
+    double tokens = 0, area = 0;  // area: backlog integrated over time (byte*ns)
+    uint64_t tok_t = 0;
+    SimQueueStats st;
+    std::vector<uint64_t> seen;  // arrivals by backlog found, 1 KiB bins
+    void drain(uint64_t now);
+    // Departure time of a packet of len bytes arriving at now, or
+    // UINT64_MAX if the tail drops it; ce is set if it is marked.
+    uint64_t admit(const SimQueueConfig& c, uint64_t now, uint32_t len, bool& ce);
+    SimQueueStats stats() const;
   };
   struct Later {
     bool operator()(const Event& a, const Event& b) const {
@@ -84,6 +140,9 @@ class SimNet : public Clock {
     }
   };
   bool step(uint64_t limit);
+  // The last leg of a packet: the destination's queue at time t, then the
+  // link delay, jitter, reordering and duplication.
+  void deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes);
   double uni() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
 
   uint64_t now_ = 1'000'000;
@@ -92,8 +151,9 @@ class SimNet : public Clock {
   bool burst_bad_ = false;
   std::map<uint32_t, std::unique_ptr<Link>> links_;
   std::map<uint32_t, Engine*> engines_;
-  std::map<uint32_t, uint64_t> link_free_;
-  std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes  // bottleneck: when each destination is free
+  std::map<std::pair<uint32_t, uint16_t>, Queue> up_;  // the ECMP stage: (node, uplink)
+  std::map<uint32_t, Queue> down_;        // per destination
+  std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes
   std::priority_queue<Event, std::vector<Event>, Later> events_;
 };
 
