@@ -316,18 +316,42 @@ TEST(QpErrors, LongRnrWaitIsNotATransportRetry) {
 }
 
 TEST(QpErrors, TransportRetryExceeded) {
+  // A dead peer: the QP fails once a packet has timed out more than
+  // retry_cnt times and nothing was acknowledged for IB's (retry_cnt + 1)
+  // local ACK timeouts of 4.096 us * 2^timeout (here 4 x 67 ms), not
+  // before, and not much later (at most one maximum RTO, 50 ms).
   PairOptions o;
   o.retry_cnt = 3;
+  o.timeout = 14;
   Pair t(o);
   t.net.impairment.loss = 1.0;  // the peer is gone
+  const uint64_t t0 = t.net.now_ns();
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 64, 0), 0);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 2, 0, 64, 0), 0);
   auto wc = t.wait(t.a, t.a.scq, 2);
   ASSERT_EQ(wc.size(), 2u);
   EXPECT_EQ(wc[0].status, WcStatus::RETRY_EXC_ERR);
   EXPECT_EQ(wc[1].status, WcStatus::WR_FLUSH_ERR);
-  EXPECT_GE(t.a.eng->stats().timeouts, 4u);  // 3 retries, then the 4th timeout fails it
-  EXPECT_LE(t.a.eng->stats().timeouts, 8u);
+  const uint64_t limit = 4 * (4096ull << 14);
+  EXPECT_GE(t.net.now_ns() - t0, limit);
+  EXPECT_LE(t.net.now_ns() - t0, limit + 50'000'000);
+  EXPECT_GE(t.a.eng->stats().timeouts, 4u);
+}
+
+TEST(QpErrors, TimeoutZeroRetriesForEver) {
+  // IB: a local ACK timeout of 0 means the requester never gives up.
+  PairOptions o;
+  o.retry_cnt = 1;
+  o.timeout = 0;
+  Pair t(o);
+  t.net.impairment.loss = 1.0;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 64, 0), 0);
+  EXPECT_TRUE(t.wait(t.a, t.a.scq, 1, 2'000'000'000).empty());
+  EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+  t.net.impairment.loss = 0;  // the peer comes back
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
 }
 
 TEST(QpErrors, SqdDrainsAndReportsIt) {

@@ -38,6 +38,7 @@ struct PairOptions {
   QpCap cap;
   uint32_t access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
   uint8_t retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 1, max_rd_atomic = 16;
+  uint8_t timeout = 14;  // IB local ACK timeout: 4.096 us * 2^timeout
   bool connect = true;
   QpType qp_type = QpType::RC;  // RC or UC
   uint32_t path_mtu = MTU_4096;  // MTU_*
@@ -100,7 +101,7 @@ class Pair {
     QpAttr at;
     at.qp_state = QpState::RTS;
     at.sq_psn = 1000 + s.ip % 7;
-    at.timeout = 14;
+    at.timeout = opt.timeout;
     at.retry_cnt = opt.retry_cnt;
     at.rnr_retry = opt.rnr_retry;
     at.max_rd_atomic = opt.max_rd_atomic;

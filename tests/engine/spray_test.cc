@@ -1,8 +1,10 @@
 // Spraying under congestion and failure (issue 14): the simulator's shaped,
 // bounded queues (tail drop, token-bucket bursts, an ECMP stage with a
-// black-hole uplink).
+// black-hole uplink), path health, the retry rule, the congestion signal of
+// the most loaded path, and READs paced by the requester's window.
 #include <map>
 
+#include "engine_internal.h"  // white box: the QP's path selector
 #include "sim_pair.h"
 
 namespace vstellar::test {
@@ -93,6 +95,150 @@ TEST(SimQueue, EcmpStageHashesPathsOntoSharedUplinks) {
   net.run_for(10'000'000);
   EXPECT_EQ(b.got(), 10u);
   EXPECT_EQ(net.stats.dropped, 10u);
+}
+
+TEST(PathHealth, ADownPathIsAvoidedThenProbedBackIn) {
+  for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
+    PathSelector s(algo, 8, 5);
+    s.set_probe_hold(1000);
+    s.on_timeout(3, 100, 50);
+    EXPECT_TRUE(s.is_down(3));
+    for (int i = 0; i < 2000; i++) ASSERT_NE(s.pick(4096, 500), 3) << to_string(algo);
+    // The hold is over: the next new packet probes it, once.
+    EXPECT_EQ(s.pick(4096, 1100), 3) << to_string(algo);
+    for (int i = 0; i < 200; i++) ASSERT_NE(s.pick(4096, 1200), 3) << to_string(algo);
+    // The probe timed out too: the hold doubles.
+    s.on_timeout(3, 1600, 1100);
+    EXPECT_NE(s.pick(4096, 3500), 3);
+    EXPECT_EQ(s.pick(4096, 3600), 3) << to_string(algo);
+    // A packet that was in flight before it went down does not double it.
+    s.on_timeout(3, 3700, 200);
+    EXPECT_TRUE(s.is_down(3));
+    // An ACK for a packet on it: back in.
+    s.on_ack(3, 10'000);
+    EXPECT_FALSE(s.is_down(3));
+    int n = 0;
+    for (int i = 0; i < 8000; i++) n += s.pick(4096, 4000) == 3;
+    EXPECT_GT(n, 0) << to_string(algo);
+  }
+}
+
+TEST(PathHealth, WithNoHealthyPathLeftThePicksGoOn) {
+  PathSelector s(PathAlgo::OBS, 4, 5);
+  for (uint16_t p = 0; p < 4; p++) s.on_timeout(p, 100 + p, 0);
+  EXPECT_EQ(s.down_count(), 4u);
+  EXPECT_EQ(s.pick(4096, 200), 0);  // the one whose probe is nearest
+  EXPECT_NE(s.pick_retx(1, 4096), 1);
+}
+
+// 64 MiB of WRITEs over 128 paths while one of 4 uplinks is a black hole
+// (both ways). Every algorithm learns the dead paths: after the first
+// timeouts (the first millisecond), only probes go into the hole.
+TEST(PathHealth, EveryAlgorithmStopsFeedingABlackHole) {
+  for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
+    PairOptions o;
+    o.cfg.path_algo = algo;
+    o.buf_size = 1 << 20;
+    o.retry_cnt = 1;  // the IB deadline (134 ms) still applies
+    Pair t(o);
+    t.net.impairment.uplinks = 4;
+    t.net.impairment.uplink = {10'000 * kMbit, 4 << 20, 64 * 1024, 0};
+    const int hole = t.net.uplink_of(kIpA, 0);
+    t.net.impairment.dead_uplink = hole;
+    uint64_t into = 0, total = 0;
+    const uint64_t learnt = t.net.now_ns() + 1'000'000;
+    t.net.tap = [&](uint32_t from, uint32_t, uint16_t path, std::vector<uint8_t>&) {
+      if (from == kIpA && t.net.now_ns() >= learnt) {
+        total++;
+        into += t.net.uplink_of(kIpA, path) == hole;
+      }
+      return true;
+    };
+    for (int i = 0; i < 64; i++)
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, 0, 1 << 20, 0), 0);
+    auto wc = t.wait(t.a, t.a.scq, 64);
+    ASSERT_EQ(wc.size(), 64u) << to_string(algo);
+    for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS) << to_string(algo);
+    EXPECT_LT(into * 100, total * 3) << to_string(algo) << ": " << into << " of " << total;
+    EXPECT_GT(t.a.eng->stats().paths_set_aside, 10u) << to_string(algo);
+  }
+}
+
+TEST(PathHealth, NoConnectionDiesWhileAHealthyPathRemains) {
+  // 14 of 16 paths lose everything; retry_cnt 1 and a short IB timeout.
+  // Each packet keeps being resent on other paths, the two good ones carry
+  // the ACKs, and the connection lives.
+  for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
+    PairOptions o;
+    o.cfg.num_paths = 16;
+    o.cfg.path_algo = algo;
+    o.retry_cnt = 1;
+    o.timeout = 8;  // 1 ms per try: 2 ms without any ACK would end it
+    Pair t(o);
+    t.net.tap = [](uint32_t, uint32_t, uint16_t path, std::vector<uint8_t>&) {
+      return path == 5 || path == 11;
+    };
+    fill_random(t.a.buf.data(), 1 << 20, 3);
+    for (int i = 0; i < 4; i++)
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, 0, 1 << 20, 0), 0);
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 9, 0, 256 * 1024, 0), 0);
+    auto wc = t.wait(t.a, t.a.scq, 5);
+    ASSERT_EQ(wc.size(), 5u) << to_string(algo);
+    for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS) << to_string(algo);
+    EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 1 << 20), 0);
+    EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+  }
+}
+
+// One of 4 uplinks runs at a fifth of the others' rate. OBS sends it a
+// quarter of every window, so it is the connection's bottleneck; the window
+// must see its queue, not the idle uplinks' RTT, and keep it short.
+TEST(CcSignal, TheWindowSeesTheMostLoadedPath) {
+  PairOptions o;
+  o.buf_size = 4 << 20;
+  o.cfg.cc.init_cwnd = 256 << 10;
+  Pair t(o);
+  SimQueueConfig fast{1'000 * kMbit, 1 << 20, 32 * 1024, 0};
+  SimQueueConfig slow{200 * kMbit, 1 << 20, 32 * 1024, 0};
+  t.net.impairment.uplinks = 4;
+  t.net.impairment.uplink_each = {fast, slow, fast, fast};
+  for (int i = 0; i < 8; i++)
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, 0, 4 << 20, 0), 0);
+  t.net.run_for(30'000'000);  // past the first window's burst
+  t.net.reset_queue_stats();
+  const uint64_t retx = t.a.eng->stats().retx_pkts;
+  auto wc = t.wait(t.a, t.a.scq, 8);
+  ASSERT_EQ(wc.size(), 8u);
+  SimQueueStats s = t.net.uplink_stats(kIpA, 1);
+  EXPECT_EQ(s.drops, 0u);
+  // The delay target (1 ms) is 25 kB of this uplink; the window swings
+  // around it (one window of the four uplinks is 4 x that).
+  EXPECT_LT(s.mean_backlog, 100e3) << "p99 " << s.p99_backlog << " max " << s.max_backlog;
+  EXPECT_LT(s.p99_backlog, 150u * 1024) << "mean " << s.mean_backlog << " max " << s.max_backlog;
+  EXPECT_LE(t.a.eng->stats().retx_pkts - retx, 10u);
+}
+
+// A single 100 Mbit/s path with a shallow (64 KiB) queue behind a 32 KiB
+// token bucket: 64 KiB READs get at least 80% of what 64 KiB WRITEs get.
+TEST(ReadPacing, ReadsHoldUpOnASlowShallowPath) {
+  auto run = [](WrOpcode op) {
+    PairOptions o;
+    o.cfg.num_paths = 1;
+    o.cfg.path_algo = PathAlgo::SINGLE;
+    o.buf_size = 4 << 20;
+    Pair t(o);
+    t.net.impairment.downlink = {100 * kMbit, 64 * 1024, 32 * 1024, 0};
+    const uint64_t t0 = t.net.now_ns();
+    for (int i = 0; i < 64; i++)
+      EXPECT_EQ(t.post_send(t.a, op, i, uint64_t(i) * 65536, 65536, uint64_t(i) * 65536), 0);
+    auto wc = t.wait(t.a, t.a.scq, 64, 60'000'000'000ull);
+    EXPECT_EQ(wc.size(), 64u);
+    for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS);
+    return 64.0 * 65536 * 8 / double(t.net.now_ns() - t0);  // Gb/s
+  };
+  const double w = run(WrOpcode::RDMA_WRITE), r = run(WrOpcode::RDMA_READ);
+  EXPECT_GT(w, 0.07);
+  EXPECT_GE(r, 0.8 * w) << "READ " << r << " Gb/s, WRITE " << w << " Gb/s";
 }
 
 }  // namespace

@@ -33,6 +33,12 @@ bool in_window(const QpImpl& qp, uint32_t psn) {
 
 }  // namespace
 
+// An RTT sample from an echoed microsecond timestamp (0: none).
+uint64_t EngineCore::echo_rtt(uint32_t echo_ts) {
+  const uint32_t us = now_us() - echo_ts;
+  return us < 10'000'000 ? uint64_t(us) * 1000 + 1 : 0;
+}
+
 void EngineCore::comp_rtt(QpImpl& qp, uint64_t r) {
   if (r == 0) return;
   if (qp.srtt == 0) {
@@ -65,9 +71,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
     return;
   }
   stats_.acks_rcvd++;
-  uint64_t rtt = 0;
-  uint32_t rtt_us = now_us() - a.echo_ts;
-  if (rtt_us < 10'000'000) rtt = uint64_t(rtt_us) * 1000 + 1;
+  const uint64_t rtt = echo_rtt(a.echo_ts);
   uint64_t acked = 0;
   // Cumulative part. READ and atomic PSNs are only done when their response
   // arrives, so the ACK skips them.
@@ -170,7 +174,11 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
     comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
     return;
   }
-  uint64_t rtt = r.retries == 0 ? now - r.sent_ns : 0;
+  // The response echoes the timestamp of the request it answers, a
+  // re-request's too, so every response is an RTT sample (no ambiguity
+  // after a resend); a READ that only got through after resends must slow
+  // the window like any other late packet.
+  const uint64_t rtt = echo_rtt(p.base.ts);
   uint16_t path = r.path;
   uint64_t acked = 0;
   comp_pkt_done(qp, psn, now, true, acked);

@@ -39,6 +39,7 @@ bool EngineConfig::validate() {
   if (rto_max_ns < rto_ns) rto_max_ns = rto_ns;
   if (single_path >= num_paths) return false;
   if (path_burst < 1 || path_burst > 64) return false;
+  if (!(cc.delay_percentile >= 0 && cc.delay_percentile <= 1)) return false;
   if (max_qpn > DeviceLimits::kMaxQpn || max_qpn < DeviceLimits::kFirstQpn + 15) return false;
   return true;
 }

@@ -339,6 +339,7 @@ class EngineCore {
   size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max);
   void req_timers(QpImpl& qp, uint64_t now);
   uint64_t rto(const QpImpl& qp, unsigned retries) const;
+  bool retry_exceeded(const QpImpl& qp, uint64_t now) const;
   // responder.cc
   void resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now);
   void resp_uc(QpImpl& qp, const wire::Packet& p);
@@ -350,7 +351,8 @@ class EngineCore {
   void resp_reread(QpImpl& qp, const wire::Packet& p);
   bool resp_error_now(QpImpl& qp, uint32_t psn);
   bool resp_atomic(QpImpl& qp, const wire::Packet& p);
-  void send_atomic_resp(QpImpl& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig);
+  void send_atomic_resp(QpImpl& qp, uint32_t psn, uint16_t path, uint32_t echo_ts, uint64_t orig);
+  uint16_t reply_path(QpImpl& qp, uint16_t req_path);
   void resp_mark(QpImpl& qp, uint32_t psn, uint32_t n);
   void resp_advance(QpImpl& qp);
   void resp_complete_recvs(QpImpl& qp);
@@ -365,6 +367,7 @@ class EngineCore {
   void comp_fail_wqe(QpImpl& qp, uint64_t wqe, WcStatus st);
   void comp_retire(QpImpl& qp);
   void comp_rtt(QpImpl& qp, uint64_t rtt_ns);
+  uint64_t echo_rtt(uint32_t echo_ts);
   // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
   bool ud_progress(QpImpl& qp);
   void ud_receive(const wire::Packet& p, const Endpoint& from);

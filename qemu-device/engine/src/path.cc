@@ -41,37 +41,81 @@ uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
   return rng_ * 2685821657736338717ull;
 }
 
-uint16_t PathSelector::pick(uint32_t bytes) {
+uint16_t PathSelector::pick(uint32_t bytes, uint64_t now) {
+  if (n_down_ && now >= next_probe_) {
+    uint16_t p = probe_due(now);
+    if (p < n_) return p;
+  }
   // OBS and RR keep a path for burst_ packets (issue 16): the UDP link sends
   // a run of one path as one segmented send (UDP_SEGMENT).
-  if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return pick_one(bytes);
-  if (burst_left_ > 0) {
+  if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return choose(bytes);
+  if (burst_left_ > 0 && !is_down(burst_path_)) {
     burst_left_--;
     return burst_path_;
   }
-  burst_path_ = pick_one(bytes);
+  burst_path_ = choose(bytes);
   burst_left_ = uint16_t(burst_ - 1);
   return burst_path_;
 }
 
-uint16_t PathSelector::pick_one(uint32_t bytes) {
+// The algorithm's pick, moved off a path that is set aside.
+uint16_t PathSelector::choose(uint32_t bytes) {
   picks_++;
+  uint16_t p = 0;
   switch (algo_) {
-    case PathAlgo::OBS: return uint16_t(rand() % n_);
-    case PathAlgo::RR: return uint16_t(rr_++ % n_);
-    case PathAlgo::DWRR: return pick_dwrr(bytes);
-    case PathAlgo::BEST_RTT: return pick_best_rtt();
+    case PathAlgo::OBS: p = uint16_t(rand() % n_); break;
+    case PathAlgo::RR: p = uint16_t(rr_++ % n_); break;
+    case PathAlgo::DWRR: p = pick_dwrr(bytes); break;
+    case PathAlgo::BEST_RTT: p = pick_best_rtt(); break;
     case PathAlgo::SINGLE: return single_;
   }
-  return 0;
+  if (n_down_ && down_[p].until) p = pick_healthy(-1);
+  return p;
 }
 
 uint16_t PathSelector::pick_retx(uint16_t avoid, uint32_t bytes) {
   if (n_ == 1) return 0;
   if (algo_ == PathAlgo::SINGLE) return single_;  // the baseline has one path only
-  uint16_t p = pick_one(bytes);
-  if (p == avoid) p = uint16_t((p + 1 + rand() % (n_ - 1)) % n_);
+  uint16_t p = choose(bytes);
+  if (p == avoid) p = pick_healthy(avoid);
   return p;
+}
+
+uint16_t PathSelector::pick_healthy(int avoid) {
+  auto ok = [&](uint16_t p) { return int(p) != avoid && (down_.empty() || !down_[p].until); };
+  for (int i = 0; i < 4; i++) {  // cheap while most paths are healthy
+    uint16_t p = uint16_t(rand() % n_);
+    if (ok(p)) return p;
+  }
+  uint16_t start = uint16_t(rand() % n_);
+  for (uint16_t i = 0; i < n_; i++) {
+    uint16_t p = uint16_t((start + i) % n_);
+    if (ok(p)) return p;
+  }
+  // No healthy path left (a dead peer, or every route broken): the one
+  // whose probe is nearest.
+  uint16_t best = avoid == 0 && n_ > 1 ? 1 : 0;
+  for (uint16_t p = 0; p < n_; p++)
+    if (int(p) != avoid && down_[p].until < down_[best].until) best = p;
+  return best;
+}
+
+uint16_t PathSelector::probe_due(uint64_t now) {
+  uint16_t due = n_;
+  uint64_t next = UINT64_MAX;
+  for (uint16_t p = 0; p < n_; p++) {
+    const Down& d = down_[p];
+    if (!d.until) continue;
+    if (d.until <= now && (due == n_ || d.until < down_[due].until)) due = p;
+  }
+  if (due < n_) {  // re-armed: the probe's timeout or ACK decides
+    down_[due].since = now;
+    down_[due].until = now + (hold_ns_ << std::min<uint8_t>(down_[due].fails, 6));
+  }
+  for (uint16_t p = 0; p < n_; p++)
+    if (down_[p].until) next = std::min(next, down_[p].until);
+  next_probe_ = next;
+  return due;
 }
 
 // Deficit weighted round robin: each visit gives a path quantum = weight*MTU
@@ -82,6 +126,10 @@ uint16_t PathSelector::pick_dwrr(uint32_t bytes) {
   double need = bytes ? double(bytes) : 1.0;
   for (int guard = 0; guard < 4 * n_ + 64; guard++) {
     uint16_t p = uint16_t(rr_ % n_);
+    if (n_down_ && down_[p].until) {  // set aside: earns no credit
+      rr_++;
+      continue;
+    }
     if (deficit_[p] >= need) {
       deficit_[p] -= need;
       return p;
@@ -101,6 +149,7 @@ uint16_t PathSelector::pick_best_rtt() {
   uint16_t start = uint16_t(rand() % n_);  // break ties randomly
   for (uint16_t i = 0; i < n_; i++) {
     uint16_t p = uint16_t((start + i) % n_);
+    if (n_down_ && down_[p].until) continue;
     if (srtt_[p] < best_rtt) {
       best_rtt = srtt_[p];
       best = p;
@@ -111,6 +160,10 @@ uint16_t PathSelector::pick_best_rtt() {
 
 void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
   if (path >= n_) return;
+  if (n_down_ && down_[path].until) {  // it delivers again
+    down_[path] = Down{};
+    n_down_--;
+  }
   if (algo_ == PathAlgo::DWRR) weight_[path] += (1.0 - weight_[path]) / 16.0;
   if (algo_ == PathAlgo::BEST_RTT && rtt_ns) {
     uint64_t& s = srtt_[path];
@@ -118,11 +171,24 @@ void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
   }
 }
 
-void PathSelector::on_timeout(uint16_t path) {
+void PathSelector::on_timeout(uint16_t path, uint64_t now, uint64_t sent_ns) {
   if (path >= n_) return;
   if (path == burst_path_) burst_left_ = 0;  // no more of the burst into a hole
   if (algo_ == PathAlgo::DWRR) weight_[path] = std::max(weight_[path] / 2, 1.0 / 64);
   if (algo_ == PathAlgo::BEST_RTT) srtt_[path] = std::max<uint64_t>(srtt_[path] * 4, 1'000'000);
+  if (algo_ == PathAlgo::SINGLE || n_ == 1) return;  // nothing to move to
+  if (down_.empty()) down_.resize(n_);
+  Down& d = down_[path];
+  if (d.until && sent_ns < d.since) return;  // in flight before it went down
+  if (!d.until) {
+    n_down_++;
+    downs_++;
+  } else if (d.fails < 6) {
+    d.fails++;  // its probe failed too
+  }
+  d.since = now;
+  d.until = now + (hold_ns_ << d.fails);
+  next_probe_ = std::min(next_probe_, d.until);
 }
 
 }  // namespace vstellar

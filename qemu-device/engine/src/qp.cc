@@ -331,6 +331,8 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     qp->paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
                              cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp->qpn_) << 17),
                              cfg_.single_path, cfg_.path_burst);
+    // A path set aside after a timeout is probed again after a few RTOs.
+    qp->paths.set_probe_hold(4 * cfg_.rto_ns);
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
     qp->pending_rd.clear();
     qp->reads_done.clear();

@@ -27,9 +27,29 @@ uint64_t EngineCore::rto(const QpImpl& qp, unsigned retries) const {
   // At least the configured RTO (Stellar: 250 us). Above it, srtt plus
   // headroom: a smooth RTT has a tiny rttvar, and srtt + 4*rttvar alone
   // fires on every small queue build-up; srtt/2 of slack absorbs that.
-  uint64_t base = std::max(cfg_.rto_ns, qp.srtt + std::max(4 * qp.rttvar, qp.srtt / 2));
+  // With spraying, srtt is mostly the fast paths' while one path queues:
+  // the RTO also stays above the slowest round trip of the last epochs
+  // (with the same headroom), or every packet on that path times out.
+  const uint64_t slowest = qp.cc.max_rtt_ns();
+  uint64_t base = std::max({cfg_.rto_ns, qp.srtt + std::max(4 * qp.rttvar, qp.srtt / 2),
+                            slowest + slowest / 2});
   uint64_t r = base << std::min(retries, 16u);  // exponential backoff per packet
   return std::min(r, cfg_.rto_max_ns);
+}
+
+// Whether a packet that has timed out retry_cnt times (and again now) ends
+// the connection. Retries count per packet, and each resend goes to another
+// path (a healthy one while there is one), so the count alone would kill a
+// connection that still has working paths; the time alone would keep one
+// to a dead peer for ever. IB's rule gives the time: the QP fails after
+// (retry_cnt + 1) local ACK timeouts of 4.096 us * 2^timeout without an
+// acknowledgement; timeout 0 means no limit. Here the clock is the time
+// since the peer last acknowledged anything new, so while any path
+// delivers, ACKs keep coming and nothing fails.
+bool EngineCore::retry_exceeded(const QpImpl& qp, uint64_t now) const {
+  if (qp.attr.timeout == 0) return false;
+  const uint64_t limit = (uint64_t(qp.attr.retry_cnt) + 1) * (4096ull << qp.attr.timeout);
+  return now - qp.last_progress_ns >= limit;
 }
 
 // First look at a WQE: check its local SGEs (keys, PD, bounds, access) once
@@ -103,10 +123,16 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
       continue;
     }
     if (now < w.rnr_hold_until) return false;
-    uint32_t n = 1;
-    if (w.op == WrOpcode::RDMA_READ) n = std::min(cfg_.read_chunk_pkts, w.npkts - w.pkts_sent);
-    if (qp.snd_nxt + n - qp.snd_una > qp.window()) return false;
     if (qp.inflight >= qp.cc.cwnd()) return false;
+    uint32_t n = 1;
+    if (w.op == WrOpcode::RDMA_READ) {
+      // A READ asks for no more response bytes than the window has room
+      // for: the responder answers a request at once, so the request size
+      // is what paces the data (at least one packet, as for a WRITE).
+      uint64_t room = (qp.cc.cwnd() - qp.inflight) / w.seg + 1;
+      n = uint32_t(std::min<uint64_t>({cfg_.read_chunk_pkts, w.npkts - w.pkts_sent, room}));
+    }
+    if (qp.snd_nxt + n - qp.snd_una > qp.window()) return false;
     uint32_t psn = qp.snd_nxt;
     PktKind kind = w.op == WrOpcode::RDMA_READ ? PktKind::READ
                    : is_rd_atomic(w.op)        ? PktKind::ATOMIC
@@ -177,7 +203,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   SendWqe& w = qp.sq_at(idx);
   uint32_t total = 0;
   for (uint32_t k = 0; k < npsn; k++) total += qp.rec(psn + k).len;
-  uint16_t path = retx ? qp.paths.pick_retx(r.path, total) : qp.paths.pick(total);
+  uint16_t path = retx ? qp.paths.pick_retx(r.path, total) : qp.paths.pick(total, now);
 
   wire::Base b;
   b.dst_qpn = qp.attr.dest_qp_num;
@@ -357,12 +383,20 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     if (!t.rnr) {
       stats_.timeouts++;
       if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
-      qp.paths.on_timeout(r.path);
-      if (r.retries >= qp.attr.retry_cnt) {
+      // A READ or atomic executes only when every earlier PSN has arrived,
+      // so its answer may be late because the responder waits for a
+      // resend, not because its path lost it: it blames its path only when
+      // it is the oldest PSN outstanding.
+      if (r.kind == PktKind::DATA || t.psn == qp.snd_una) {
+        const uint64_t downs = qp.paths.downs();
+        qp.paths.on_timeout(r.path, now, r.sent_ns);
+        stats_.paths_set_aside += qp.paths.downs() - downs;
+      }
+      if (r.retries >= qp.attr.retry_cnt && retry_exceeded(qp, now)) {
         comp_fail_wqe(qp, r.wqe, WcStatus::RETRY_EXC_ERR);
         return;
       }
-      r.retries++;
+      if (r.retries < UINT8_MAX) r.retries++;
     }
     if (!req_send(qp, t.psn, 1, true, now)) return;
   }

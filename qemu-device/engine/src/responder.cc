@@ -76,7 +76,7 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
         } else {
           // A duplicate atomic must not execute twice: answer from the replay cache.
           for (auto& r : qp.atomic_replay)
-            if (r.valid && r.psn == psn) send_atomic_resp(qp, psn, p.base.ts, r.orig);
+            if (r.valid && r.psn == psn) send_atomic_resp(qp, psn, p.base.path, p.base.ts, r.orig);
           stats_.dup_pkts++;
         }
         return;
@@ -108,6 +108,15 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
       stats_.bad_state++;
       return;
   }
+}
+
+// Answers (ACKs, NAKs, READ and atomic responses) go back on the path id
+// of the request they answer (for an ACK, the newest data packet it
+// covers), so they are sprayed as the requests are, and a path id names a
+// round trip: the requester's timeout on a path sets aside the path that
+// lost the request or its answer, and its ACKs then avoid it too (path.h).
+uint16_t EngineCore::reply_path(QpImpl& qp, uint16_t req_path) {
+  return req_path < qp.paths.num_paths() ? req_path : qp.paths.pick(0);
 }
 
 void EngineCore::resp_mark(QpImpl& qp, uint32_t psn, uint32_t n) {
@@ -356,6 +365,7 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     return false;
   }
   uint32_t n = std::max<uint32_t>(1, (e.len + e.seg - 1) / e.seg);
+  const uint16_t path = reply_path(qp, p.base.path);
   if (psn == qp.epsn) {  // a first execution (a reread names an older PSN)
     // Keep what a requester may still ask again: READs whose PSNs are
     // within one window behind epsn.
@@ -385,7 +395,7 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     b.dst_qpn = qp.attr.dest_qp_num;
     b.src_qpn = qp.qpn_;
     b.psn = psn + k;
-    b.path = qp.paths.pick(l);
+    b.path = path;
     b.ts = p.base.ts;
     b.payload_len = uint16_t(l);
     if (k == 0) b.flags |= wire::F_FIRST;
@@ -454,18 +464,19 @@ bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
   }
   auto& slot = qp.atomic_replay[qp.atomic_replay_next++ % 32];
   slot = {psn, orig, true};
-  send_atomic_resp(qp, psn, p.base.ts, orig);
+  send_atomic_resp(qp, psn, p.base.path, p.base.ts, orig);
   return true;
 }
 
 // The original value for the atomic at psn (first execution or replay).
-void EngineCore::send_atomic_resp(QpImpl& qp, uint32_t psn, uint32_t echo_ts, uint64_t orig) {
+void EngineCore::send_atomic_resp(QpImpl& qp, uint32_t psn, uint16_t path, uint32_t echo_ts,
+                                  uint64_t orig) {
   wire::Base b;
   b.op = wire::Op::ATOMIC_RESP;
   b.dst_qpn = qp.attr.dest_qp_num;
   b.src_qpn = qp.qpn_;
   b.psn = psn;
-  b.path = qp.paths.pick(8);
+  b.path = reply_path(qp, path);
   b.ts = echo_ts;
   wire::AtomicRespExt x{orig};
   uint8_t hdr[wire::kMaxHeaderLen];
@@ -513,7 +524,7 @@ void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus l
   b.dst_qpn = qp.attr.dest_qp_num;
   b.src_qpn = qp.qpn_;
   b.psn = psn;
-  b.path = qp.paths.pick(0);
+  b.path = reply_path(qp, qp.last_path);
   b.ts = now_us();
   wire::AckExt a;
   a.cum_psn = qp.epsn;
@@ -586,7 +597,7 @@ void EngineCore::send_ack(QpImpl& qp) {
     b.dst_qpn = qp.attr.dest_qp_num;
     b.src_qpn = qp.qpn_;
     b.psn = qp.epsn;
-    b.path = qp.paths.pick(0);
+    b.path = reply_path(qp, qp.last_path);
     b.ts = now_us();
     uint8_t hdr[wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
     size_t hl = wire::encode(b, a, hdr);

@@ -1,11 +1,17 @@
 // One congestion window per connection, shared by all its paths (Stellar).
 // Signals: ECN CE marks (DCTCP-style fraction estimate) and RTT above a target
-// delay (Swift-style). Loss is deliberately NOT a congestion signal: with
+// delay (Swift-style). The delay signal is a high percentile of the epoch's
+// RTT samples, not their minimum: the samples come from all the paths the
+// connection sprays over, and the minimum is the least loaded path's, blind
+// to the queue the one window builds on the most loaded path. Loss is deliberately NOT a congestion signal: with
 // spraying, a loss usually means one bad path, which the RTO resend on another
 // path repairs; shrinking the window for it would slow the whole connection.
 // See docs/transport.md for the algorithm.
 #pragma once
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace vstellar {
 
@@ -19,6 +25,7 @@ struct CcConfig {
   double rtt_beta = 0.5;              // decrease factor scale on delay
   double max_decrease = 0.5;          // never cut by more than this per epoch
   uint32_t ai_mtus = 4;               // additive increase per RTT, in MTUs
+  double delay_percentile = 0.9;      // of the epoch's RTT samples, compared with the target
 };
 
 class CongestionControl {
@@ -30,6 +37,10 @@ class CongestionControl {
   uint64_t cwnd() const { return cfg_.enabled ? cwnd_ : UINT64_MAX; }
   uint64_t srtt_ns() const { return srtt_; }
   double alpha() const { return alpha_; }
+  // The largest RTT sample of this epoch and the one before: the round
+  // trip of the slowest path in use, which a retransmission timeout must
+  // exceed (srtt is mostly the fast paths' when one path queues).
+  uint64_t max_rtt_ns() const { return std::max(prev_max_rtt_, epoch_max_rtt_); }
 
   // An ACK acknowledged `acked_bytes` new bytes; it reports `pkts` data
   // packets of which `ce` were CE-marked; `rtt_ns` is 0 when there is no
@@ -48,7 +59,12 @@ class CongestionControl {
   uint32_t epoch_end_ = 0;
   uint32_t epoch_pkts_ = 0;
   uint32_t epoch_ce_ = 0;
-  uint64_t epoch_min_rtt_ = UINT64_MAX;
+  uint64_t epoch_acked_ = 0;  // bytes acknowledged this epoch
+  uint64_t epoch_max_rtt_ = 0, prev_max_rtt_ = 0;
+  bool epoch_late_ = false;  // an RTT sample of this epoch was above target
+  std::vector<uint64_t> epoch_rtts_;  // this epoch's samples (at most kMaxSamples)
+  uint32_t epoch_nrtt_ = 0;           // samples seen this epoch
+  static constexpr size_t kMaxSamples = 256;
 };
 
 }  // namespace vstellar

@@ -37,7 +37,7 @@ struct EngineConfig {
   uint64_t rto_ns = 250'000;      // minimum RTO (Stellar: 250 us)
   uint64_t rto_max_ns = 50'000'000;
   uint32_t window_pkts = 4096;    // PSN window per QP, power of two
-  uint32_t read_chunk_pkts = 64;  // a READ is requested in chunks of this many response packets
+  uint32_t read_chunk_pkts = 16;  // a READ request asks for at most this many response packets
   uint32_t ack_every = 32;        // ACK at least every N data packets
   uint64_t ack_delay_ns = 10'000; // otherwise at most one ACK per QP per this interval
   uint32_t tx_budget = 64;        // packets per QP per progress() call (fairness)
@@ -87,6 +87,7 @@ struct PathCounters {
 struct EngineStats {
   uint64_t tx_pkts = 0, rx_pkts = 0, tx_bytes = 0, rx_bytes = 0;
   uint64_t data_pkts_sent = 0, retx_pkts = 0, timeouts = 0;
+  uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
   uint64_t acks_sent = 0, acks_rcvd = 0, naks_sent = 0, naks_rcvd = 0, rnr_naks_sent = 0;
   uint64_t dup_pkts = 0, out_of_window = 0, pending_rd_drops = 0;
   // Requests that would end the connection (bad key, bad length) but came

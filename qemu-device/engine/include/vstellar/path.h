@@ -1,6 +1,11 @@
 // Path selection for one connection. A path is a UDP source port; the fabric's
 // ECMP hash maps it onto a route. OBS (oblivious spraying: a pseudo-random path
-// per packet, no per-path state) is Stellar's choice; the others are baselines.
+// per packet, no per-path load state) is Stellar's choice; the others are
+// baselines. Under every algorithm a path whose packet timed out is set
+// aside (down) and probed back in: after a hold time one new packet goes
+// out on it; an ACK for a packet sent on it brings it back, another timeout
+// doubles the hold (up to 64 x). The algorithm's choice skips down paths
+// while a healthy one is left.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,24 +23,38 @@ class PathSelector {
   // transmissions (1: a new path per packet).
   PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path = 0,
                uint16_t burst = 1);
-  // Path for a first transmission of `bytes` payload bytes.
-  uint16_t pick(uint32_t bytes);
+  // Path for a first transmission of `bytes` payload bytes at time `now`
+  // (a down path whose hold is over may get it as a probe).
+  uint16_t pick(uint32_t bytes, uint64_t now = 0);
   // Path for a retransmission: never `avoid` when another path exists, so a
-  // resend does not go back into the hole that lost the original.
+  // resend does not go back into the hole that lost the original, and a
+  // healthy one while there is one.
   uint16_t pick_retx(uint16_t avoid, uint32_t bytes);
   // Feedback: a packet sent on `path` was acknowledged with this RTT sample.
   void on_ack(uint16_t path, uint64_t rtt_ns);
-  // A packet sent on `path` timed out.
-  void on_timeout(uint16_t path);
+  // A packet sent on `path` at `sent_ns` timed out at `now`: the path is
+  // set aside. If it already was, only a packet sent since (its probe)
+  // doubles the hold; packets that were in flight when it went down do not.
+  void on_timeout(uint16_t path, uint64_t now, uint64_t sent_ns);
+  // The hold before the first probe of a path that went down (doubles
+  // per failed probe, up to 64 times this).
+  void set_probe_hold(uint64_t ns) { hold_ns_ = ns; }
 
   uint16_t num_paths() const { return n_; }
   PathAlgo algo() const { return algo_; }
+  bool is_down(uint16_t path) const { return path < n_ && !down_.empty() && down_[path].until; }
+  uint16_t down_count() const { return n_down_; }
+  uint64_t downs() const { return downs_; }  // times a healthy path was set aside
 
  private:
   uint64_t rand();
-  uint16_t pick_one(uint32_t bytes);
   uint16_t pick_dwrr(uint32_t bytes);
   uint16_t pick_best_rtt();
+  uint16_t choose(uint32_t bytes);  // the algorithm's pick, moved off a down path
+  // A healthy path other than `avoid` (random start, then a scan), or the
+  // down path nearest to its probe if none is healthy.
+  uint16_t pick_healthy(int avoid);
+  uint16_t probe_due(uint64_t now);  // a down path whose hold is over, or n_
 
   PathAlgo algo_;
   uint16_t n_;
@@ -50,6 +69,17 @@ class PathSelector {
   std::vector<double> weight_;   // DWRR: 1 = healthy, halved per timeout
   std::vector<double> deficit_;  // DWRR: byte credit
   std::vector<uint64_t> srtt_;   // BestRTT: smoothed RTT per path, ns (0 = unknown)
+  // Health, for every algorithm: allocated at the first timeout.
+  struct Down {
+    uint64_t until = 0;  // 0: healthy; else the time its next probe is due
+    uint64_t since = 0;  // when it went down or was last probed
+    uint8_t fails = 0;   // timeouts since it was last healthy (hold doubling)
+  };
+  std::vector<Down> down_;
+  uint16_t n_down_ = 0;
+  uint64_t next_probe_ = UINT64_MAX;  // earliest `until` of a down path
+  uint64_t hold_ns_ = 1'000'000;
+  uint64_t downs_ = 0;
 };
 
 }  // namespace vstellar
