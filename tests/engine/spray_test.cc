@@ -218,6 +218,22 @@ TEST(CcSignal, TheWindowSeesTheMostLoadedPath) {
   EXPECT_LE(t.a.eng->stats().retx_pkts - retx, 10u);
 }
 
+TEST(CcSignal, LossesOnSeveralPathsAreCongestionOneBadPathIsNot) {
+  CcConfig c;
+  c.init_cwnd = 1 << 20;
+  CongestionControl one(c, 4096), many(c, 4096);
+  uint32_t psn = 0;
+  one.on_path_down();
+  many.on_path_down();
+  many.on_path_down();
+  for (int i = 0; i < 4; i++, psn += 8) {
+    one.on_ack(8 * 4096, 8, 0, 20'000, psn, psn + 8);
+    many.on_ack(8 * 4096, 8, 0, 20'000, psn, psn + 8);
+  }
+  EXPECT_GE(one.cwnd(), uint64_t(1) << 20);
+  EXPECT_LT(many.cwnd(), uint64_t(600) << 10);  // halved, then a little additive increase
+}
+
 // A single 100 Mbit/s path with a shallow (64 KiB) queue behind a 32 KiB
 // token bucket: 64 KiB READs get at least 80% of what 64 KiB WRITEs get.
 TEST(ReadPacing, ReadsHoldUpOnASlowShallowPath) {

@@ -15,6 +15,7 @@ void CongestionControl::reset(const CcConfig& c, uint32_t mtu) {
   epoch_open_ = false;
   epoch_pkts_ = epoch_ce_ = 0;
   epoch_acked_ = 0;
+  epoch_downs_ = 0;
   epoch_max_rtt_ = prev_max_rtt_ = 0;
   epoch_late_ = false;
   epoch_rtts_.clear();
@@ -42,7 +43,7 @@ void CongestionControl::on_ack(uint64_t acked_bytes, uint32_t pkts, uint32_t ce,
   }
   // Additive increase on every ACK: ai_mtus MTUs per window's worth of ACKs,
   // as long as this epoch has seen no congestion signal yet.
-  if (epoch_ce_ == 0 && !epoch_late_ && acked_bytes && cwnd_ > 0) {
+  if (epoch_ce_ == 0 && !epoch_late_ && epoch_downs_ < 2 && acked_bytes && cwnd_ > 0) {
     uint64_t inc = std::max<uint64_t>(1, uint64_t(cfg_.ai_mtus) * mtu_ * acked_bytes / cwnd_);
     cwnd_ = std::min(cwnd_ + inc, cfg_.max_cwnd);
   }
@@ -67,12 +68,14 @@ void CongestionControl::on_ack(uint64_t acked_bytes, uint32_t pkts, uint32_t ce,
       factor = std::min(factor, 1.0 - cfg_.rtt_beta * over);
     }
   }
+  if (epoch_downs_ >= 2) factor = 0;  // losses on several paths: the largest cut
   factor = std::max(factor, 1.0 - cfg_.max_decrease);
   if (factor < 1.0) cwnd_ = std::max<uint64_t>(cfg_.min_cwnd, uint64_t(double(cwnd_) * factor));
   epoch_open_ = true;
   epoch_end_ = snd_nxt;
   epoch_pkts_ = epoch_ce_ = 0;
   epoch_acked_ = 0;
+  epoch_downs_ = 0;
   epoch_late_ = false;
   epoch_rtts_.clear();
   epoch_nrtt_ = 0;

@@ -390,7 +390,10 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
       if (r.kind == PktKind::DATA || t.psn == qp.snd_una) {
         const uint64_t downs = qp.paths.downs();
         qp.paths.on_timeout(r.path, now, r.sent_ns);
-        stats_.paths_set_aside += qp.paths.downs() - downs;
+        if (qp.paths.downs() != downs) {
+          stats_.paths_set_aside++;
+          qp.cc.on_path_down();
+        }
       }
       if (r.retries >= qp.attr.retry_cnt && retry_exceeded(qp, now)) {
         comp_fail_wqe(qp, r.wqe, WcStatus::RETRY_EXC_ERR);

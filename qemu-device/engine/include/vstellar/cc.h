@@ -48,6 +48,11 @@ class CongestionControl {
   // an epoch (about one RTT) ends when cum passes the snd_nxt at its start.
   void on_ack(uint64_t acked_bytes, uint32_t pkts, uint32_t ce, uint64_t rtt_ns, uint32_t cum,
               uint32_t snd_nxt);
+  // A timeout set a healthy path aside (path.h). One such path is a bad
+  // path, not congestion; two or more in one epoch are losses on several
+  // paths at once, a queue overflowing (incast), and the epoch ends with
+  // the largest decrease.
+  void on_path_down() { epoch_downs_++; }
 
  private:
   CcConfig cfg_;
@@ -60,6 +65,7 @@ class CongestionControl {
   uint32_t epoch_pkts_ = 0;
   uint32_t epoch_ce_ = 0;
   uint64_t epoch_acked_ = 0;  // bytes acknowledged this epoch
+  uint32_t epoch_downs_ = 0;  // healthy paths set aside this epoch
   uint64_t epoch_max_rtt_ = 0, prev_max_rtt_ = 0;
   bool epoch_late_ = false;  // an RTT sample of this epoch was above target
   std::vector<uint64_t> epoch_rtts_;  // this epoch's samples (at most kMaxSamples)
