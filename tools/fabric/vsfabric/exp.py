@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -91,3 +92,35 @@ def total_series(results, t_ref=None, iv_ms=None):
         for b, v in mine.items():
             acc[b] = acc.get(b, 0) + sum(v) / len(v)
     return sorted((t, round(g, 4)) for t, g in acc.items())
+
+
+def pct(v, q):
+    """The q-quantile (0..1) of v, nearest rank below; 0 for no samples."""
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * (len(v) - 1)))] if v else 0
+
+
+def backlog_sampler(fab, ns, devs, dur, warmup=0.3, period_ms=20):
+    """A `during` callback for harness.run_pairs that samples the tbf backlog
+    (bytes, `tc -s -j qdisc show`) of the devices `devs` of namespace ns
+    every period_ms, from `warmup` seconds after the clients started until
+    `dur`. Returns (during, samples), samples = {dev: [bytes, ...]}."""
+    samples = {d: [] for d in devs}
+
+    def during(t_start):
+        end = t_start + dur
+        while time.time() < end:
+            t = time.time()
+            if t - t_start >= warmup:
+                for dev, st in fab.qdisc_stats(ns).items():
+                    if dev in samples:
+                        samples[dev].append(st["backlog"])
+            time.sleep(max(0, period_ms / 1000 - (time.time() - t)))
+    return during, samples
+
+
+def backlog_summary(samples):
+    """mean/p50/p99/max over all devices' samples, in bytes."""
+    allv = [v for s in samples.values() for v in s]
+    return {"mean": round(statistics.mean(allv)) if allv else 0, "p50": pct(allv, .5),
+            "p99": pct(allv, .99), "max": max(allv or [0]), "samples": len(allv)}
