@@ -49,7 +49,7 @@ TEST(Paths, BurstKeepsAPathForRuns) {
   }
   EXPECT_GT(runs.size(), 30u);  // the runs themselves are sprayed
   const uint16_t p = obs.pick(4096);
-  obs.on_timeout(p, 1000, 0);
+  obs.on_timeout(p, 1000);
   // The run ended: the next pick draws again (it may draw p by chance, but
   // not sixteen times in a row).
   int same = 0;
@@ -68,7 +68,7 @@ TEST(Paths, RetransmissionAvoidsThePathThatLost) {
 
 TEST(Paths, DwrrShiftsLoadAwayFromTimeouts) {
   PathSelector s(PathAlgo::DWRR, 4, 3);
-  for (int i = 0; i < 6; i++) s.on_timeout(2, 1000 * i, 1000 * i);
+  for (int i = 0; i < 6; i++) s.on_timeout(2, 1000 * i);
   s.on_ack(2, 0);  // back in after a probe, with its weight still low
   std::vector<int> n(4);
   for (int i = 0; i < 40000; i++) n[s.pick(4096)]++;

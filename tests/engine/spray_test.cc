@@ -101,33 +101,34 @@ TEST(PathHealth, ADownPathIsAvoidedThenProbedBackIn) {
   for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
     PathSelector s(algo, 8, 5);
     s.set_probe_hold(1000);
-    s.on_timeout(3, 100, 50);
+    s.on_timeout(3, 100);
     EXPECT_TRUE(s.is_down(3));
-    for (int i = 0; i < 2000; i++) ASSERT_NE(s.pick(4096, 500), 3) << to_string(algo);
-    // The hold is over: the next new packet probes it, once.
-    EXPECT_EQ(s.pick(4096, 1100), 3) << to_string(algo);
-    for (int i = 0; i < 200; i++) ASSERT_NE(s.pick(4096, 1200), 3) << to_string(algo);
-    // The probe timed out too: the hold doubles.
-    s.on_timeout(3, 1600, 1100);
-    EXPECT_NE(s.pick(4096, 3500), 3);
-    EXPECT_EQ(s.pick(4096, 3600), 3) << to_string(algo);
-    // A packet that was in flight before it went down does not double it.
-    s.on_timeout(3, 3700, 200);
+    for (int i = 0; i < 2000; i++) ASSERT_NE(s.pick(4096), 3) << to_string(algo);
+    EXPECT_EQ(s.probe(1000), 8);  // not yet
+    // The hold is over: one probe, then the hold doubles.
+    EXPECT_EQ(s.probe(1100), 3) << to_string(algo);
+    EXPECT_EQ(s.probe(1200), 8);
+    EXPECT_EQ(s.probe(3099), 8);
+    EXPECT_EQ(s.probe(3100), 3);
+    // Another timeout of a packet on it changes nothing.
+    s.on_timeout(3, 3700);
+    EXPECT_EQ(s.probe(7099), 8);
     EXPECT_TRUE(s.is_down(3));
     // An ACK for a packet on it: back in.
     s.on_ack(3, 10'000);
     EXPECT_FALSE(s.is_down(3));
+    EXPECT_EQ(s.probe(100'000), 8);
     int n = 0;
-    for (int i = 0; i < 8000; i++) n += s.pick(4096, 4000) == 3;
+    for (int i = 0; i < 8000; i++) n += s.pick(4096) == 3;
     EXPECT_GT(n, 0) << to_string(algo);
   }
 }
 
 TEST(PathHealth, WithNoHealthyPathLeftThePicksGoOn) {
   PathSelector s(PathAlgo::OBS, 4, 5);
-  for (uint16_t p = 0; p < 4; p++) s.on_timeout(p, 100 + p, 0);
+  for (uint16_t p = 0; p < 4; p++) s.on_timeout(p, 100 + p);
   EXPECT_EQ(s.down_count(), 4u);
-  EXPECT_EQ(s.pick(4096, 200), 0);  // the one whose probe is nearest
+  EXPECT_EQ(s.pick(4096), 0);  // the one whose probe is nearest
   EXPECT_NE(s.pick_retx(1, 4096), 1);
 }
 
@@ -161,6 +162,7 @@ TEST(PathHealth, EveryAlgorithmStopsFeedingABlackHole) {
     for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS) << to_string(algo);
     EXPECT_LT(into * 100, total * 3) << to_string(algo) << ": " << into << " of " << total;
     EXPECT_GT(t.a.eng->stats().paths_set_aside, 10u) << to_string(algo);
+    EXPECT_GT(t.a.eng->stats().path_probes, 0u) << to_string(algo);
   }
 }
 

@@ -41,11 +41,7 @@ uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
   return rng_ * 2685821657736338717ull;
 }
 
-uint16_t PathSelector::pick(uint32_t bytes, uint64_t now) {
-  if (n_down_ && now >= next_probe_) {
-    uint16_t p = probe_due(now);
-    if (p < n_) return p;
-  }
+uint16_t PathSelector::pick(uint32_t bytes) {
   // OBS and RR keep a path for burst_ packets (issue 16): the UDP link sends
   // a run of one path as one segmented send (UDP_SEGMENT).
   if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return choose(bytes);
@@ -100,7 +96,8 @@ uint16_t PathSelector::pick_healthy(int avoid) {
   return best;
 }
 
-uint16_t PathSelector::probe_due(uint64_t now) {
+uint16_t PathSelector::probe(uint64_t now) {
+  if (!n_down_ || now < next_probe_) return n_;
   uint16_t due = n_;
   uint64_t next = UINT64_MAX;
   for (uint16_t p = 0; p < n_; p++) {
@@ -108,9 +105,10 @@ uint16_t PathSelector::probe_due(uint64_t now) {
     if (!d.until) continue;
     if (d.until <= now && (due == n_ || d.until < down_[due].until)) due = p;
   }
-  if (due < n_) {  // re-armed: the probe's timeout or ACK decides
-    down_[due].since = now;
-    down_[due].until = now + (hold_ns_ << std::min<uint8_t>(down_[due].fails, 6));
+  if (due < n_) {  // re-armed with a doubled hold: an ACK for it ends that
+    Down& d = down_[due];
+    if (d.fails < 6) d.fails++;
+    d.until = now + (hold_ns_ << d.fails);
   }
   for (uint16_t p = 0; p < n_; p++)
     if (down_[p].until) next = std::min(next, down_[p].until);
@@ -171,7 +169,7 @@ void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
   }
 }
 
-void PathSelector::on_timeout(uint16_t path, uint64_t now, uint64_t sent_ns) {
+void PathSelector::on_timeout(uint16_t path, uint64_t now) {
   if (path >= n_) return;
   if (path == burst_path_) burst_left_ = 0;  // no more of the burst into a hole
   if (algo_ == PathAlgo::DWRR) weight_[path] = std::max(weight_[path] / 2, 1.0 / 64);
@@ -179,15 +177,11 @@ void PathSelector::on_timeout(uint16_t path, uint64_t now, uint64_t sent_ns) {
   if (algo_ == PathAlgo::SINGLE || n_ == 1) return;  // nothing to move to
   if (down_.empty()) down_.resize(n_);
   Down& d = down_[path];
-  if (d.until && sent_ns < d.since) return;  // in flight before it went down
-  if (!d.until) {
-    n_down_++;
-    downs_++;
-  } else if (d.fails < 6) {
-    d.fails++;  // its probe failed too
-  }
-  d.since = now;
-  d.until = now + (hold_ns_ << d.fails);
+  if (d.until) return;  // down already: its probes set the hold
+  n_down_++;
+  downs_++;
+  d.fails = 0;
+  d.until = now + hold_ns_;
   next_probe_ = std::min(next_probe_, d.until);
 }
 

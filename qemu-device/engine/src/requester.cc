@@ -203,7 +203,17 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   SendWqe& w = qp.sq_at(idx);
   uint32_t total = 0;
   for (uint32_t k = 0; k < npsn; k++) total += qp.rec(psn + k).len;
-  uint16_t path = retx ? qp.paths.pick_retx(r.path, total) : qp.paths.pick(total, now);
+  uint16_t path = retx ? qp.paths.pick_retx(r.path, total) : qp.paths.pick(total);
+  // A path set aside is probed by a new packet whose hold is over: a data
+  // packet goes on a healthy path and a copy of it on the probe path, so a
+  // still dead path costs nothing (the responder drops the duplicate, and
+  // the ACK of either names the path it came by); a READ or atomic request
+  // goes on the probe path itself (a copy would be executed twice).
+  uint16_t probe = retx ? qp.paths.num_paths() : qp.paths.probe(now);
+  if (probe < qp.paths.num_paths() && r.kind != PktKind::DATA) {
+    path = probe;
+    probe = qp.paths.num_paths();
+  }
 
   wire::Base b;
   b.dst_qpn = qp.attr.dest_qp_num;
@@ -217,6 +227,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   HostSpan spans[64];
   size_t nspans = 0;
   size_t plen = 0;
+  wire::DataExt de;
   switch (r.kind) {
     case PktKind::DATA: {
       b.op = data_op(w.op);
@@ -232,14 +243,13 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
       }
       plen = r.len;
       b.payload_len = uint16_t(plen);
-      wire::DataExt e;
-      e.va = w.raddr;
-      e.rkey = w.rkey;
-      e.msg_off = r.off;
-      e.msg_len = uint32_t(w.len);
-      e.rsn = w.rsn;
-      e.imm = w.imm;
-      hlen = wire::encode(b, e, hdr);
+      de.va = w.raddr;
+      de.rkey = w.rkey;
+      de.msg_off = r.off;
+      de.msg_len = uint32_t(w.len);
+      de.rsn = w.rsn;
+      de.imm = w.imm;
+      hlen = wire::encode(b, de, hdr);
       break;
     }
     case PktKind::READ: {
@@ -273,6 +283,12 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
     qp.timers.push({now + rto(qp, x.retries), psn + k, x.tx_seq, false});
   }
   xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
+  if (probe < qp.paths.num_paths()) {
+    b.path = probe;
+    hlen = wire::encode(b, de, hdr);
+    xmit(qp, probe, hdr, hlen, spans, nspans, plen, false);
+    stats_.path_probes++;
+  }
   if (r.kind == PktKind::DATA) stats_.data_pkts_sent++;
   if (retx) stats_.retx_pkts++;
   return true;
@@ -389,7 +405,7 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
       // it is the oldest PSN outstanding.
       if (r.kind == PktKind::DATA || t.psn == qp.snd_una) {
         const uint64_t downs = qp.paths.downs();
-        qp.paths.on_timeout(r.path, now, r.sent_ns);
+        qp.paths.on_timeout(r.path, now);
         if (qp.paths.downs() != downs) {
           stats_.paths_set_aside++;
           qp.cc.on_path_down();

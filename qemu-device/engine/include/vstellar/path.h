@@ -2,10 +2,10 @@
 // ECMP hash maps it onto a route. OBS (oblivious spraying: a pseudo-random path
 // per packet, no per-path load state) is Stellar's choice; the others are
 // baselines. Under every algorithm a path whose packet timed out is set
-// aside (down) and probed back in: after a hold time one new packet goes
-// out on it; an ACK for a packet sent on it brings it back, another timeout
-// doubles the hold (up to 64 x). The algorithm's choice skips down paths
-// while a healthy one is left.
+// aside (down) and probed back in: after a hold time the engine sends a
+// probe on it (probe()); an ACK for a packet sent on it brings it back, and
+// each probe without one doubles the hold (up to 64 x). The algorithm's
+// choice skips down paths while a healthy one is left.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,19 +23,20 @@ class PathSelector {
   // transmissions (1: a new path per packet).
   PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path = 0,
                uint16_t burst = 1);
-  // Path for a first transmission of `bytes` payload bytes at time `now`
-  // (a down path whose hold is over may get it as a probe).
-  uint16_t pick(uint32_t bytes, uint64_t now = 0);
+  // Path for a first transmission of `bytes` payload bytes.
+  uint16_t pick(uint32_t bytes);
+  // A down path whose hold is over at `now`, to be probed (its hold is
+  // re-armed, doubled, until an ACK for it arrives); num_paths() if none.
+  uint16_t probe(uint64_t now);
   // Path for a retransmission: never `avoid` when another path exists, so a
   // resend does not go back into the hole that lost the original, and a
   // healthy one while there is one.
   uint16_t pick_retx(uint16_t avoid, uint32_t bytes);
   // Feedback: a packet sent on `path` was acknowledged with this RTT sample.
   void on_ack(uint16_t path, uint64_t rtt_ns);
-  // A packet sent on `path` at `sent_ns` timed out at `now`: the path is
-  // set aside. If it already was, only a packet sent since (its probe)
-  // doubles the hold; packets that were in flight when it went down do not.
-  void on_timeout(uint16_t path, uint64_t now, uint64_t sent_ns);
+  // A packet sent on `path` timed out at `now`: a healthy path is set aside
+  // (one already down stays as it is: its probes set the hold).
+  void on_timeout(uint16_t path, uint64_t now);
   // The hold before the first probe of a path that went down (doubles
   // per failed probe, up to 64 times this).
   void set_probe_hold(uint64_t ns) { hold_ns_ = ns; }
@@ -54,7 +55,6 @@ class PathSelector {
   // A healthy path other than `avoid` (random start, then a scan), or the
   // down path nearest to its probe if none is healthy.
   uint16_t pick_healthy(int avoid);
-  uint16_t probe_due(uint64_t now);  // a down path whose hold is over, or n_
 
   PathAlgo algo_;
   uint16_t n_;
@@ -72,7 +72,6 @@ class PathSelector {
   // Health, for every algorithm: allocated at the first timeout.
   struct Down {
     uint64_t until = 0;  // 0: healthy; else the time its next probe is due
-    uint64_t since = 0;  // when it went down or was last probed
     uint8_t fails = 0;   // timeouts since it was last healthy (hold doubling)
   };
   std::vector<Down> down_;
