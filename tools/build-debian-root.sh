@@ -5,25 +5,21 @@
 #   tools/build-debian-root.sh NAME SUITE PACKAGE,PACKAGE,...
 #
 # Cached in $VSTELLAR_CACHE/root-NAME-<key>, keyed by the suite, the
-# package list and this script (the archive moves on: remove the entry to
-# take newer packages). Prints the directory.
+# package list and mmdebstrap's options (the archive moves on: remove the
+# entry to take newer packages). Prints the directory.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 name=${1:?usage: build-debian-root.sh NAME SUITE PACKAGES}
 suite=${2:?usage: build-debian-root.sh NAME SUITE PACKAGES}
 packages=${3:?usage: build-debian-root.sh NAME SUITE PACKAGES}
-key=$(key_of "$suite" "$packages" "$0")
+# Keyed by what mmdebstrap is asked for; bump the tag when its options change.
+key=$(key_of "$suite" "$packages" "mmdebstrap --variant=apt, no doc/man/locale: 1")
 out=$VSTELLAR_CACHE/root-$name-$key
 
-done_already() {
-	[[ -e $out/.complete ]] || return 1
-	touch "$out/.complete"
-	echo "$out/root"
-}
-done_already && exit 0
+cache_hit "$out" "$out/root" && exit 0
 lock_entry "$out"
-done_already && exit 0
+cache_hit "$out" "$out/root" && exit 0
 
 start=$SECONDS
 rm -rf "$out" && mkdir -p "$out"

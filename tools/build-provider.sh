@@ -39,14 +39,9 @@ key=$(key_of "$RDMA_CORE_SRC_VERSION" "$layout" "${cmake_flags[*]}" "$provider" 
 out=$VSTELLAR_CACHE/provider-$key
 so=$out/build/lib/libvstellar-rdmav34.so
 
-done_already() {
-	[[ -e $out/.complete ]] || return 1
-	touch "$out/.complete"
-	echo "$so"
-}
-done_already && exit 0
+cache_hit "$out" "$so" && exit 0
 lock_entry "$out"
-done_already && exit 0
+cache_hit "$out" "$so" && exit 0
 
 fetch_source rdma-core "$RDMA_CORE_SRC_VERSION" --tar-only
 upstream=${RDMA_CORE_SRC_VERSION%-*}

@@ -52,6 +52,14 @@ fetch_source() {
 	fi
 }
 
+# cache_hit DIR RESULT: when cache entry DIR is complete, mark it used
+# (prune_cache keeps the most recently used), print RESULT and succeed.
+cache_hit() {
+	[[ -e $1/.complete ]] || return 1
+	touch "$1/.complete"
+	echo "$2"
+}
+
 # lock_entry DIR: hold an exclusive lock for building cache entry DIR, so
 # that two builds of one key (two clones, make -j) do not unpack into the same
 # directory at once. Released when the script exits.

@@ -72,6 +72,15 @@ class Artifacts:
             raise GuestError(f"no guest image found ({self.image or 'nothing recorded'}): run `make guest` first")
         self.kernel = os.path.join(self.image, "vmlinuz")
         self.initrd = os.path.join(self.image, "initrd.cpio")
+        # A stock Debian guest (tools/build-stock-guest.sh) boots its root
+        # from root.img with the kernel arguments in cmdline.
+        self.disk = os.path.join(self.image, "root.img")
+        if not os.path.exists(self.disk):
+            self.disk = None
+        self.append = []
+        if os.path.exists(os.path.join(self.image, "cmdline")):
+            with open(os.path.join(self.image, "cmdline")) as f:
+                self.append = f.read().split()
         # SeaBIOS comes from Debian's seabios package (the dfsg source has no
         # blobs); the option ROM for -kernel boot from our QEMU build.
         self.firmware_dirs = [d for d in ("/usr/share/seabios",
@@ -293,11 +302,14 @@ class Guest:
                   f"vsguest.hostname={self.name}"]
         if self.modules:
             append.append("vsguest.modules=" + ",".join(self.modules))
+        append += self.art.append
         argv = [self.art.qemu, "-M", "pc", "-m", str(self.mem), "-smp", "1",
                 "-display", "none", "-serial", "stdio", "-monitor", "none",
                 "-no-reboot", "-nodefaults",
                 "-kernel", self.art.kernel, "-initrd", self.art.initrd,
                 "-fw_cfg", f"name=opt/vstellar/cmd,file={cmd_file}"]
+        if self.art.disk:
+            argv += ["-drive", f"file={self.art.disk},if=virtio,format=raw,readonly=on"]
         if kvm_usable():
             argv += ["-accel", "kvm", "-cpu", "host"]
         else:
@@ -402,7 +414,7 @@ class Session:
 
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
                echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
-               guest_addrs=None, vstellard_args=(), daemons_out=None):
+               guest_addrs=None, vstellard_args=(), daemons_out=None, images=None):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
@@ -421,9 +433,13 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     the guests' own L2. vstellard_args: extra daemon options (--paths 8).
     daemons_out: a list that receives, per guest, a dict with the daemon's
     counters at exit ("stats", from --stats-json) and its log ("log").
+    images: one image directory per guest instead of `image` for all (e.g.
+    a Debian 12 and a Debian 13 guest from tools/build-stock-guest.sh).
     """
-    art = Artifacts(qemu, image)
     n = len(commands)
+    if images is not None and len(images) != n:
+        raise GuestError(f"images needs one entry per guest ({n})")
+    arts = [Artifacts(qemu, im) for im in images] if images else [Artifacts(qemu, image)] * n
     if (vstellar_hosts or guest_addrs) and not vstellar:
         raise GuestError("vstellar_hosts/guest_addrs need vstellar=True")
     if vstellar and not network:
@@ -447,11 +463,11 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                 extra = list(qemu_args)
                 if vstellar:
                     ns, ip = vstellar_hosts[i] if vstellar_hosts else (s.net.hosts[i], ips[i])
-                    d = Vstellard(art, f"guest{i}", netns=ns, ip=ip, args=vstellard_args)
+                    d = Vstellard(arts[i], f"guest{i}", netns=ns, ip=ip, args=vstellard_args)
                     s.daemons.append(d)
                     d.start()
                     extra = d.qemu_args(mem) + extra
-                g = Guest(art, f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
+                g = Guest(arts[i], f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
                           index=i, mem=mem, modules=modules, qemu_args=extra, timeout=timeout,
                           echo=echo, addr=addrs[i] if network else None)
                 s.guests.append(g)

@@ -6,9 +6,10 @@ message (docs/packages.md).
 
 6.1: bookworm's dkms on this host, with private DKMS trees (the host's
 /var/lib/dkms is not touched), against the pinned guest kernel's headers.
-6.12: the package installed with dpkg into a trixie root made by mmdebstrap
-(tools/build-debian-root.sh), whose dkms, gcc 14 and kbuild tools run
-there; its postinst adds the module, and dkms builds it for 6.12.
+6.12: the package installed with dpkg into the Debian 13 stock guest's root
+(mmdebstrap, tools/build-stock-guest.sh --root-only trixie), whose dkms, gcc
+14 and kbuild tools run there; its postinst adds the module, and dkms builds
+it for 6.12.
 """
 import glob
 import os
@@ -24,7 +25,6 @@ with open(os.path.join(TOP, "config", "versions.mk"), encoding="utf-8") as f:
     for line in f:
         if line.startswith("GUEST_KERNEL_ABI"):
             GUEST_KERNEL_ABI = line.split("=", 1)[1].strip()
-TRIXIE_PACKAGES = "linux-headers-amd64,dkms,gcc,make,libc6-dev"
 
 
 def run(argv, **kw):
@@ -71,7 +71,8 @@ class TrixieDkms(unittest.TestCase):
     """The package as a Debian 13 user installs it: dpkg, then dkms for 6.12."""
 
     def test_builds_for_debian13_6_12(self):
-        root = run([os.path.join(TOP, "tools/build-debian-root.sh"), "dkms-trixie", "trixie", TRIXIE_PACKAGES])
+        # The Debian 13 stock guest's root (one download for both tests).
+        root = run([os.path.join(TOP, "tools/build-stock-guest.sh"), "--root-only", "trixie"])
         self.assertEqual(root.returncode, 0, root.stderr)
         root = root.stdout.strip()
         headers = sorted(glob.glob(os.path.join(root, "usr/src/linux-headers-6.12.*-amd64")))
