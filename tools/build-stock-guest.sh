@@ -87,7 +87,7 @@ echo "root=/dev/vda ro net.ifnames=0 init=/usr/lib/vstellar/init" > "$out/cmdlin
 rm -rf "$tree"/var/cache/apt/archives/*.deb "$tree"/var/lib/apt/lists/*
 size=$(( $(du -sm "$tree" | cut -f1) * 12 / 10 + 64 ))
 log "root.img: ext4, ${size} MiB"
-mke2fs -q -t ext4 -L vstroot -d "$tree" "$out/root.img" "${size}M" ||
+mke2fs -q -t ext4 -L vstroot -d "$tree" "$out/root.img" "${size}M" >&2 ||
 	die "mke2fs -d failed"
 rm -rf "$tree"
 touch "$out/.complete"
