@@ -1000,6 +1000,41 @@ TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) {
   }
 }
 
+// Per-device object limits (--device-max): the device reports them and
+// enforces them with LIMIT; the next device has its own; a limit above the
+// device's own maximum is refused at start.
+TEST_F(DataPath, DeviceMaxLimitsObjectsPerDevice) {
+  StartDaemon(50, {}, [](DaemonOptions& o) {
+    o.device_max.qp = 2;
+    o.device_max.cq = 1;
+  });
+  TwoGuests();  // one CQ each
+  CmdResult r = fa_->Command(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, sizeof(vstellar_resp_query_device));
+  ASSERT_EQ(r.status(), 0);
+  EXPECT_EQ(As<vstellar_resp_query_device>(r).max_qp, 2u);
+  EXPECT_EQ(As<vstellar_resp_query_device>(r).max_cq, 1u);
+  for (Guest* g : {a_.get(), b_.get()}) {
+    g->CreateQp();
+    g->CreateQp();
+    uint16_t st = 0;
+    g->CreateQp(4, VSTELLAR_QPT_RC, &st);
+    EXPECT_EQ(st, VSTELLAR_STATUS_LIMIT);
+    vstellar_cmd_create_cq c{};
+    c.log_cqe = kLogCqe;
+    c.page_shift = 12;
+    c.num_pages = 1;
+    auto body = WithPages(&c, sizeof(c), {kCqGpa + 0x1000});
+    EXPECT_EQ(g->Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8).status(), VSTELLAR_STATUS_LIMIT);
+  }
+  DaemonOptions o;
+  o.socket = dir_ + "/t";
+  o.device_max.qp = 1025;
+  Daemon d(o);
+  std::string err;
+  EXPECT_FALSE(d.Start(&err));
+  EXPECT_NE(err.find("qp=1025"), std::string::npos) << err;
+}
+
 TEST_F(DataPath, IdleDaemonWithQpsSleeps) {
   StartDaemon();
   TwoGuests();

@@ -7,11 +7,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <endian.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 
 #include <vstellar/udp_link.h>
 
@@ -110,6 +113,20 @@ bool Daemon::Start(std::string* err) {
   shared_.require_sealed_memory = o_.require_sealed_memory;
   shared_.memory.set_limit(o_.memory_limit);
   shared_.device_memory_limit = o_.device_memory_limit;
+  virtio_vstellar_config& dc = shared_.device_config.config;
+  for (auto [want, field, name] : {std::tuple{o_.device_max.ucontext, &dc.max_ucontext, "ucontext"},
+                                   std::tuple{o_.device_max.pd, &dc.max_pd, "pd"},
+                                   std::tuple{o_.device_max.qp, &dc.max_qp, "qp"},
+                                   std::tuple{o_.device_max.cq, &dc.max_cq, "cq"},
+                                   std::tuple{o_.device_max.mr, &dc.max_mr, "mr"}}) {
+    if (!want) continue;
+    if (want > le32toh(*field)) {
+      *err = std::string("--device-max ") + name + "=" + std::to_string(want) + " is above the device's " +
+             std::to_string(le32toh(*field));
+      return false;
+    }
+    *field = htole32(want);
+  }
   // The engine's sockets are bound to this one address, so it is the one
   // GID any device here can send from and be reached at.
   vstellar::Gid own{};

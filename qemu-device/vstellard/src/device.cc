@@ -14,7 +14,7 @@ Device::Device(unsigned id, DeviceShared& shared)
     : id_(id),
       sh_(shared),
       pvdma_(shared.pin),
-      session_(DeviceConfig::Default()),
+      session_(shared.device_config),
       qs_(VSTELLAR_MAX_VQS, Virtqueue(pvdma_)),
       dp_(id, shared, session_, pvdma_, obj_, *this),
       cmds_(shared, session_, pvdma_, obj_, dp_),

@@ -66,6 +66,9 @@ int Usage(const char* argv0, int rc) {
                "                         hold in the daemon (default 4G; K, M, G suffixes)\n"
                "  --device-memory-limit SIZE  the same for each device (default 1G); over\n"
                "                         either, creating an object fails with ENOMEM\n"
+               "  --device-max K=N[,K=N...]  objects one device may hold, K one of ucontext,\n"
+               "                         pd, qp, cq, mr (defaults 64, 1024, 1024, 1024, 4096;\n"
+               "                         only lower); over it a create fails with LIMIT\n"
                "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
                "                         (default: SIGUSR1 prints them to stderr)\n",
                argv0);
@@ -98,7 +101,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy };
+       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -112,6 +115,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"link", required_argument, nullptr, kLink},
                            {"path-burst", required_argument, nullptr, kPathBurst},
                            {"zerocopy", no_argument, nullptr, kZerocopy},
+                           {"device-max", required_argument, nullptr, kDeviceMax},
                            {"stats-json", required_argument, nullptr, kStats},
                            {"poll-us", required_argument, nullptr, kPollUs},
                            {"control-budget", required_argument, nullptr, kControlBudget},
@@ -129,6 +133,28 @@ const char* ArgName(int code) {
   for (const option* opt = kOptions; opt->name; opt++)
     if (opt->val == code) return opt->name;
   return "?";
+}
+
+// "qp=64,cq=128": per-device object limits.
+bool DeviceMax(const char* s, vstellard::DaemonOptions::DeviceMax* m) {
+  std::string all(s);
+  for (size_t at = 0; at <= all.size();) {
+    size_t end = all.find(',', at);
+    if (end == std::string::npos) end = all.size();
+    const std::string kv = all.substr(at, end - at);
+    const size_t eq = kv.find('=');
+    unsigned long long v;
+    if (eq == std::string::npos || !Num(kv.c_str() + eq + 1, 0xffffffffull, &v) || v == 0) return false;
+    const std::string k = kv.substr(0, eq);
+    if (k == "ucontext") m->ucontext = uint32_t(v);
+    else if (k == "pd") m->pd = uint32_t(v);
+    else if (k == "qp") m->qp = uint32_t(v);
+    else if (k == "cq") m->cq = uint32_t(v);
+    else if (k == "mr") m->mr = uint32_t(v);
+    else return false;
+    at = end + 1;
+  }
+  return true;
 }
 
 // Sets the option `code` from `arg` (the same for the command line and the
@@ -173,6 +199,9 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       return true;
     case kPathBurst: if (!num(1, 64)) return false; o.path_burst = uint16_t(v); return true;
     case kZerocopy: o.zerocopy = true; return true;
+    case kDeviceMax:
+      if (!DeviceMax(arg, &o.device_max)) return *why = "not K=N[,K=N...] with K ucontext, pd, qp, cq or mr", false;
+      return true;
     case kStats: o.stats_json = arg; return true;
     case kPollUs: if (!num(0, 1000000)) return false; o.poll_us = v; return true;
     case kControlBudget:

@@ -53,6 +53,12 @@ struct DaemonOptions {
   // devices together, and each device.
   uint64_t memory_limit = uint64_t{4} << 30;
   uint64_t device_memory_limit = uint64_t{1} << 30;
+  // Objects one device may hold (0: the default, DeviceConfig::Default());
+  // a limit above the default is refused by Start(). Over it, creating one
+  // more fails with VSTELLAR_STATUS_LIMIT.
+  struct DeviceMax {
+    uint32_t ucontext = 0, pd = 0, qp = 0, cq = 0, mr = 0;
+  } device_max;
   std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
 };
 

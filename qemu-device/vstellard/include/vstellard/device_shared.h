@@ -55,6 +55,9 @@ struct DeviceShared {
   // limit each device's own budget (ObjectTables::memory) gets.
   MemoryBudget memory{uint64_t{4} << 30};
   uint64_t device_memory_limit = uint64_t{1} << 30;
+  // What every new device reports and enforces (its config space: object
+  // counts, queue sizes); the daemon's --device-max lowers the counts.
+  DeviceConfig device_config = DeviceConfig::Default();
 };
 
 // Whether a 16-byte GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d),
