@@ -175,35 +175,47 @@ void Daemon::RequestStats() {
   (void)!write(statsfd_, &one, sizeof(one));
 }
 
+// Marks a device as worked on in this turn: it gets its budgets anew
+// (DeviceShared), and the end of the turn continues its control queue and
+// polls its data path.
+void Daemon::Visit(unsigned id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.turn == turn_) return;
+  it->second.turn = turn_;
+  it->second.dev->BeginTurn();
+  visit_.push_back(id);
+}
+
 void Daemon::Run() {
   epoll_event evs[64];
   bool engine_more = false;
   for (;;) {
-    // The engine needs attention only while some device has QPs (the data
-    // path). Datagrams wake the loop through the UDP link's eventfd, the
-    // engine's timers (RTO, delayed ACKs) through the epoll timeout, to the
-    // nanosecond (epoll_pwait2). A device that polls its doorbells (kicked,
-    // or work less than poll_ns ago) and an engine with work left keep the
-    // loop from sleeping; an idle device has set need_kick and waits for its
-    // kick eventfd. A device with control requests left over from the
-    // last turn's budget keeps it from sleeping too. Idle, the loop sleeps:
-    // no periodic wake-up.
-    bool busy = false, polling = false;
+    // The engine's timers (RTO, delayed ACKs) are the epoll timeout, to the
+    // nanosecond (epoll_pwait2); datagrams wake the loop through the UDP
+    // link's eventfd. A device that polls its doorbells (kicked, or work
+    // less than poll_ns ago), one with control requests left over from the
+    // last turn's budget, and an engine with work left keep the loop from
+    // sleeping; an idle device has set need_kick and waits for its kick
+    // eventfd. Idle, the loop sleeps: no periodic wake-up.
+    //
+    // A turn costs what the devices with work cost, not what all devices
+    // do (issue 16): it visits the devices that were polling or had
+    // control left (active_), those woken by the engine (shared_.woken)
+    // and those with an event, and times only connections stuck inside a
+    // message (partial_).
+    bool polling;
     uint64_t deadline = UINT64_MAX;
     {
       std::lock_guard<std::mutex> g(mu_);
-      for (auto& [id, c] : conns_) {
-        if (c.dev->HasQps()) busy = true;
-        if (c.dev->Polling() || c.dev->ControlPending()) polling = true;
-      }
-      if (busy && udp_) deadline = engine_->next_deadline();
+      polling = !active_.empty() || !shared_.woken.empty();
+      if (udp_) deadline = engine_->next_deadline();
       // A connection stuck mid-message is closed when its time is up.
-      for (auto& [id, c] : conns_)
-        if (c.partial_since_ns)
-          deadline = std::min<uint64_t>(deadline, c.partial_since_ns + uint64_t(o_.vhost_timeout_ms) * 1'000'000ull);
+      for (unsigned id : partial_)
+        deadline = std::min<uint64_t>(
+            deadline, conns_.at(id).partial_since_ns + uint64_t(o_.vhost_timeout_ms) * 1'000'000ull);
     }
     timespec ts{}, *timeout = nullptr;  // nullptr: until an event
-    if (polling || (busy && udp_ && engine_more)) {
+    if (polling || (udp_ && engine_more)) {
       timeout = &ts;
     } else if (deadline != UINT64_MAX) {
       const uint64_t now = clock_.now_ns();
@@ -219,9 +231,14 @@ void Daemon::Run() {
       return;
     }
     std::lock_guard<std::mutex> g(mu_);
-    // Each device gets its budgets anew each turn (DeviceShared), however
+    // Each device gets its budgets anew each turn it is visited, however
     // often it is kicked: round robin across devices, one budget each.
-    for (auto& [id, c] : conns_) c.dev->BeginTurn();
+    turn_++;
+    visit_.clear();
+    for (unsigned id : active_) Visit(id);
+    std::vector<unsigned> woken;
+    woken.swap(shared_.woken);
+    for (unsigned id : woken) Visit(id);
     for (int i = 0; i < n; i++) {
       const uint64_t tok = evs[i].data.u64;
       if (tok == kTokStop) {
@@ -247,16 +264,23 @@ void Daemon::Run() {
       const uint32_t q = uint32_t(tok & 0xffff);
       auto it = conns_.find(id);
       if (it == conns_.end()) continue;
+      Visit(id);
       if (q == 0xffff) OnSocket(id);
       else it->second.dev->OnKick(q);
     }
     CloseStalled();
-    for (auto& [id, c] : conns_) {
-      c.dev->ContinueControl();
-      c.dev->PollDataPath();
+    for (unsigned id : visit_) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      it->second.dev->ContinueControl();
+      it->second.dev->PollDataPath();
     }
-    engine_more = false;
-    if (busy && udp_) engine_more = PumpEngine();
+    active_.clear();
+    for (unsigned id : visit_) {
+      auto it = conns_.find(id);
+      if (it != conns_.end() && (it->second.dev->Polling() || it->second.dev->ControlPending())) active_.push_back(id);
+    }
+    engine_more = udp_ && PumpEngine();
   }
 }
 
@@ -317,15 +341,20 @@ void Daemon::OnSocket(unsigned id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Conn& c = it->second;
-  if (!c.reader.partial()) c.partial_since_ns = 0;
-  else if (!c.partial_since_ns) c.partial_since_ns = clock_.now_ns();
+  if (!c.reader.partial()) {
+    c.partial_since_ns = 0;
+    partial_.erase(id);
+  } else if (!c.partial_since_ns) {
+    c.partial_since_ns = clock_.now_ns();
+    partial_.insert(id);
+  }
 }
 
 void Daemon::CloseStalled() {
   const uint64_t now = clock_.now_ns(), limit = uint64_t(o_.vhost_timeout_ms) * 1'000'000ull;
   std::vector<unsigned> stalled;
-  for (auto& [id, c] : conns_)
-    if (c.partial_since_ns && now - c.partial_since_ns >= limit) stalled.push_back(id);
+  for (unsigned id : partial_)
+    if (now - conns_.at(id).partial_since_ns >= limit) stalled.push_back(id);
   for (unsigned id : stalled) Close(id, "stalled inside a vhost-user message");
 }
 
@@ -383,6 +412,7 @@ void Daemon::Close(unsigned id, const std::string& why) {
   const PvdmaStats s = it->second.dev->pvdma().stats();
   Log("device %u: destroyed (%s); %llu blocks pinned, %llu misses", id, why.c_str(),
       (unsigned long long)s.blocks_pinned, (unsigned long long)s.misses);
+  partial_.erase(id);
   closed_.push_back(it->second.dev->stats());
   closed_.back().closed = true;
   if (closed_.size() > kMaxClosed) closed_.erase(closed_.begin());

@@ -180,10 +180,15 @@ bool DataPath::ScanDoorbells() {
   return work;
 }
 
+void DataPath::StartPolling() {
+  if (!polling_) sh_.woken.push_back(id_);
+  polling_ = true;
+}
+
 void DataPath::OnKick() {
   n_.db_kicks++;
   SetNeedKick(0);
-  polling_ = true;
+  StartPolling();
   last_work_ns_ = NowNs();
   Poll();
 }
@@ -671,7 +676,7 @@ void DataPath::DrainCq(uint32_t cqh) {
     }
   }
   // Completions freed engine SQ room: WQEs waiting for it are picked up.
-  if (blocked) polling_ = true;
+  if (blocked) StartPolling();
 }
 
 // Guest-physical address of CQE `idx` (free-running) of a CQ's ring. A CQE
@@ -781,7 +786,7 @@ void DataPath::OnQpModified(QpObj& q, uint8_t next) {
   // WQEs posted before RTS (SQ) or INIT (RQ) are picked up now.
   if (q.slot >= VSTELLAR_DB_FIRST_SLOT && next != VSTELLAR_QPS_RESET) {
     SetNeedKick(0);
-    polling_ = true;
+    StartPolling();
     last_work_ns_ = NowNs();
   }
 }

@@ -13,12 +13,13 @@
 //     The translation cost alone: copy MR to MR through the translators
 //     (what the engine does per packet), no network.
 //   vstellard_bench scale --devices N [--seconds S] [--size BYTES]
-//       [--link gso|plain] [--port P] [--vstellard PATH]
+//       [--link gso|plain] [--port P] [--vstellard PATH] [--hostile 1]
 //     N devices (test frontends, 8 MiB guests) on one vstellard process:
 //     attach time, the daemon's memory and idle CPU, bare and with a
 //     context, PD, CQ, MR and connected RC QP each; with S > 0 every device
 //     WRITEs to its neighbour for S seconds (Jain's index of the messages
-//     each completed); destroy time.
+//     each completed); destroy time. --hostile 1: one more device creates
+//     QPs (connected), CQs and MRs until refused, and stays idle.
 // Each prints one JSON object.
 #include <endian.h>
 #include <fcntl.h>
@@ -68,6 +69,7 @@ struct Args {
   uint16_t port = 53000;
   uint64_t devices = 64;
   std::string vstellard;  // scale: the daemon binary (default: the build tree's)
+  bool hostile = false;   // scale: one more device takes all it can
   vstellar::LinkMode link = vstellar::LinkMode::GSO;
 };
 
@@ -318,11 +320,12 @@ struct ScaleDev {
   uint32_t sq_pi = 0, cq_ci = 0, outstanding = 0;
   uint64_t done = 0, errors = 0;
 
-  bool Cmd(uint16_t op, uint32_t ctx, const void* b, size_t n, uint32_t resp, void* out = nullptr) {
+  // A command's status (0xffff: no answer); the response body into `out`.
+  uint16_t Cmd(uint16_t op, uint32_t ctx, const void* b, size_t n, uint32_t resp, void* out = nullptr) {
     CmdResult r = f->Command(op, ctx, b, n, resp, 30000);
-    if (!r.done || r.status() != 0) return false;
-    if (out) std::memcpy(out, r.body.data(), std::min<size_t>(resp, r.body.size()));
-    return true;
+    if (!r.done) return 0xffff;
+    if (out && r.status() == 0) std::memcpy(out, r.body.data(), std::min<size_t>(resp, r.body.size()));
+    return r.status();
   }
   template <typename T>
   static std::vector<uint8_t> With(const T& body, const std::vector<uint64_t>& pages) {
@@ -331,24 +334,17 @@ struct ScaleDev {
     std::memcpy(v.data() + sizeof(T), pages.data(), 8 * pages.size());
     return v;
   }
-  bool Setup() {
-    vstellar_resp_alloc_ucontext u{};
-    if (!Cmd(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, sizeof(u), &u)) return false;
-    uctx = u.ucontext;
-    page = u.db_page;
-    vstellar_resp_alloc_pd p{};
-    if (!Cmd(VSTELLAR_CMD_ALLOC_PD, uctx, nullptr, 0, sizeof(p), &p)) return false;
-    pd = p.pdn;
+  // A CQ of 256 CQEs whose ring is the two pages at `gpa`.
+  uint16_t CreateCq(uint64_t gpa, vstellar_resp_create_cq* rc) {
     vstellar_cmd_create_cq c{};
     c.log_cqe = kLogCqe;
     c.page_shift = 12;
     c.num_pages = 2;
-    std::memset(f->mem() + kCq, 0, 8192);
-    auto body = With(c, {kCq, kCq + 4096});
-    vstellar_resp_create_cq rc{};
-    if (!Cmd(VSTELLAR_CMD_CREATE_CQ, uctx, body.data(), body.size(), sizeof(rc), &rc)) return false;
-    cq = rc.cqn;
-    cq_slot = rc.db_slot;
+    std::memset(f->mem() + gpa, 0, 8192);
+    auto body = With(c, {gpa, gpa + 4096});
+    return Cmd(VSTELLAR_CMD_CREATE_CQ, uctx, body.data(), body.size(), sizeof(*rc), rc);
+  }
+  uint16_t RegMr(vstellar_resp_reg_mr* rm) {
     vstellar_cmd_reg_mr m{};
     m.pdn = pd;
     m.access_flags = VSTELLAR_ACCESS_VALID;
@@ -358,12 +354,12 @@ struct ScaleDev {
     std::vector<uint64_t> pages;
     for (uint64_t a = kMr; a < kMr + kMrLen; a += 4096) pages.push_back(a);
     m.num_pages = uint32_t(pages.size());
-    body = With(m, pages);
-    vstellar_resp_reg_mr rm{};
-    if (!Cmd(VSTELLAR_CMD_REG_MR, uctx, body.data(), body.size(), sizeof(rm), &rm)) return false;
-    lkey = rm.lkey;
-    rkey = rm.rkey;
-    std::memset(f->mem() + kSq, 0, 3 * 4096);
+    auto body = With(m, pages);
+    return Cmd(VSTELLAR_CMD_REG_MR, uctx, body.data(), body.size(), sizeof(*rm), rm);
+  }
+  // An RC QP on the device's CQ whose SQ (2 pages) and RQ (1 page) are at `gpa`.
+  uint16_t CreateQp(uint64_t gpa, vstellar_resp_create_qp* rq) {
+    std::memset(f->mem() + gpa, 0, 3 * 4096);
     vstellar_cmd_create_qp q{};
     q.pdn = pd;
     q.send_cqn = q.recv_cqn = cq;
@@ -377,16 +373,35 @@ struct ScaleDev {
     q.max_recv_sge = 2;
     q.sq_pages = 2;
     q.rq_pages = 1;
-    body = With(q, {kSq, kSq + 4096, kSq + 8192});
+    auto body = With(q, {gpa, gpa + 4096, gpa + 8192});
+    return Cmd(VSTELLAR_CMD_CREATE_QP, uctx, body.data(), body.size(), sizeof(*rq), rq);
+  }
+  bool Setup() {
+    vstellar_resp_alloc_ucontext u{};
+    if (Cmd(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, sizeof(u), &u)) return false;
+    uctx = u.ucontext;
+    page = u.db_page;
+    vstellar_resp_alloc_pd p{};
+    if (Cmd(VSTELLAR_CMD_ALLOC_PD, uctx, nullptr, 0, sizeof(p), &p)) return false;
+    pd = p.pdn;
+    vstellar_resp_create_cq rc{};
+    if (CreateCq(kCq, &rc)) return false;
+    cq = rc.cqn;
+    cq_slot = rc.db_slot;
+    vstellar_resp_reg_mr rm{};
+    if (RegMr(&rm)) return false;
+    lkey = rm.lkey;
+    rkey = rm.rkey;
     vstellar_resp_create_qp rq{};
-    if (!Cmd(VSTELLAR_CMD_CREATE_QP, uctx, body.data(), body.size(), sizeof(rq), &rq)) return false;
+    if (CreateQp(kSq, &rq)) return false;
     qpn = rq.qpn;
     qp_slot = rq.db_slot;
     return true;
   }
-  bool Connect(uint32_t dest) {
+  bool Connect(uint32_t dest) { return ConnectQp(qpn, dest); }
+  bool ConnectQp(uint32_t qp, uint32_t dest) {
     vstellar_cmd_modify_qp m{};
-    m.qpn = qpn;
+    m.qpn = qp;
     m.attr.port = 1;
     m.attr.path_mtu = 5;  // 4096
     m.attr.timeout = 14;
@@ -408,7 +423,7 @@ struct ScaleDev {
     for (auto [state, mask] : steps) {
       m.attr.qp_state = state;
       m.attr.attr_mask = mask;
-      if (!Cmd(VSTELLAR_CMD_MODIFY_QP, uctx, &m, sizeof(m), 0)) return false;
+      if (Cmd(VSTELLAR_CMD_MODIFY_QP, uctx, &m, sizeof(m), 0)) return false;
     }
     return true;
   }
@@ -629,6 +644,28 @@ int Scale(const Args& a) {
     for (uint32_t i = 0; i < n && ok; i++) ok = devs[i].Setup();
     for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
     const double setup_total = Since(tsu);
+    // Hostile: one more device takes all it can (QPs, all connected and so
+    // in the engine's RTS list, CQs, MRs) until the device's limits or its
+    // memory budget refuse; then it stays idle while the others work.
+    ScaleDev h;
+    uint32_t h_qps = 0, h_cqs = 0, h_mrs = 0;
+    uint16_t h_qp_st = 0, h_cq_st = 0, h_mr_st = 0;
+    if (ok && a.hostile) {
+      FrontendOptions fo;
+      fo.mem_size = 64ull << 20;
+      h.f = std::make_unique<Frontend>(fo);
+      ok = h.f->Connect(d.socket(), &err) && h.f->StartQueues(&err) && h.Setup();
+      std::vector<uint32_t> qpns{h.qpn};
+      for (vstellar_resp_create_qp rq{}; ok && (h_qp_st = h.CreateQp(0x1000000 + 0x4000ull * qpns.size(), &rq)) == 0;)
+        qpns.push_back(rq.qpn);
+      for (size_t i = 0; ok && i + 1 < qpns.size(); i += 2)
+        ok = h.ConnectQp(qpns[i], qpns[i + 1]) && h.ConnectQp(qpns[i + 1], qpns[i]);
+      h_qps = uint32_t(qpns.size());
+      h_cqs = 1;
+      for (vstellar_resp_create_cq rc{}; ok && (h_cq_st = h.CreateCq(0x2000000 + 0x2000ull * h_cqs, &rc)) == 0;) h_cqs++;
+      h_mrs = 1;
+      for (vstellar_resp_reg_mr rm{}; ok && (h_mr_st = h.RegMr(&rm)) == 0;) h_mrs++;
+    }
     settle();
     const uint64_t anon2 = d.Status("RssAnon"), shm2 = d.Status("RssShmem");
     std::string j = d.Stats();
@@ -688,6 +725,7 @@ int Scale(const Args& a) {
     const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
     const auto tdown = Clock::now();
     devs.clear();
+    h.f.reset();
     while (LiveDevices(d.Stats()) > 0 && Since(tdown) < 60) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const double destroy_total = Since(tdown);
     settle();
@@ -721,13 +759,16 @@ int Scale(const Args& a) {
           "\"rss_shmem_per_device_with_objects\":%.0f,\"accounted_per_device\":%.0f,\"rss_anon_base\":%llu,"
           "\"rss_anon_after_destroy\":%llu,\"rss_anon_after_second_round\":%llu,\"idle_cpu_bare\":%.5f,\"idle_sleeps_bare\":%llu,\"idle_cpu_qps\":%.5f,"
           "\"idle_sleeps_qps\":%llu,\"busy_seconds\":%.2f,\"busy_size\":%u,\"busy_gbps\":%.3f,\"busy_daemon_cpu\":%.3f,"
-          "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu}\n",
+          "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu,"
+          "\"hostile\":%s,\"hostile_qps\":%u,\"hostile_cqs\":%u,\"hostile_mrs\":%u,\"hostile_qp_status\":%u,"
+          "\"hostile_cq_status\":%u,\"hostile_mr_status\":%u,\"daemon_rss_anon_peak\":%llu}\n",
           n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
           destroy_total / n, per(anon1, anon0), per(shm1, shm0), per(anon2, anon0), per(shm2, shm0),
           double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
           (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
           busy_cpu, jain, (unsigned long long)min_done, (unsigned long long)max_done, (unsigned long long)errors,
-          (unsigned long long)retx, (unsigned long long)timeouts);
+          (unsigned long long)retx, (unsigned long long)timeouts, a.hostile ? "true" : "false", h_qps, h_cqs, h_mrs,
+          h_qp_st, h_cq_st, h_mr_st, (unsigned long long)anon2);
       rc = errors ? 1 : 0;
     }
   }
@@ -756,6 +797,7 @@ int main(int argc, char** argv) {
     else if (k == "--port") a.port = uint16_t(std::stoul(v));
     else if (k == "--devices") a.devices = std::stoull(v);
     else if (k == "--vstellard") a.vstellard = v;
+    else if (k == "--hostile") a.hostile = v == "1";
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
     }

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,7 @@ class Daemon {
   void UnwatchKicks(Conn& c);
   void Close(unsigned id, const std::string& why);
   bool PumpEngine();  // true: the engine has work left
+  void Visit(unsigned id);
   void WriteStats();
   std::string StatsJsonLocked();
 
@@ -109,6 +111,7 @@ class Daemon {
     uint64_t partial_since_ns = 0;  // a message began arriving then (0: none)
     std::unique_ptr<Device> dev;
     std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
+    uint64_t turn = 0;  // the loop turn that last visited it
   };
 
   DaemonOptions o_;
@@ -126,6 +129,12 @@ class Daemon {
   static constexpr size_t kMaxClosed = 64;
   std::vector<DeviceStats> closed_;
   unsigned next_id_ = 0;
+  // The loop's bookkeeping (Run): devices polling or with control left
+  // after the last turn, those visited in this turn, connections stuck
+  // inside a message.
+  uint64_t turn_ = 0;
+  std::vector<unsigned> active_, visit_;
+  std::set<unsigned> partial_;
   std::atomic<uint64_t> wakeups_{0};
 };
 

@@ -106,6 +106,7 @@ class DataPath {
   ObjectTables& obj_;
   DataPathEvents& events_;
   bool polling_ = false;
+  void StartPolling();  // polling_ = true, and tell the daemon (DeviceShared::woken)
   uint64_t last_work_ns_ = 0;
   // Round robin: the next scan starts at the first QP (by QPN) and SRQ (by
   // handle) at or after these, so a budget that runs out (DeviceShared::

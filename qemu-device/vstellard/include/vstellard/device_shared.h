@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <vector>
 
 #include <vstellar/engine.h>
 
@@ -58,6 +59,10 @@ struct DeviceShared {
   // What every new device reports and enforces (its config space: object
   // counts, queue sizes); the daemon's --device-max lowers the counts.
   DeviceConfig device_config = DeviceConfig::Default();
+  // Devices whose data path started polling outside their own turn (an
+  // engine completion freed room for waiting WQEs): the daemon's loop
+  // visits only devices that are polling or have work, and takes these in.
+  std::vector<unsigned> woken;
 };
 
 // Whether a 16-byte GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d),
