@@ -30,11 +30,7 @@ using namespace vstellard;
 
 namespace {
 
-constexpr uint32_t kInitMask = VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_PORT | VSTELLAR_QP_ACCESS_FLAGS;
-constexpr uint32_t kRtrMask = VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN |
-                              VSTELLAR_QP_RQ_PSN | VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER;
-constexpr uint32_t kRtsMask = VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT |
-                              VSTELLAR_QP_RNR_RETRY | VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC;
+constexpr uint32_t kInitMask = kRcInitMask, kRtrMask = kRcRtrMask, kRtsMask = kRcRtsMask;
 
 constexpr uint64_t kCqGpa = 0x200000;     // CQ ring: 64 CQEs, one page
 constexpr uint64_t kRingGpa = 0x210000;   // QP k: SQ 2 pages + RQ 1 page at +0x4000 * k
@@ -253,22 +249,9 @@ struct Guest {
     Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_srq, pi), q.pi);
   }
   uint16_t Modify(uint32_t qpn, uint32_t mask, uint8_t state, uint32_t dest = 0) {
-    vstellar_cmd_modify_qp m{};
-    m.qpn = qpn;
+    vstellar_cmd_modify_qp m = RcModifyBody(qpn, dest, 3);  // 1024: several packets per message
     m.attr.attr_mask = mask;
     m.attr.qp_state = state;
-    m.attr.port = 1;
-    m.attr.path_mtu = 3;  // 1024: several packets per message
-    m.attr.timeout = 14;
-    m.attr.retry_cnt = 7;
-    m.attr.rnr_retry = 7;
-    m.attr.max_rd_atomic = 4;
-    m.attr.max_dest_rd_atomic = 4;
-    m.attr.access_flags = VSTELLAR_ACCESS_VALID;
-    m.attr.dest_qpn = dest;
-    m.attr.av.dgid[10] = m.attr.av.dgid[11] = 0xff;
-    m.attr.av.dgid[12] = 127;
-    m.attr.av.dgid[15] = 1;
     return Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status();
   }
   void Connect(const GQp& q, uint32_t dest) {

@@ -22,6 +22,24 @@ constexpr uint16_t kDescNext = 1, kDescWrite = 2;
 
 Frontend::Frontend(FrontendOptions o) : o_(o), qs_(VSTELLAR_VQ_CQN0 + o.cq_queues) {}
 
+vstellar_cmd_modify_qp RcModifyBody(uint32_t qpn, uint32_t dest, uint8_t path_mtu) {
+  vstellar_cmd_modify_qp m{};
+  m.qpn = qpn;
+  m.attr.port = 1;
+  m.attr.path_mtu = path_mtu;
+  m.attr.timeout = 14;
+  m.attr.retry_cnt = 7;
+  m.attr.rnr_retry = 7;
+  m.attr.max_rd_atomic = 4;
+  m.attr.max_dest_rd_atomic = 4;
+  m.attr.access_flags = VSTELLAR_ACCESS_VALID;
+  m.attr.dest_qpn = dest;
+  m.attr.av.dgid[10] = m.attr.av.dgid[11] = 0xff;
+  m.attr.av.dgid[12] = 127;
+  m.attr.av.dgid[15] = 1;
+  return m;
+}
+
 Frontend::~Frontend() {
   if (sock_ >= 0) close(sock_);
   for (Queue& q : qs_) {

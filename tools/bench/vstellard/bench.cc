@@ -400,26 +400,9 @@ struct ScaleDev {
   }
   bool Connect(uint32_t dest) { return ConnectQp(qpn, dest); }
   bool ConnectQp(uint32_t qp, uint32_t dest) {
-    vstellar_cmd_modify_qp m{};
-    m.qpn = qp;
-    m.attr.port = 1;
-    m.attr.path_mtu = 5;  // 4096
-    m.attr.timeout = 14;
-    m.attr.retry_cnt = 7;
-    m.attr.rnr_retry = 7;
-    m.attr.max_rd_atomic = 4;
-    m.attr.max_dest_rd_atomic = 4;
-    m.attr.access_flags = VSTELLAR_ACCESS_VALID;
-    m.attr.dest_qpn = dest;
-    m.attr.av.dgid[10] = m.attr.av.dgid[11] = 0xff;
-    m.attr.av.dgid[12] = 127;
-    m.attr.av.dgid[15] = 1;
+    vstellar_cmd_modify_qp m = RcModifyBody(qp, dest, 5);  // 4096
     const std::pair<uint8_t, uint32_t> steps[] = {
-        {VSTELLAR_QPS_INIT, VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_PORT | VSTELLAR_QP_ACCESS_FLAGS},
-        {VSTELLAR_QPS_RTR, VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN |
-                               VSTELLAR_QP_RQ_PSN | VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER},
-        {VSTELLAR_QPS_RTS, VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT | VSTELLAR_QP_RNR_RETRY |
-                               VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC}};
+        {VSTELLAR_QPS_INIT, kRcInitMask}, {VSTELLAR_QPS_RTR, kRcRtrMask}, {VSTELLAR_QPS_RTS, kRcRtsMask}};
     for (auto [state, mask] : steps) {
       m.attr.qp_state = state;
       m.attr.attr_mask = mask;

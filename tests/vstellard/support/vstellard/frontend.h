@@ -38,6 +38,17 @@ struct CmdResult {
   uint16_t status() const { return hdr.status; }
 };
 
+// MODIFY_QP's body with what an RC connection to QP `dest` on 127.0.0.1
+// needs (timeouts, retries, 4 RDMA reads each way, all access); the caller
+// sets qp_state and attr_mask. Tests and the benchmark drive QPs with it.
+vstellar_cmd_modify_qp RcModifyBody(uint32_t qpn, uint32_t dest, uint8_t path_mtu);
+// The attributes MODIFY_QP needs for RESET->INIT, INIT->RTR and RTR->RTS.
+constexpr uint32_t kRcInitMask = VSTELLAR_QP_STATE | VSTELLAR_QP_PKEY_INDEX | VSTELLAR_QP_PORT | VSTELLAR_QP_ACCESS_FLAGS;
+constexpr uint32_t kRcRtrMask = VSTELLAR_QP_STATE | VSTELLAR_QP_AV | VSTELLAR_QP_PATH_MTU | VSTELLAR_QP_DEST_QPN |
+                                VSTELLAR_QP_RQ_PSN | VSTELLAR_QP_MAX_DEST_RD_ATOMIC | VSTELLAR_QP_MIN_RNR_TIMER;
+constexpr uint32_t kRcRtsMask = VSTELLAR_QP_STATE | VSTELLAR_QP_TIMEOUT | VSTELLAR_QP_RETRY_CNT |
+                                VSTELLAR_QP_RNR_RETRY | VSTELLAR_QP_SQ_PSN | VSTELLAR_QP_MAX_QP_RD_ATOMIC;
+
 class Frontend {
  public:
   static constexpr uint64_t kVaBase = 0x7f0000000000ull;  // "QEMU's" address of gpa 0
