@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,121 @@ FABRIC_MTU = 9000
 
 class GuestError(Exception):
     """A problem the user can act on; printed without a traceback."""
+
+
+class Qmp:
+    """A QMP client on a QEMU's monitor socket (-qmp unix:PATH,server=on).
+
+    execute() sends one command and returns its "return" value, raising
+    QmpError with QEMU's own message on an "error" reply; events that
+    arrive meanwhile are kept for wait_event().
+    """
+
+    def __init__(self, path, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except OSError as e:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise GuestError(f"QMP socket {path}: {e}")
+                time.sleep(0.05)
+        self.sock.settimeout(timeout)
+        self.file = self.sock.makefile("rb")
+        self.events = []
+        greeting = self._read()
+        if "QMP" not in greeting:
+            raise GuestError(f"QMP {path}: unexpected greeting {greeting}")
+        self.execute("qmp_capabilities")
+
+    def _read(self):
+        line = self.file.readline()
+        if not line:
+            raise GuestError("QMP: QEMU closed its monitor")
+        return json.loads(line)
+
+    def execute(self, command, **arguments):
+        msg = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            r = self._read()
+            if "event" in r:
+                self.events.append(r)
+            elif "error" in r:
+                raise QmpError(command, r["error"].get("desc", str(r["error"])))
+            elif "return" in r:
+                return r["return"]
+
+    def wait_event(self, name, timeout, match=lambda data: True):
+        """The first event `name` whose data satisfies match, or None after
+        timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == name and match(e.get("data", {})):
+                    return self.events.pop(i)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                self.events.append(self._read())
+            except socket.timeout:
+                return None
+
+    def close(self):
+        self.file.close()
+        self.sock.close()
+
+
+class QmpError(GuestError):
+    """QEMU refused a QMP command; str() is QEMU's message."""
+
+    def __init__(self, command, desc):
+        super().__init__(f"{command}: {desc}")
+        self.command, self.desc = command, desc
+
+
+def plug_vstellar(qmp, sock, dev_id):
+    """Hot-plug a vhost-user-vstellar-pci device, id dev_id, whose backend
+    is the vstellard listening on sock: a new chardev (id dev_id + "-chr")
+    connected to it, then the device. Raises QmpError with QEMU's message
+    (no socket, nobody listening, not a vstellard), leaving nothing behind."""
+    chardev = dev_id + "-chr"
+    qmp.execute("chardev-add", id=chardev,
+                backend={"type": "socket", "data": {"addr": {"type": "unix", "data": {"path": sock}},
+                                                    "server": False}})
+    try:
+        qmp.execute("device_add", driver="vhost-user-vstellar-pci", id=dev_id, chardev=chardev)
+    except QmpError:
+        qmp.execute("chardev-remove", id=chardev)
+        raise
+
+
+def unplug_vstellar(qmp, dev_id, timeout=60):
+    """Unplug what plug_vstellar plugged: device_del, then, once the guest
+    has let go of it (DEVICE_DELETED), its chardev. Raises GuestError if the
+    guest does not release the device within timeout seconds."""
+    qmp.execute("device_del", id=dev_id)
+    if not qmp.wait_event("DEVICE_DELETED", timeout, lambda d: d.get("device") == dev_id):
+        raise GuestError(f"the guest did not release {dev_id} within {timeout} s")
+    # The device lets go of its chardev when it is finalized, which QEMU
+    # may do after DEVICE_DELETED (its memory regions are freed after an
+    # RCU grace period): until then the chardev is "busy".
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            qmp.execute("chardev-remove", id=dev_id + "-chr")
+            return
+        except QmpError as e:
+            if "busy" not in e.desc or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def read_env_file(path=ENV_FILE):
@@ -281,7 +397,7 @@ class Guest:
     """One QEMU guest running one command."""
 
     def __init__(self, art, name, command, netns=None, index=0, mem=1024,
-                 modules=(), qemu_args=(), timeout=600, echo=None, addr=None):
+                 modules=(), qemu_args=(), timeout=600, echo=None, addr=None, qmp=False):
         self.art, self.name, self.command = art, name, command
         self.addr = addr  # eth0's "A.B.C.D/LEN"; default 10.77.0.<index+1>/24
         self.netns, self.index, self.mem = netns, index, mem
@@ -293,6 +409,15 @@ class Guest:
         self.timed_out = False
         self.console = []
         self._tmp = tempfile.mkdtemp(prefix=f"vstellar-{name}-")
+        # QEMU's monitor (QMP) for hot-plug, when asked for: connect() it
+        self.qmp_path = os.path.join(self._tmp, "qmp.sock") if qmp else None
+        self.qmp = None
+
+    def connect(self, timeout=30):
+        """The guest's QMP client (made on first use)."""
+        if not self.qmp:
+            self.qmp = Qmp(self.qmp_path, timeout)
+        return self.qmp
 
     def argv(self):
         cmd_file = os.path.join(self._tmp, "cmd.sh")
@@ -321,6 +446,8 @@ class Guest:
             mac = f"52:54:00:77:00:{self.index + 1:02x}"
             argv += ["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
                      "-device", f"virtio-net-pci,netdev=n0,mac={mac},romfile="]
+        if self.qmp_path:
+            argv += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
         argv += ["-append", " ".join(append)] + self.qemu_args
         if self.netns:
             argv = ["ip", "netns", "exec", self.netns] + argv
@@ -377,6 +504,8 @@ class Guest:
             self.proc.wait()
 
     def close(self):
+        if self.qmp:
+            self.qmp.close()
         self.kill()
         if self.proc:
             self.proc.stdout.close()
@@ -414,7 +543,8 @@ class Session:
 
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
                echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
-               guest_addrs=None, vstellard_args=(), daemons_out=None, images=None):
+               guest_addrs=None, vstellard_args=(), daemons_out=None, images=None, qmp=False,
+               during=None):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
@@ -435,6 +565,9 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     counters at exit ("stats", from --stats-json) and its log ("log").
     images: one image directory per guest instead of `image` for all (e.g.
     a Debian 12 and a Debian 13 guest from tools/build-stock-guest.sh).
+    qmp=True: each guest has a QMP monitor (Guest.connect()). during: a
+    callable(session) run once every guest has started, while they run
+    (hot-plug from the host); what it raises ends the run like a failure.
     """
     n = len(commands)
     if images is not None and len(images) != n:
@@ -469,9 +602,11 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                     extra = d.qemu_args(mem) + extra
                 g = Guest(arts[i], f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
                           index=i, mem=mem, modules=modules, qemu_args=extra, timeout=timeout,
-                          echo=echo, addr=addrs[i] if network else None)
+                          echo=echo, addr=addrs[i] if network else None, qmp=qmp)
                 s.guests.append(g)
                 g.start()
+            if during:
+                during(s)
             results = []
             for g in s.guests:
                 status = g.wait()

@@ -1,0 +1,314 @@
+"""vStellar devices plugged into a running guest and pulled out again.
+
+One guest boots with vstellar0 (its vstellard owns 10.77.0.1) and runs
+ib_write_bw in a loop over it (client and server in the guest, loopback
+through the daemon) for the whole test. Through QEMU's monitor (QMP) the
+host then
+
+1. tries three bad plugs: a backend socket that does not exist, one
+   nobody listens on, and a server that is not a vhost-user backend;
+2. plugs vhost-user-vstellar-pci into the guest CYCLES times, each a new
+   vhost-user connection to the running vstellard that serves vstellar0,
+   waits until the guest sees vstellar1 ACTIVE, and unplugs it
+   (device_del, DEVICE_DELETED, chardev-remove);
+3. plugs a device served by a second vstellard (10.77.0.101, an address
+   eth0 also carries, so that this device has a GID of its own), lets the
+   guest run ib_write_bw over it, and unplugs it while its QPs are busy.
+
+The loop on vstellar0 must see no failed run; vstellard's file descriptors,
+mappings and memory after the cycles must be what they were before;
+every device created must be destroyed; the busy unplug must complete
+with an error for the programs on the device and nothing else disturbed.
+No timing is asserted.
+"""
+import os
+import re
+import socket
+import threading
+import time
+import unittest
+
+from guestlib import SPLATS, splats, vstellar_guest as vg, vstellar_perftest as pt
+
+CYCLES = 50
+SECOND_IP = "10.77.0.101"
+
+# Loopback ib_write_bw on DEV (server in the background, client to our own
+# address) until /tmp/stop-DEV exists; one line per run: bw-ok N / bw-failed N.
+BW_LOOP = r"""
+bw_loop() {  # bw_loop DEV GIDX PORT ITERS
+  k=0
+  while [ ! -e /tmp/stop-$1 ]; do
+    k=$((k + 1))
+    ib_write_bw -d $1 -x $2 -p $3 -s 65536 -n $4 -F > /tmp/srv-$1.out 2>&1 &
+    sp=$!
+    t=0
+    until ib_write_bw -d $1 -x $2 -p $3 -s 65536 -n $4 -F $VSTELLAR_SELF_IP > /tmp/cli-$1.out 2>&1; do
+      t=$((t + 1))
+      if ! grep -q "Couldn't connect" /tmp/cli-$1.out || [ $t -ge 100 ]; then
+        cat /tmp/cli-$1.out; kill $sp; echo "bw-failed $k"; return 1
+      fi
+      sleep 0.2
+    done
+    wait $sp || { cat /tmp/srv-$1.out; echo "bw-failed $k server"; return 1; }
+    echo "bw-ok $k"
+  done
+}
+"""
+
+SCRIPT = pt.VSTELLAR_SETUP + BW_LOOP + f"""
+vs0_gidx=$GIDX
+ip addr add {SECOND_IP}/24 dev eth0
+bw_loop vstellar0 $vs0_gidx 18600 500 > /tmp/traffic.log 2>&1 &
+tp=$!
+until grep -q "bw-ok 1" /tmp/traffic.log; do
+  grep -q bw-failed /tmp/traffic.log && break
+  sleep 0.2
+done
+echo ready
+wait_active() {{
+  until grep -q ACTIVE /sys/class/infiniband/vstellar1/ports/1/state 2>/dev/null; do sleep 0.05; done
+}}
+i=0
+while [ $i -lt {CYCLES} ]; do
+  i=$((i + 1))
+  wait_active
+  ibv_devinfo -d vstellar1 | grep -q PORT_ACTIVE && echo "hotplug-up $i"
+  until [ ! -e /sys/class/infiniband/vstellar1 ]; do sleep 0.05; done
+  echo "hotplug-down $i"
+done
+
+# The next device comes from the second daemon: stop the loop on vstellar0.
+wait_active
+touch /tmp/stop-vstellar0
+wait $tp; trc=$?
+echo "== traffic"
+cat /tmp/traffic.log
+echo "traffic-exit $trc"
+
+echo "== busy"
+{pt.wait_roce_gid("vstellar1")}
+# -e: both ends sleep in ibv_get_cq_event, which fails once the device is gone
+ib_send_bw -e -d vstellar1 -x $GIDX -p 18700 -s 65536 -n 10000000 -F > /tmp/busy-srv.out 2>&1 &
+bs=$!
+sleep 0.5
+ib_send_bw -e -d vstellar1 -x $GIDX -p 18700 -s 65536 -n 10000000 -F $VSTELLAR_SELF_IP > /tmp/busy-cli.out 2>&1 &
+bc=$!
+# busy: both ends' QPs in RTS (perftest's own output is buffered in its file)
+busy_qps() {{
+  rdma resource show qp link vstellar1/1 > /tmp/qps
+  [ "$(grep -c 'comm ib_send_bw' /tmp/qps)" -ge 2 ] && grep -q 'state RTS .*comm ib_send_bw' /tmp/qps
+}}
+until busy_qps; do
+  kill -0 $bc 2>/dev/null && kill -0 $bs 2>/dev/null || break
+  sleep 0.1
+done
+cat /tmp/qps
+echo busy-qp
+# The host unplugs the device now: both programs must end (with an error).
+n=0
+while kill -0 $bs 2>/dev/null || kill -0 $bc 2>/dev/null; do
+  n=$((n + 1)); [ $n -lt 1200 ] || {{ echo busy-hung; kill -9 $bs $bc; break; }}
+  sleep 0.1
+done
+wait $bs; echo "busy-server-exit $?"
+wait $bc; echo "busy-client-exit $?"
+cat /tmp/busy-srv.out /tmp/busy-cli.out
+ls /sys/class/infiniband
+echo "== after"
+rm -f /tmp/stop-vstellar0
+bw_loop vstellar0 $vs0_gidx 18800 200 > /tmp/after.log 2>&1 &
+ap=$!
+until grep -q "bw-ok 1\\|bw-failed" /tmp/after.log; do sleep 0.2; done
+touch /tmp/stop-vstellar0
+wait $ap
+head -n 1 /tmp/after.log
+echo done-waiting
+# The host says it is done by taking eth0's link down.
+until [ "$(cat /sys/class/net/eth0/carrier)" = 0 ]; do sleep 0.2; done
+""" + SPLATS
+
+
+def proc_usage(pid):
+    """vstellard's footprint: open fds, mappings, VmSize and RssAnon (kB)."""
+    with open(f"/proc/{pid}/status") as f:
+        st = dict(line.split(":", 1) for line in f)
+    with open(f"/proc/{pid}/maps") as f:
+        maps = len(f.readlines())
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "maps": maps,
+            "vm_kb": int(st["VmSize"].split()[0]), "rss_anon_kb": int(st["RssAnon"].split()[0])}
+
+
+def settled_usage(pid, before, timeout=5):
+    """proc_usage once the fd count is back to before's (the daemon logs a
+    device's end just before it frees it), or after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        u = proc_usage(pid)
+        if u["fds"] <= before["fds"] or time.monotonic() > deadline:
+            return u
+        time.sleep(0.05)
+
+
+def wait_for(guest, pred, timeout, what):
+    """Wait until pred(); fail, with the guest's console, if the guest stops
+    or timeout seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if guest.proc.poll() is not None or time.monotonic() > deadline:
+            why = "the guest stopped" if guest.proc.poll() is not None else "timed out"
+            raise vg.GuestError(f"{why} waiting for {what}:\n" + "\n".join(guest.console[-60:]))
+        time.sleep(0.05)
+
+
+class NotVhostUser:
+    """A unix socket server that accepts, writes junk and hangs up: a
+    backend socket that belongs to something other than vstellard."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            c.close()
+
+    def close(self):
+        self.sock.close()
+
+
+class HotplugTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        art = vg.Artifacts()
+        art.vstellard  # missing pieces fail the test: `make test` builds them
+        cls.bad = {}
+        cls.cycles = []
+        cls.usage = {}
+        cls.busy = {}
+        cls.second = None
+        cls.daemons = []
+
+        def during(s):
+            g, d = s.guests[0], s.daemons[0]
+            wait_for(g, lambda: "ready" in g.output, 300, "the guest")
+            q = g.connect()
+            cls.bad_plugs(q, s, d)
+            cls.usage["before"] = proc_usage(d.proc.pid)
+            for i in range(1, CYCLES + 1):
+                vg.plug_vstellar(q, d.sock, "hp")
+                wait_for(g, lambda: f"hotplug-up {i}" in g.output, 120, f"vstellar1 ACTIVE (cycle {i})")
+                vg.unplug_vstellar(q, "hp")
+                wait_for(g, lambda: d.text().count(": destroyed") >= i, 30, f"device {i} destroyed")
+                cls.cycles.append(i)
+            cls.usage["after"] = settled_usage(d.proc.pid, cls.usage["before"])
+            cls.busy_unplug(q, s, g)
+            wait_for(g, lambda: "done-waiting" in g.output, 120, "the guest's last check")
+            q.execute("set_link", name="n0", up=False)
+
+        try:
+            cls.results = vg.run_guests([SCRIPT], vstellar=True, qmp=True, during=during, timeout=800,
+                                        daemons_out=cls.daemons)
+        finally:
+            if cls.second:
+                cls.second.close()
+        cls.sections = pt.split_sections(cls.results[0][1])
+
+    @classmethod
+    def bad_plugs(cls, q, s, d):
+        tmp = os.path.dirname(d.sock)
+        refused = os.path.join(tmp, "refused.sock")
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(refused)  # bound, never listening
+        junk = NotVhostUser(os.path.join(tmp, "junk.sock"))
+        try:
+            for name, path in (("missing", os.path.join(tmp, "missing.sock")), ("refused", refused),
+                               ("junk", junk.sock.getsockname())):
+                try:
+                    vg.plug_vstellar(q, path, "bad")
+                    cls.bad[name] = None
+                    vg.unplug_vstellar(q, "bad")
+                except vg.QmpError as e:
+                    cls.bad[name] = e.desc
+            cls.bad["chardevs"] = [c["label"] for c in q.execute("query-chardev")]
+            cls.bad["pci"] = [dev["qdev_id"] for bus in q.execute("query-pci") for dev in bus["devices"]]
+        finally:
+            junk.close()
+            stale.close()
+
+    @classmethod
+    def busy_unplug(cls, q, s, g):
+        ns = s.net.hosts[0]
+        vg.run(["ip", "netns", "exec", ns, "ip", "addr", "add", f"{SECOND_IP}/24", "dev", "fab"])
+        cls.second = vg.Vstellard(vg.Artifacts(), "hotplug2", netns=ns, ip=SECOND_IP).start()
+        cls.busy["before"] = proc_usage(cls.second.proc.pid)
+        vg.plug_vstellar(q, cls.second.sock, "busy")
+        wait_for(g, lambda: "busy-qp" in g.output, 300, "the busy QPs on vstellar1")
+        vg.unplug_vstellar(q, "busy", timeout=120)
+        cls.busy["unplugged"] = True
+        wait_for(g, lambda: ": destroyed" in cls.second.text(), 30, "the second daemon's device destroyed")
+        cls.busy["after"] = settled_usage(cls.second.proc.pid, cls.busy["before"])
+        cls.busy["log"] = cls.second.text()
+
+    def test_guest_succeeded(self):
+        status, out, console = self.results[0]
+        self.assertEqual(status, 0, "\n".join(console[-120:]) + "\n--- vstellard ---\n" +
+                         self.daemons[0]["log"][-3000:])
+        self.assertEqual(splats(out), 0, out[-40:])
+
+    def test_bad_plugs_fail_clearly_and_leave_nothing(self):
+        self.assertRegex(self.bad["missing"] or "", r"Failed to connect to '.*missing\.sock': No such file")
+        self.assertRegex(self.bad["refused"] or "", r"Failed to connect to '.*refused\.sock': Connection refused")
+        self.assertIsNotNone(self.bad["junk"], "a device on a non-vhost-user socket was accepted")
+        self.assertRegex(self.bad["junk"], r"vhost")
+        self.assertNotIn("bad-chr", self.bad["chardevs"])
+        self.assertNotIn("bad", self.bad["pci"])
+
+    def test_cycles_under_traffic(self):
+        self.assertEqual(self.cycles, list(range(1, CYCLES + 1)))
+        out = self.results[0][1]
+        self.assertEqual([l for l in out if l.startswith("hotplug-up")],
+                         [f"hotplug-up {i}" for i in range(1, CYCLES + 1)])
+        traffic = self.sections.get("traffic", [])
+        self.assertIn("traffic-exit 0", traffic, traffic)
+        self.assertFalse([l for l in traffic if "failed" in l], traffic)
+        self.assertGreaterEqual(len([l for l in traffic if l.startswith("bw-ok")]), 2, traffic)
+
+    def test_daemon_freed_every_device(self):
+        log = self.daemons[0]["log"]
+        # vstellar0 and CYCLES hot-plugged devices (bad plugs never reach it)
+        self.assertEqual(len(re.findall(r"device \d+: created", log)), CYCLES + 1, log[-3000:])
+        self.assertEqual(len(re.findall(r"device \d+: destroyed \(frontend closed\)", log)), CYCLES + 1)
+        before, after = self.usage["before"], self.usage["after"]
+        self.assertEqual(after["fds"], before["fds"], self.usage)
+        # A device left mapped would keep the guest's 1 GiB of RAM mapped.
+        self.assertLessEqual(after["maps"] - before["maps"], 2, self.usage)
+        self.assertLessEqual(after["vm_kb"] - before["vm_kb"], 16 * 1024, self.usage)
+        # malloc's arenas may keep a little; a device's tables are far more
+        self.assertLessEqual(after["rss_anon_kb"] - before["rss_anon_kb"], 1024, self.usage)
+
+    def test_unplug_with_busy_qps(self):
+        self.assertTrue(self.busy.get("unplugged"), self.busy)
+        busy = self.sections.get("busy", [])
+        self.assertNotIn("busy-hung", busy, busy)
+        for who in ("server", "client"):
+            st = [l for l in busy if l.startswith(f"busy-{who}-exit")]
+            self.assertEqual(len(st), 1, busy)
+            self.assertNotEqual(st[0], f"busy-{who}-exit 0", busy)
+        self.assertRegex("\n".join(busy), r"Failed to get cq_event", busy)
+        self.assertRegex(self.busy["log"], r"device 0: destroyed")
+        self.assertEqual(self.busy["after"]["fds"], self.busy["before"]["fds"], self.busy)
+        after = self.sections.get("after", [])
+        self.assertIn("bw-ok 1", after, after)
+
+
+if __name__ == "__main__":
+    unittest.main()
