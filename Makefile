@@ -66,8 +66,9 @@ guest: deps kmod
 	@qemu=$$(tools/build-qemu.sh) && \
 	 stage=$$(tools/build-rdma-core.sh) && \
 	 image=$$(tools/build-guest-image.sh "$$stage" $(GUEST_EXTRA)) && \
-	 printf 'QEMU=%s\nRDMA_CORE_STAGE=%s\nGUEST_IMAGE=%s\n' "$$qemu" "$$stage" "$$image" \
-		> $(BUILD)/guest.env
+	 ctrimg=$$(tools/build-container-image.sh "$$stage") && \
+	 printf 'QEMU=%s\nRDMA_CORE_STAGE=%s\nGUEST_IMAGE=%s\nCONTAINER_IMAGE=%s\n' \
+		"$$qemu" "$$stage" "$$image" "$$ctrimg" > $(BUILD)/guest.env
 	@cat $(BUILD)/guest.env
 
 # Debian packages (dpkg-buildpackage, lintian-checked): the DKMS driver, the

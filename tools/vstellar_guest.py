@@ -215,6 +215,30 @@ class Artifacts:
         return p
 
 
+def container_image(path=None):
+    """The container image directory (rootfs.tar, cmd): path, or the one
+    `make guest` recorded (tools/build-container-image.sh)."""
+    path = path or read_env_file().get("CONTAINER_IMAGE")
+    if not path or not os.path.exists(os.path.join(path, "rootfs.tar")):
+        raise GuestError(f"no container image ({path or 'nothing recorded'}): run `make guest`")
+    return path
+
+
+def microvm_image(container, guest_image=None):
+    """A boot image that runs commands inside the container image
+    (tools/build-microvm.sh: our kernel and initramfs with the image's root
+    appended as /rootfs): a directory to pass as run_guests(image=...).
+    Returns (directory, the image's default command)."""
+    guest_image = guest_image or os.environ.get("VSTELLAR_GUEST_IMAGE") or read_env_file().get("GUEST_IMAGE")
+    r = run([os.path.join(TOP, "tools", "build-microvm.sh"), str(guest_image), container_image(container)],
+            check=False)
+    if r.returncode:
+        raise GuestError(f"build-microvm.sh failed: {r.stderr.strip()}")
+    d = r.stdout.strip().splitlines()[-1]
+    with open(os.path.join(d, "cmd")) as f:
+        return d, f.read().strip()
+
+
 def run(cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A secure container's boot image: our guest kernel and initramfs (its
+# modules, vstellar.ko, /init) with the container image's root filesystem
+# appended as /rootfs (Linux unpacks concatenated cpio archives in turn), so
+# that /init runs the command chrooted into the image (tools/guest/init).
+#
+# Usage: build-microvm.sh GUEST_IMAGE_DIR CONTAINER_IMAGE_DIR
+# Cached in $VSTELLAR_CACHE/microvm-<key>; prints that directory (vmlinuz,
+# initrd.cpio, cmd: the image's default command).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+guest=${1:?usage: build-microvm.sh GUEST_IMAGE_DIR CONTAINER_IMAGE_DIR}
+image=${2:?usage: build-microvm.sh GUEST_IMAGE_DIR CONTAINER_IMAGE_DIR}
+[[ -f $guest/initrd.cpio && -f $guest/vmlinuz ]] || die "$guest is not a guest image (run: make guest)"
+[[ -f $image/rootfs.tar ]] || die "$image has no rootfs.tar (tools/build-container-image.sh makes one)"
+
+# The guest image and container image directories are named by their keys.
+key=$(key_of "${guest##*/}" "${image##*/}" "$image/rootfs.tar" "$0")
+out=$VSTELLAR_CACHE/microvm-$key
+if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
+	echo "$out"
+	exit 0
+fi
+lock_entry "$out"
+if [[ -e $out/.complete ]]; then
+	touch "$out/.complete"
+	echo "$out"
+	exit 0
+fi
+rm -rf "$out" && mkdir -p "$out/tree/rootfs"
+tar -C "$out/tree/rootfs" -xf "$image/rootfs.tar"
+{
+	cat "$guest/initrd.cpio"
+	(cd "$out/tree" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet)
+} > "$out/initrd.cpio"
+cp "$guest/vmlinuz" "$out/vmlinuz"
+cp "$image/cmd" "$out/cmd"
+rm -rf "$out/tree"
+touch "$out/.complete"
+prune_cache microvm
+echo "$out"
