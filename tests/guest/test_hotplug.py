@@ -73,6 +73,13 @@ i=0
 while [ $i -lt {CYCLES} ]; do
   i=$((i + 1))
   wait_active
+  # libibverbs lists the device once ib_uverbs has added its node, which
+  # can come a little after the port's sysfs
+  n=0
+  until ibv_devinfo -d vstellar1 2>/dev/null | grep -q PORT_ACTIVE; do
+    n=$((n + 1)); [ $n -lt 200 ] || break
+    sleep 0.05
+  done
   ibv_devinfo -d vstellar1 | grep -q PORT_ACTIVE && echo "hotplug-up $i"
   until [ ! -e /sys/class/infiniband/vstellar1 ]; do sleep 0.05; done
   echo "hotplug-down $i"
