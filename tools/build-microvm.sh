@@ -18,17 +18,9 @@ image=${2:?usage: build-microvm.sh GUEST_IMAGE_DIR CONTAINER_IMAGE_DIR}
 # The guest image and container image directories are named by their keys.
 key=$(key_of "${guest##*/}" "${image##*/}" "$image/rootfs.tar" "$0")
 out=$VSTELLAR_CACHE/microvm-$key
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out"
-	exit 0
-fi
+cache_hit "$out" "$out" && exit 0
 lock_entry "$out"
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out"
-	exit 0
-fi
+cache_hit "$out" "$out" && exit 0
 rm -rf "$out" && mkdir -p "$out/tree/rootfs"
 tar -C "$out/tree/rootfs" -xf "$image/rootfs.tar"
 {
