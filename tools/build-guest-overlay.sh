@@ -44,19 +44,14 @@ while read -r p ver arch; do
 	debs+=("$(getdeb "$p" "$ver" "$arch")")
 done < <(deb_closure "$@")
 
-key=$(key_of "$base/initrd.cpio" "${debs[@]}" "$0" "$VSTELLAR_TOP/tools/lib.sh" "${extras[@]}")
+# The base image's directory name carries its key (hashing its 150 MB
+# initramfs on every call would not).
+key=$(key_of "base:$(basename "$base")" "${debs[@]}" "$0" "$VSTELLAR_TOP/tools/lib.sh" "${extras[@]}")
 out=$VSTELLAR_CACHE/overlay-$name-$key
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete" "$base/.complete"
-	echo "$out"
-	exit 0
-fi
+# A use of the variant is a use of its base too (prune_cache).
+cache_hit "$out" "$out" && { touch "$base/.complete"; exit 0; }
 lock_entry "$out"
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete" "$base/.complete"
-	echo "$out"
-	exit 0
-fi
+cache_hit "$out" "$out" && { touch "$base/.complete"; exit 0; }
 
 start=$SECONDS
 rm -rf "$out" && mkdir -p "$out/root"
