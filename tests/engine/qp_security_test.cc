@@ -92,6 +92,33 @@ TEST(QpSecurity, QpnsAreReusedAfterAQuarantine) {
   EXPECT_GT(reused, 0u);
 }
 
+// Issue 16: an engine of a multi-threaded vstellard hands out only QPNs of
+// its shard (qpn % shards), which is what steers arriving datagrams to it;
+// the rest of the space (and its quarantine) works as before.
+TEST(QpSecurity, ShardedEnginesHandOutOnlyTheirQpns) {
+  for (uint32_t shard : {0u, 1u, 2u}) {
+    EngineConfig c;
+    c.max_qpn = DeviceLimits::kFirstQpn + 3 * 200;
+    c.qpn_seed = 11;
+    c.qpn_shards = 3;
+    c.qpn_shard = shard;
+    QpnBench t(c);
+    std::set<uint32_t> live;
+    for (int i = 0; i < 150; i++) {
+      Qp* qp = t.Create();
+      ASSERT_NE(qp, nullptr) << shard << ": QP " << i;
+      EXPECT_EQ(qp->qpn() % 3, shard);
+      EXPECT_GE(qp->qpn(), DeviceLimits::kFirstQpn);
+      EXPECT_LE(qp->qpn(), c.max_qpn);
+      EXPECT_TRUE(live.insert(qp->qpn()).second);
+    }
+  }
+  EngineConfig bad;
+  bad.qpn_shards = 2;
+  bad.qpn_shard = 2;
+  EXPECT_FALSE(bad.validate());
+}
+
 // Issue 13 #3/#4: QPNs were sequential from 0x11, so a host on the fabric
 // could guess the peer QPN of a connection. They are random now: two
 // daemons (engines with the kernel's CSPRNG) give different sequences, and

@@ -211,3 +211,62 @@ TEST(Udp, RecoversFromLossOnOneLink) {
 
 }  // namespace
 }  // namespace vstellar::test
+
+namespace vstellar::test {
+namespace {
+
+// Issue 16 (vstellard --threads): links bound to the same ports as one
+// SO_REUSEPORT group; a datagram reaches link dst_qpn % shards, whatever
+// source port it comes from.
+TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
+  struct Count final : RxSink {
+    std::vector<uint32_t> qpns;
+    void on_datagram(const uint8_t* d, size_t n, const Endpoint&, uint16_t, bool) override {
+      if (n >= 8) qpns.push_back(uint32_t(d[4]) << 24 | uint32_t(d[5]) << 16 | uint32_t(d[6]) << 8 | d[7]);
+    }
+  };
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 611) % 30000);
+  std::vector<std::unique_ptr<UdpLink>> shards;
+  for (uint16_t k = 0; k < 3; k++) {  // one after the other: link k is socket k
+    UdpLinkConfig c;
+    c.base_port = base;
+    c.num_paths = 2;
+    c.shards = 3;
+    shards.push_back(std::make_unique<UdpLink>(c));
+    ASSERT_TRUE(shards.back()->ok()) << shards.back()->error();
+  }
+  UdpLinkConfig sc;
+  sc.base_port = uint16_t(base + 100);
+  sc.num_paths = 4;
+  UdpLink sender(sc);
+  ASSERT_TRUE(sender.ok()) << sender.error();
+  std::vector<uint32_t> sent;
+  for (uint32_t i = 0; i < 60; i++) {
+    const uint32_t qpn = 0x11 + i * 7;
+    uint8_t hdr[24] = {1, 3};
+    hdr[4] = uint8_t(qpn >> 24);
+    hdr[5] = uint8_t(qpn >> 16);
+    hdr[6] = uint8_t(qpn >> 8);
+    hdr[7] = uint8_t(qpn);
+    sender.send(uint16_t(i % 4), Endpoint{0x7f000001, base}, hdr, sizeof(hdr), nullptr, 0);
+    sender.flush();
+    sent.push_back(qpn);
+  }
+  Count got[3];
+  size_t total = 0;
+  for (int round = 0; round < 200 && total < sent.size(); round++) {
+    total = 0;
+    for (int k = 0; k < 3; k++) {
+      shards[size_t(k)]->poll(1'000'000, got[k]);
+      total += got[k].qpns.size();
+    }
+  }
+  ASSERT_EQ(total, sent.size());
+  for (uint32_t k = 0; k < 3; k++) {
+    EXPECT_FALSE(got[k].qpns.empty()) << k;
+    for (uint32_t q : got[k].qpns) EXPECT_EQ(q % 3, k) << q;
+  }
+}
+
+}  // namespace
+}  // namespace vstellar::test

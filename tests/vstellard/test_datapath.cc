@@ -382,6 +382,7 @@ class DataPath : public ::testing::Test {
   std::thread t_;
   std::unique_ptr<Frontend> fa_, fb_;
   std::unique_ptr<Guest> a_, b_;
+  unsigned threads_ = 1;  // DaemonOptions::threads
 
   void StartDaemon(uint64_t poll_us = 50, std::function<void(Daemon&)> before = {},
                    std::function<void(DaemonOptions&)> tune = {}) {
@@ -401,6 +402,7 @@ class DataPath : public ::testing::Test {
         o.udp_port = uint16_t(20000 + (getpid() * 37 + attempt * 1009) % 30000);
         o.paths = 4;
         o.poll_us = poll_us;
+        o.threads = threads_;
         if (tune) tune(o);
         auto d = std::make_unique<Daemon>(o);
         if (d->Start(&err)) {
@@ -447,6 +449,33 @@ class DataPath : public ::testing::Test {
     if (!sock_.empty()) unlink(sock_.c_str());
     if (!dir_.empty()) rmdir(dir_.c_str());
   }
+  // Tests that run on one worker thread and again on two (threads on and
+  // off give the same results; with two, the devices alternate between
+  // the workers, so every pair talks across threads).
+  void SendRecvWriteReadAtomicsBetweenTwoDevices();
+  void ManyDevicesAttachMoveDataAndDetachLeavingNothing();
+  std::vector<uint64_t> TwoQpPairsRun();
+  void IdleDaemonWithQpsSleeps();
+  void KernelGsiAndUdQpsExchangeDatagrams();
+  void OnlyOneDeviceHoldsAnAddressAndItsQp1();
+  void MulticastGroupsThroughTheDaemon();
+  void UcQpsSendWriteAndDropBadMessagesAlone();
+  // Posts with `post` and waits until device `id` has fetched one WQE
+  // more from its rings. A datagram that arrives before its receive WQE
+  // was fetched is dropped (UD), and with two worker threads the sender's
+  // worker does not wait for the receiver's.
+  template <typename F>
+  void Fetched(unsigned id, F post) {
+    auto wqes = [&] {
+      for (const DeviceStats& st : d_->Stats())
+        if (st.id == id) return st.wqes;
+      return uint64_t{0};
+    };
+    const uint64_t before = wqes();
+    post();
+    for (int i = 0; i < 2000 && wqes() == before; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_GT(wqes(), before) << "device " << id;
+  }
   DeviceStats StatsOf(size_t i) {
     auto v = d_->Stats();
     return v.size() > i ? v[i] : DeviceStats{};
@@ -458,11 +487,17 @@ class DataPath : public ::testing::Test {
   }
 };
 
+// The same tests on a daemon with two worker threads.
+class DataPathOnTwoThreads : public DataPath {
+ protected:
+  DataPathOnTwoThreads() { threads_ = 2; }
+};
+
 void Fill(uint8_t* p, size_t n, uint8_t seed) {
   for (size_t i = 0; i < n; i++) p[i] = uint8_t(seed + i * 7);
 }
 
-TEST_F(DataPath, SendRecvWriteReadAtomicsBetweenTwoDevices) {
+void DataPath::SendRecvWriteReadAtomicsBetweenTwoDevices() {
   StartDaemon();
   TwoGuests();
   GQp qa = a_->CreateQp(), qb = b_->CreateQp();
@@ -605,6 +640,9 @@ TEST_F(DataPath, SendRecvWriteReadAtomicsBetweenTwoDevices) {
   EXPECT_GE(s.wqes, 8u);
   EXPECT_EQ(s.bad_wqes, 0u);
 }
+
+TEST_F(DataPath, SendRecvWriteReadAtomicsBetweenTwoDevices) { SendRecvWriteReadAtomicsBetweenTwoDevices(); }
+TEST_F(DataPathOnTwoThreads, SendRecvWriteReadAtomicsBetweenTwoDevices) { SendRecvWriteReadAtomicsBetweenTwoDevices(); }
 
 TEST_F(DataPath, RingWrapsAndPhaseBitFlips) {
   StartDaemon();
@@ -922,7 +960,7 @@ uint64_t MemoryUsed(Daemon& d) {  // "memory":{"limit":..,"device_limit":..,"use
 // daemon holds no device, no accounted memory, and the process no more
 // file descriptors than before the round (kick/call eventfds, memfds,
 // sockets and the mappings behind them are all released).
-TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) {
+void DataPath::ManyDevicesAttachMoveDataAndDetachLeavingNothing() {
   StartDaemon();
   constexpr int kDevices = 64;
   for (int round = 0; round < 2; round++) {
@@ -944,6 +982,13 @@ TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) {
     }
     ASSERT_EQ(d_->Stats().size(), size_t(kDevices));
     EXPECT_GT(MemoryUsed(*d_), 0u);
+    // Spread evenly over the workers, each QP on its device's worker.
+    unsigned first = ~0u;
+    for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+    for (int i = 0; i < kDevices; i++) {
+      EXPECT_EQ(d_->WorkerOf(first + unsigned(i)), int(unsigned(i) % threads_)) << i;
+      EXPECT_EQ(qs[i].qpn % threads_, unsigned(i) % threads_) << i;
+    }
     for (int i = 0; i < kDevices; i += 2) {
       gs[i]->Connect(qs[i], qs[i + 1].qpn);
       gs[i + 1]->Connect(qs[i + 1], qs[i].qpn);
@@ -983,6 +1028,96 @@ TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) {
   }
 }
 
+TEST_F(DataPath, ManyDevicesAttachMoveDataAndDetachLeavingNothing) { ManyDevicesAttachMoveDataAndDetachLeavingNothing(); }
+TEST_F(DataPathOnTwoThreads, ManyDevicesAttachMoveDataAndDetachLeavingNothing) { ManyDevicesAttachMoveDataAndDetachLeavingNothing(); }
+
+// Two QP pairs (four devices) moving data at once: WRITE, SEND and READ of
+// several packets each. One worker thread and two (where each pair talks
+// across the threads and every QPN names its worker) give the same
+// completions and the same bytes.
+std::vector<uint64_t> DataPath::TwoQpPairsRun() {
+  std::vector<uint64_t> out;
+  std::vector<std::unique_ptr<Frontend>> fs;
+  std::vector<std::unique_ptr<Guest>> gs;
+  std::vector<GQp> qs;
+  for (int i = 0; i < 4; i++) {
+    fs.push_back(std::make_unique<Frontend>());
+    std::string err;
+    EXPECT_TRUE(fs.back()->Connect(sock_, &err)) << err;
+    EXPECT_TRUE(fs.back()->StartQueues(&err)) << err;
+    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+    gs.back()->Setup();
+    qs.push_back(gs.back()->CreateQp());
+  }
+  unsigned first = ~0u;
+  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  for (int i = 0; i < 4; i++) {
+    // Devices alternate between the workers; a QP's number names its own.
+    EXPECT_EQ(d_->WorkerOf(first + unsigned(i)), int(unsigned(i) % threads_)) << i;
+    EXPECT_EQ(qs[i].qpn % threads_, unsigned(i) % threads_) << i;
+  }
+  for (int i = 0; i < 4; i += 2) {
+    gs[i]->Connect(qs[i], qs[i + 1].qpn);
+    gs[i + 1]->Connect(qs[i + 1], qs[i].qpn);
+  }
+  for (int i = 0; i < 4; i += 2) {
+    Guest& a = *gs[i];
+    Guest& b = *gs[i + 1];
+    Fill(a.Buf(0), 65536, uint8_t(i + 1));
+    std::memset(b.Buf(0), 0, kMrLen);
+    b.PostRecv(qs[i + 1], 7, {b.Sge(65536, 16384)});
+    vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = b.rkey;
+    a.PostSend(qs[i], w, {a.Sge(0, 49152)});
+    a.PostSend(qs[i], Wqe(VSTELLAR_WR_SEND, 2), {a.Sge(4096, 12000)});
+    w = Wqe(VSTELLAR_WR_RDMA_READ, 3);
+    w.u.rdma.remote_addr = kMrGpa + 1000;
+    w.u.rdma.rkey = a.rkey;
+    b.PostSend(qs[i + 1], w, {b.Sge(98304, 30000)});
+  }
+  for (int i = 0; i < 4; i++) {
+    // Even: WRITE, SEND (in order); odd: RECV and READ, in either order
+    // (two queues).
+    std::vector<std::array<uint64_t, 4>> cs;
+    for (int k = 0; k < 2; k++) {
+      auto c = gs[i]->Poll();
+      EXPECT_TRUE(c) << i;
+      if (!c) return out;
+      cs.push_back({uint64_t(c->wr_id), uint64_t(c->status), uint64_t(c->opcode), uint64_t(c->byte_len)});
+    }
+    std::sort(cs.begin(), cs.end());
+    for (auto& c : cs) out.insert(out.end(), c.begin(), c.end());
+  }
+  for (int i = 0; i < 4; i++) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the whole MR
+    for (uint64_t k = 0; k < kMrLen; k++) h = (h ^ gs[i]->Buf(0)[k]) * 1099511628211ull;
+    out.push_back(h);
+  }
+  for (int i = 0; i < 4; i += 2) {
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(0), gs[i]->Buf(0), 49152), 0) << i;
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(65536), gs[i]->Buf(4096), 12000), 0) << i;
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(98304), gs[i]->Buf(1000), 30000), 0) << i;
+  }
+  return out;
+}
+
+TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
+  std::vector<uint64_t> results[2];
+  for (unsigned t : {1u, 2u}) {
+    SCOPED_TRACE(t);
+    threads_ = t;
+    StartDaemon();
+    results[t - 1] = TwoQpPairsRun();
+    TearDown();
+    d_.reset();
+    sock_.clear();
+    dir_.clear();
+  }
+  EXPECT_EQ(results[0].size(), 4u * 2 * 4 + 4);
+  EXPECT_EQ(results[0], results[1]);
+}
+
 // Per-device object limits (--device-max): the device reports them and
 // enforces them with LIMIT; the next device has its own; a limit above the
 // device's own maximum is refused at start.
@@ -1018,7 +1153,7 @@ TEST_F(DataPath, DeviceMaxLimitsObjectsPerDevice) {
   EXPECT_NE(err.find("qp=1025"), std::string::npos) << err;
 }
 
-TEST_F(DataPath, IdleDaemonWithQpsSleeps) {
+void DataPath::IdleDaemonWithQpsSleeps() {
   StartDaemon();
   TwoGuests();
   GQp qa = a_->CreateQp(), qb = b_->CreateQp();
@@ -1042,6 +1177,9 @@ TEST_F(DataPath, IdleDaemonWithQpsSleeps) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->status, 0);
 }
+
+TEST_F(DataPath, IdleDaemonWithQpsSleeps) { IdleDaemonWithQpsSleeps(); }
+TEST_F(DataPathOnTwoThreads, IdleDaemonWithQpsSleeps) { IdleDaemonWithQpsSleeps(); }
 
 TEST_F(DataPath, FullCqRaisesCqErr) {
   StartDaemon();
@@ -1071,7 +1209,7 @@ TEST_F(DataPath, FullCqRaisesCqErr) {
 // device that holds the daemon's address and on one that holds none, with
 // kernel doorbell pages and SGEs with the local DMA lkey. QP 1 is found by
 // destination GID; receives start with the GRH area.
-TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
+void DataPath::KernelGsiAndUdQpsExchangeDatagrams() {
   StartDaemon();
   TwoDevices();
   Guest& A = *a_;
@@ -1106,6 +1244,9 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   ASSERT_TRUE(sc);
   EXPECT_EQ(sc->status, 0);
   EXPECT_EQ(le64toh(sc->wr_id), 0x51u);
+  // Two workers: the MAD for QP 1 was steered to worker 1 (1 % 2) and
+  // passed on to worker 0, whose device A holds the address.
+  if (threads_ > 1) EXPECT_GT(d_->forwarded(), 0u);
   // QP 1 wants Q_Key 0x80010000, so nothing arrives. Then with "the QP's
   // own Q_Key" (high bit set in the WQE), which is that one.
   EXPECT_FALSE(A.Poll(300));
@@ -1130,7 +1271,7 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   // QP 1 answers from QP 1, to another device's UD QP (receiving takes no
   // address).
   Fill(A.Buf(2048), 100, 9);
-  B.PostRecv(udb, 0x62, {vstellar_sge{kMrGpa + 4096, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  Fetched(1, [&] { B.PostRecv(udb, 0x62, {vstellar_sge{kMrGpa + 4096, 512, VSTELLAR_LOCAL_DMA_LKEY}}); });
   A.PostSend(gsi, UdWqe(0x71, 1, udb.qpn, VSTELLAR_GSI_QKEY), {vstellar_sge{kMrGpa + 2048, 100, VSTELLAR_LOCAL_DMA_LKEY}});
   ASSERT_TRUE(A.Poll());
   rc = B.Poll();
@@ -1160,11 +1301,14 @@ TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) {
   EXPECT_EQ(bad->status, uint8_t(vstellar::WcStatus::LOC_LEN_ERR));
 }
 
+TEST_F(DataPath, KernelGsiAndUdQpsExchangeDatagrams) { KernelGsiAndUdQpsExchangeDatagrams(); }
+TEST_F(DataPathOnTwoThreads, KernelGsiAndUdQpsExchangeDatagrams) { KernelGsiAndUdQpsExchangeDatagrams(); }
+
 // QP 1's traffic goes to the device that holds the address, never to
 // another (issue 13 #2): the daemon serves only its own address, and one
 // device at a time holds it. Writing it into a second device's GID table
 // fails; once the holder lets go, the other device may take it.
-TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
+void DataPath::OnlyOneDeviceHoldsAnAddressAndItsQp1() {
   StartDaemon();
   TwoDevices();
   Guest& A = *a_;
@@ -1217,7 +1361,7 @@ TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
   ASSERT_EQ(A.ToRtsUd(gsia.qpn, true, VSTELLAR_GSI_QKEY), 0);
   ASSERT_EQ(B.ToRtsUd(gsib.qpn, true, VSTELLAR_GSI_QKEY), 0);
   ASSERT_EQ(A.ToRtsUd(ud.qpn, false, VSTELLAR_GSI_QKEY), 0);
-  B.PostRecv(gsib, 0x91, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
+  Fetched(1, [&] { B.PostRecv(gsib, 0x91, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}}); });
   A.PostRecv(gsia, 0x92, {vstellar_sge{kMrGpa, 512, VSTELLAR_LOCAL_DMA_LKEY}});
   A.PostSend(ud, UdWqe(0x93, 1, VSTELLAR_GSI_QPN, 0x80000000u), {vstellar_sge{kMrGpa + 4096, 64, VSTELLAR_LOCAL_DMA_LKEY}});
   bool got = false;
@@ -1247,6 +1391,9 @@ TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(add(A, 1, 0), VSTELLAR_STATUS_OK);
 }
+
+TEST_F(DataPath, OnlyOneDeviceHoldsAnAddressAndItsQp1) { OnlyOneDeviceHoldsAnAddressAndItsQp1(); }
+TEST_F(DataPathOnTwoThreads, OnlyOneDeviceHoldsAnAddressAndItsQp1) { OnlyOneDeviceHoldsAnAddressAndItsQp1(); }
 
 // Issue 13 #5: what a guest makes the daemon allocate (here the engine's
 // window and rings of each RC QP) is charged to its device and to the
@@ -1673,7 +1820,7 @@ TEST_F(DataPath, BadResizeCqFailsAloneAndTheCqKeepsWorking) {
 // UC QPs between two devices: SEND and WRITE_IMM land; a send longer than
 // its receive WQE is dropped at the responder and the QP stays in RTS; an
 // RDMA READ on UC fails that WQE; the other QPs keep working.
-TEST_F(DataPath, UcQpsSendWriteAndDropBadMessagesAlone) {
+void DataPath::UcQpsSendWriteAndDropBadMessagesAlone() {
   StartDaemon();
   TwoGuests();
   Guest& A = *a_;
@@ -1745,11 +1892,14 @@ TEST_F(DataPath, UcQpsSendWriteAndDropBadMessagesAlone) {
   EXPECT_EQ(B.QpState(qb.qpn), VSTELLAR_QPS_RTS);
 }
 
+TEST_F(DataPath, UcQpsSendWriteAndDropBadMessagesAlone) { UcQpsSendWriteAndDropBadMessagesAlone(); }
+TEST_F(DataPathOnTwoThreads, UcQpsSendWriteAndDropBadMessagesAlone) { UcQpsSendWriteAndDropBadMessagesAlone(); }
+
 // UD multicast through the daemon: ATTACH_MCAST, a UD send to the group's
 // GID over real UDP (IP multicast on the loopback), DETACH_MCAST; hostile
 // requests (bogus groups, RC QPs, another context's QP, reserved bits,
 // detaching what is not attached) each fail alone with their status.
-TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
+void DataPath::MulticastGroupsThroughTheDaemon() {
   StartDaemon();
   TwoGuests();
   Guest& A = *a_;
@@ -1789,7 +1939,7 @@ TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
   EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, rsv), VSTELLAR_STATUS_BAD_FIELD);
   EXPECT_EQ(cmd(A, VSTELLAR_CMD_DETACH_MCAST, mc(ua.qpn, {230, 9, 8, 7})), VSTELLAR_STATUS_BAD_FIELD);
   // A sends to the group (not attached itself): B's QP gets it.
-  B.PostRecv(ub, 0x21, {B.Sge(0, 512)});
+  Fetched(1, [&] { B.PostRecv(ub, 0x21, {B.Sge(0, 512)}); });
   Fill(A.Buf(0), 100, 6);
   vstellar_send_wqe w = UdWqe(0x11, 1, 0xffffff, 0x4242);
   w.u.ud.av.dgid[12] = 230;
@@ -1810,7 +1960,7 @@ TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
   // Detached: the next datagram to the group reaches no one.
   ASSERT_EQ(cmd(B, VSTELLAR_CMD_DETACH_MCAST, m), 0);
   EXPECT_EQ(cmd(B, VSTELLAR_CMD_DETACH_MCAST, m), VSTELLAR_STATUS_BAD_FIELD);
-  B.PostRecv(ub, 0x22, {B.Sge(0, 512)});
+  Fetched(1, [&] { B.PostRecv(ub, 0x22, {B.Sge(0, 512)}); });
   A.PostSend(ua, w, {A.Sge(0, 100)});
   ASSERT_TRUE(A.Poll());
   EXPECT_FALSE(B.Poll(300));
@@ -1824,6 +1974,9 @@ TEST_F(DataPath, MulticastGroupsThroughTheDaemon) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->wr_id, 0x30u);
 }
+
+TEST_F(DataPath, MulticastGroupsThroughTheDaemon) { MulticastGroupsThroughTheDaemon(); }
+TEST_F(DataPathOnTwoThreads, MulticastGroupsThroughTheDaemon) { MulticastGroupsThroughTheDaemon(); }
 
 // RESIZE_SRQ: the WQEs posted in the old ring are taken first, later ones
 // come from the new ring at the same free-running indices; every receive

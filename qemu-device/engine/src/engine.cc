@@ -41,6 +41,8 @@ bool EngineConfig::validate() {
   if (path_burst < 1 || path_burst > 64) return false;
   if (!(cc.delay_percentile >= 0 && cc.delay_percentile <= 1)) return false;
   if (max_qpn > DeviceLimits::kMaxQpn || max_qpn < DeviceLimits::kFirstQpn + 15) return false;
+  if (qpn_shards < 1 || qpn_shards > 256 || qpn_shard >= qpn_shards) return false;
+  if ((max_qpn - DeviceLimits::kFirstQpn + 1) / qpn_shards < 16) return false;
   return true;
 }
 

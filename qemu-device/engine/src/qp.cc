@@ -209,8 +209,12 @@ uint64_t IdRandom::Next() {
 // handed out.
 uint32_t EngineCore::alloc_qpn() {
   const uint64_t now = clock_.now_ns();
-  const uint32_t space = cfg_.max_qpn - DeviceLimits::kFirstQpn + 1;
-  const size_t cap = std::min<size_t>(65536, space / 2);
+  // Only QPNs of this engine's shard (EngineConfig::qpn_shards) are ours:
+  // draw among them, the n-th one being first + n * shards.
+  const uint32_t shards = cfg_.qpn_shards;
+  const uint32_t first = DeviceLimits::kFirstQpn + (cfg_.qpn_shard + shards - DeviceLimits::kFirstQpn % shards) % shards;
+  const uint32_t ours = (cfg_.max_qpn - first) / shards + 1;
+  const size_t cap = std::min<size_t>(65536, ours / 2);
   while (!qpn_quarantine_.empty() &&
          (now - qpn_quarantine_.front().freed_ns >= cfg_.qpn_quarantine_ns || qpn_quarantine_.size() > cap)) {
     quarantined_qpns_.erase(qpn_quarantine_.front().qpn);
@@ -218,13 +222,13 @@ uint32_t EngineCore::alloc_qpn() {
   }
   auto taken = [&](uint32_t q) { return qps_.count(q) || quarantined_qpns_.count(q); };
   for (int i = 0; i < 64; i++) {
-    const uint32_t q = DeviceLimits::kFirstQpn + uint32_t(qpn_random_.Next() % space);
+    const uint32_t q = first + uint32_t(qpn_random_.Next() % ours) * shards;
     if (!taken(q)) return q;
   }
   // Nearly every QPN is taken: look at each once, from a random start.
-  const uint32_t start = uint32_t(qpn_random_.Next() % space);
-  for (uint32_t k = 0; k < space; k++) {
-    const uint32_t q = DeviceLimits::kFirstQpn + (start + k) % space;
+  const uint32_t start = uint32_t(qpn_random_.Next() % ours);
+  for (uint32_t k = 0; k < ours; k++) {
+    const uint32_t q = first + (start + k) % ours * shards;
     if (!taken(q)) return q;
   }
   return 0;

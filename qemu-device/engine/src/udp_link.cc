@@ -1,6 +1,7 @@
 #include "vstellar/udp_link.h"
 
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <sys/eventfd.h>
@@ -91,6 +92,13 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
       return;
     }
     fds_.push_back(fd);
+    if (cfg_.shards > 1) {
+      int one = 1;
+      if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+        error_ = std::string("SO_REUSEPORT: ") + strerror(errno);
+        return;
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(cfg_.local_ip);
@@ -110,6 +118,21 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
     }
   }
   set_buf(fds_[0], SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
+  if (cfg_.shards > 1) {
+    // The group's socket index is the order of binding: link k is socket k.
+    // The program sees the UDP payload; a datagram too short for the load
+    // ends it with 0 (socket 0 then drops or passes it on).
+    sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, cfg_.shard_qpn_offset),
+        BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, cfg_.shards),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+    };
+    sock_fprog fprog{uint16_t(sizeof(prog) / sizeof(prog[0])), prog};
+    if (setsockopt(fds_[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof(fprog)) != 0) {
+      error_ = std::string("SO_ATTACH_REUSEPORT_CBPF: ") + strerror(errno);
+      return;
+    }
+  }
   int on = 1;
   setsockopt(fds_[0], IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
   if (gso && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {

@@ -71,7 +71,7 @@ Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectT
 // Charges an object's host memory to this device and to the daemon before
 // anything is allocated for it (memory_budget.h).
 uint16_t Commands::Charge(uint64_t bytes, MemoryCharge* charge) {
-  return charge->Take(obj_.memory, sh_.memory, bytes) ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_NO_RESOURCES;
+  return charge->Take(obj_.memory, *sh_.memory, bytes) ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_NO_RESOURCES;
 }
 
 // Every request passes the checks its VSTELLAR_CMD_LIST entry implies (a
@@ -784,17 +784,15 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   // guest's GID table matches its netdev as the kernel expects, but never
   // held: nothing is sent from it and QP 1 does not answer for it.
   const bool ipv4 = IsV4Mapped(g.data());
-  if (ipv4 && !sh_.served_gids.count(g)) return VSTELLAR_STATUS_ACCESS;
-  auto held = sh_.gid_holder.find(g);
-  if (ipv4 && held != sh_.gid_holder.end() && held->second != &obj_) return VSTELLAR_STATUS_BUSY;
+  if (ipv4 && !sh_.gids->Serves(g)) return VSTELLAR_STATUS_ACCESS;
+  if (ipv4 && !sh_.gids->Take(g, &obj_, sh_.worker)) return VSTELLAR_STATUS_BUSY;
   auto old = obj_.gids.find(index);
   if (old != obj_.gids.end()) {
     const vstellar::Gid prev = old->second;
     obj_.gids.erase(old);
-    ReleaseGid(prev);
+    if (prev != g) ReleaseGid(prev);
   }
   obj_.gids[index] = g;
-  if (ipv4) sh_.gid_holder[g] = &obj_;
   SyncGsiGids();
   return VSTELLAR_STATUS_OK;
 }
@@ -803,8 +801,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
 void Commands::ReleaseGid(const vstellar::Gid& g) {
   for (auto& [i, other] : obj_.gids)
     if (other == g) return;
-  auto held = sh_.gid_holder.find(g);
-  if (held != sh_.gid_holder.end() && held->second == &obj_) sh_.gid_holder.erase(held);
+  sh_.gids->Release(g, &obj_);
 }
 
 template <>

@@ -1,4 +1,4 @@
-// vstellard's event loop; see include/vstellard/daemon.h.
+// vstellard's event loops; see include/vstellard/daemon.h.
 #include "vstellard/daemon.h"
 
 #include <sys/epoll.h>
@@ -14,14 +14,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <tuple>
 
 #include <vstellar/udp_link.h>
+#include <vstellar/wire.h>
 
 namespace vstellard {
 
 namespace {
-constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3;
+constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3,
+                   kTokInbox = ~0ull - 4;
 // Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
 uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
 uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
@@ -31,6 +34,9 @@ void Log(const char* fmt, auto... args) {
   std::fprintf(stderr, fmt, args...);
   std::fputc('\n', stderr);
 }
+
+// Integrity mode puts its trailer in front of the wire header.
+constexpr size_t kIntegrityTrailer = 28;
 }  // namespace
 
 const char* ToString(PinMode m) { return m == PinMode::kEager ? "eager" : "lazy"; }
@@ -43,20 +49,155 @@ class Daemon::NullLink final : public vstellar::Link {
   void flush() override {}
 };
 
+// One worker thread: an epoll loop over its devices (their sockets and kick
+// eventfds), its own engine, UDP link (io_uring) and ATC. Everything of a
+// device (vhost-user messages, control queue, data path, engine objects)
+// runs on its worker's thread, so no lock is held across the data path;
+// other threads reach a worker only through its inbox (new connections,
+// datagrams for its QPs that arrived elsewhere) and its eventfd.
+class Daemon::Worker {
+ public:
+  Worker(Daemon& d, unsigned index) : d_(d), index_(index) {}
+  ~Worker();
+  // Link, engine, epoll. On the thread that runs Run() (the link's
+  // io_uring is single-issuer).
+  bool Start(std::string* err);
+  void Run();
+  void Stop() {  // async-signal-safe
+    uint64_t one = 1;
+    (void)!write(stopfd_, &one, sizeof(one));
+  }
+  // Thread-safe: a new connection for this worker.
+  void Adopt(unsigned id, int sock);
+  // Thread-safe: a datagram for one of this worker's QPs.
+  void Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, bool ce);
+  // Devices given to this worker and not yet closed (PickWorker).
+  std::atomic<unsigned> devices{0};
+  std::atomic<uint64_t> wakeups{0}, forwarded{0};
+  std::mutex mu_;  // held while the loop works; Stats() takes it
+  std::thread thread;
+
+  // Under mu_:
+  void CollectStats(std::vector<DeviceStats>* v);
+  bool HasDevice(unsigned id) const { return conns_.count(id) != 0; }
+  const vstellar::Engine* engine() const { return engine_.get(); }
+  const Atc* atc() const { return atc_.get(); }
+  void SetHooks();
+  void AddConn(unsigned id, int sock);
+  vstellar::Engine& engine_ref() { return *engine_; }
+  unsigned index() const { return index_; }
+
+ private:
+  void OnSocket(unsigned id);
+  void HandleMessage(unsigned id, Message&& m);
+  void CloseStalled();  // connections stuck mid-message for vhost_timeout_ms
+  void SyncKicks(unsigned id);
+  struct Conn;
+  void UnwatchKicks(Conn& c);
+  void Close(unsigned id, const std::string& why);
+  bool PumpEngine();  // true: the engine has work left
+  void TakeInbox();
+  void Visit(unsigned id);
+
+  struct Conn {
+    int sock = -1;  // non-blocking
+    MessageReader reader;
+    uint64_t partial_since_ns = 0;  // a message began arriving then (0: none)
+    std::unique_ptr<Device> dev;
+    std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
+    uint64_t turn = 0;  // the loop turn that last visited it
+  };
+  struct Datagram {
+    std::vector<uint8_t> bytes;
+    vstellar::Endpoint from;
+    bool ce;
+  };
+
+  Daemon& d_;
+  const unsigned index_;
+  int epfd_ = -1, stopfd_ = -1, inboxfd_ = -1;
+  std::unique_ptr<vstellar::Link> link_;
+  vstellar::UdpLink* udp_ = nullptr;
+  vstellar::SteadyClock clock_;
+  std::unique_ptr<vstellar::Engine> engine_;
+  std::unique_ptr<Atc> atc_;
+  DeviceShared shared_;
+  std::map<unsigned, Conn> conns_;
+  // The loop's bookkeeping (Run): devices polling or with control left
+  // after the last turn, those visited in this turn, connections stuck
+  // inside a message.
+  uint64_t turn_ = 0;
+  std::vector<unsigned> active_, visit_;
+  std::set<unsigned> partial_;
+  // The inbox: filled by other threads, taken by this one.
+  std::mutex inbox_mu_;
+  std::vector<std::pair<unsigned, int>> new_conns_;
+  std::vector<Datagram> datagrams_;
+};
+
+// Datagrams from the link into the engine. With several workers, a
+// datagram for another worker's QP (one that came inside a GSO buffer
+// steered by its first datagram, or for QP 1 of a GID another worker's
+// device holds) goes to that worker's inbox.
 class Daemon::Sink final : public vstellar::RxSink {
  public:
-  explicit Sink(vstellar::Engine& e) : e_(e) {}
-  void on_datagram(const uint8_t* d, size_t n, const vstellar::Endpoint& from, uint16_t, bool ce) override {
-    e_.receive(d, n, from, ce);
+  Sink(Daemon& d, Worker& w) : d_(d), w_(w) {}
+  void on_datagram(const uint8_t* data, size_t n, const vstellar::Endpoint& from, uint16_t, bool ce) override {
+    const size_t nw = d_.workers_.size();
+    if (nw > 1) {
+      const int owner = Owner(data, n, nw);
+      if (owner >= 0 && unsigned(owner) != w_.index()) {
+        d_.workers_[size_t(owner)]->Forward(data, n, from, ce);
+        w_.forwarded.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    w_.engine_ref().receive(data, n, from, ce);
   }
 
  private:
-  vstellar::Engine& e_;
+  // The worker whose engine owns the datagram's destination, or -1 (this
+  // one: it has a copy of its own, or the engine drops it).
+  int Owner(const uint8_t* data, size_t n, size_t nw) const {
+    const size_t off = d_.o_.integrity ? kIntegrityTrailer : 0;
+    if (n < off + vstellar::wire::kBaseLen) return -1;
+    const uint8_t* h = data + off;
+    const uint32_t qpn = uint32_t(h[4]) << 24 | uint32_t(h[5]) << 16 | uint32_t(h[6]) << 8 | h[7];
+    const auto op = vstellar::wire::Op(h[1]);
+    if (vstellar::wire::is_ud(op)) {
+      constexpr size_t kDgid = vstellar::wire::kBaseLen + 32;  // in the UD extension
+      if (n < off + kDgid + 16) return -1;
+      vstellar::Gid dgid;
+      std::memcpy(dgid.data(), h + kDgid, 16);
+      // Every worker's multicast socket gets its own copy.
+      if (IsV4Mapped(dgid.data()) && (dgid[12] & 0xf0) == 0xe0) return -1;
+      if (qpn == 1) return d_.gids_->WorkerOf(dgid);
+    }
+    return int(qpn % nw);
+  }
+  Daemon& d_;
+  Worker& w_;
 };
 
 Daemon::Daemon(DaemonOptions o) : o_(std::move(o)) {}
 
 Daemon::~Daemon() {
+  StopWorkers();
+  workers_.clear();
+  for (int fd : {lsock_, statsfd_})
+    if (fd >= 0) close(fd);
+}
+
+// Every worker but 0 (which runs in Run()'s thread) is stopped and joined.
+void Daemon::StopWorkers() {
+  for (auto& w : workers_) {
+    if (!w->thread.joinable()) continue;
+    w->Stop();
+    w->thread.join();
+  }
+}
+
+Daemon::Worker::~Worker() {
   {
     std::lock_guard<std::mutex> g(mu_);
     for (auto& [id, c] : conns_) {
@@ -65,19 +206,29 @@ Daemon::~Daemon() {
     }
     conns_.clear();
   }
-  for (int fd : {epfd_, lsock_, stopfd_, statsfd_})
+  for (auto& [id, s] : new_conns_) close(s);
+  // The engine's objects go before the link they send on.
+  engine_.reset();
+  link_.reset();
+  for (int fd : {epfd_, stopfd_, inboxfd_})
     if (fd >= 0) close(fd);
 }
 
-bool Daemon::Start(std::string* err) {
-  if (o_.udp_port) {
+bool Daemon::Worker::Start(std::string* err) {
+  const DaemonOptions& o = d_.o_;
+  const unsigned n = o.threads;
+  if (o.udp_port) {
     vstellar::UdpLinkConfig lc;
-    lc.local_ip = o_.ip;
-    lc.base_port = o_.udp_port;
-    lc.num_paths = o_.paths;
-    lc.mode = o_.link_mode;
-    lc.zerocopy = o_.zerocopy;
-    lc.mcast_port = uint16_t((o_.peer_port ? o_.peer_port : o_.udp_port) + DeviceShared::kMcastPortOffset);
+    lc.local_ip = o.ip;
+    lc.base_port = o.udp_port;
+    lc.num_paths = o.paths;
+    lc.mode = o.link_mode;
+    lc.zerocopy = o.zerocopy;
+    lc.mcast_port = uint16_t((o.peer_port ? o.peer_port : o.udp_port) + DeviceShared::kMcastPortOffset);
+    if (n > 1) {
+      lc.shards = uint16_t(n);
+      lc.shard_qpn_offset = uint16_t(4 + (o.integrity ? kIntegrityTrailer : 0));
+    }
     auto udp = std::make_unique<vstellar::UdpLink>(lc);
     if (!udp->ok()) {
       *err = "udp link: " + udp->error();
@@ -89,31 +240,85 @@ bool Daemon::Start(std::string* err) {
     link_ = std::make_unique<NullLink>();
   }
   vstellar::EngineConfig ec;
-  ec.num_paths = o_.paths;
-  ec.path_burst = o_.path_burst;
+  ec.num_paths = o.paths;
+  ec.path_burst = o.path_burst;
   ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
-  ec.integrity = o_.integrity;
-  ec.integrity_key = o_.integrity_key;
+  ec.integrity = o.integrity;
+  ec.integrity_key = o.integrity_key;
+  ec.qpn_shards = n;  // this worker's QPNs are index_ mod n: the steering key
+  ec.qpn_shard = index_;
   if (!ec.validate()) {
     *err = "bad engine configuration";
     return false;
   }
   engine_ = std::make_unique<vstellar::Engine>(ec, *link_, clock_);
-  atc_ = std::make_unique<Atc>(o_.atc_entries, o_.atc_miss_ns);
+  // The ATC's entries are split among the workers (each device is on one).
+  atc_ = std::make_unique<Atc>(std::max<size_t>(1, o.atc_entries / n), o.atc_miss_ns);
   shared_.engine = engine_.get();
   shared_.atc = atc_.get();
-  shared_.pin = o_.pin;
-  shared_.translation = o_.translation;
-  shared_.poll_ns = o_.poll_us * 1000;
-  shared_.control_budget = o_.control_budget ? o_.control_budget : 1;
-  shared_.wqe_budget_queue = o_.wqe_budget_queue ? o_.wqe_budget_queue : 1;
-  shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
-  shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
-  shared_.host_ip = o_.ip;
-  shared_.require_sealed_memory = o_.require_sealed_memory;
-  shared_.memory.set_limit(o_.memory_limit);
-  shared_.device_memory_limit = o_.device_memory_limit;
-  virtio_vstellar_config& dc = shared_.device_config.config;
+  shared_.worker = index_;
+  shared_.pin = o.pin;
+  shared_.translation = o.translation;
+  shared_.poll_ns = o.poll_us * 1000;
+  shared_.control_budget = o.control_budget ? o.control_budget : 1;
+  shared_.wqe_budget_queue = o.wqe_budget_queue ? o.wqe_budget_queue : 1;
+  shared_.wqe_budget_device = o.wqe_budget_device ? o.wqe_budget_device : 1;
+  shared_.peer_port = o.peer_port ? o.peer_port : (o.udp_port ? o.udp_port : 47000);
+  shared_.host_ip = o.ip;
+  shared_.require_sealed_memory = o.require_sealed_memory;
+  shared_.memory = d_.memory_;
+  shared_.device_memory_limit = o.device_memory_limit;
+  shared_.device_config = d_.device_config_;
+  shared_.gids = d_.gids_;
+  SetHooks();
+
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  stopfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  inboxfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epfd_ < 0 || stopfd_ < 0 || inboxfd_ < 0) {
+    *err = std::string("epoll/eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  std::vector<std::pair<int, uint64_t>> fds = {{stopfd_, kTokStop}, {inboxfd_, kTokInbox}};
+  if (index_ == 0) fds.insert(fds.end(), {{d_.lsock_, kTokListen}, {d_.statsfd_, kTokStats}});
+  if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
+  for (auto [fd, tok] : fds) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tok;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  return true;
+}
+
+void Daemon::Worker::SetHooks() {
+  shared_.after_copy = d_.after_copy_;
+  shared_.after_wqe_copy = d_.after_wqe_copy_;
+}
+
+void Daemon::SetAfterCopyHook(std::function<void(unsigned)> f) {
+  after_copy_ = std::move(f);
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    w->SetHooks();
+  }
+}
+
+void Daemon::SetAfterWqeCopyHook(std::function<void(unsigned, uint32_t, bool, uint32_t)> f) {
+  after_wqe_copy_ = std::move(f);
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    w->SetHooks();
+  }
+}
+
+bool Daemon::Start(std::string* err) {
+  if (o_.threads < 1 || o_.threads > DaemonOptions::kMaxThreads) {
+    *err = "--threads must be 1.." + std::to_string(DaemonOptions::kMaxThreads);
+    return false;
+  }
+  memory_ = std::make_shared<MemoryBudget>(o_.memory_limit);
+  virtio_vstellar_config& dc = device_config_.config;
   for (auto [want, field, name] : {std::tuple{o_.device_max.ucontext, &dc.max_ucontext, "ucontext"},
                                    std::tuple{o_.device_max.pd, &dc.max_pd, "pd"},
                                    std::tuple{o_.device_max.qp, &dc.max_qp, "qp"},
@@ -132,7 +337,7 @@ bool Daemon::Start(std::string* err) {
   vstellar::Gid own{};
   own[10] = own[11] = 0xff;
   for (int i = 0; i < 4; i++) own[12 + i] = uint8_t(o_.ip >> (24 - 8 * i));
-  shared_.served_gids.insert(own);
+  gids_->Serve(own);
 
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -147,27 +352,39 @@ bool Daemon::Start(std::string* err) {
     *err = "cannot listen on " + o_.socket + ": " + std::strerror(errno);
     return false;
   }
-  epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  stopfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   statsfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (epfd_ < 0 || stopfd_ < 0 || statsfd_ < 0) {
-    *err = std::string("epoll/eventfd: ") + std::strerror(errno);
+  if (statsfd_ < 0) {
+    *err = std::string("eventfd: ") + std::strerror(errno);
     return false;
   }
-  std::vector<std::pair<int, uint64_t>> fds = {{lsock_, kTokListen}, {stopfd_, kTokStop}, {statsfd_, kTokStats}};
-  if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
-  for (auto [fd, tok] : fds) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = tok;
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  // Worker 0 on this thread; the others each on its own, one after the
+  // other (the k-th link to bind is socket k of the ports' group), each
+  // serving as soon as it is set up.
+  workers_.push_back(std::make_unique<Worker>(*this, 0));
+  if (!workers_[0]->Start(err)) return false;
+  for (unsigned k = 1; k < o_.threads; k++) {
+    workers_.push_back(std::make_unique<Worker>(*this, k));
+    Worker& w = *workers_.back();
+    std::promise<std::string> started;
+    std::future<std::string> result = started.get_future();
+    w.thread = std::thread([&w, &started] {
+      std::string e;
+      const bool ok = w.Start(&e);
+      started.set_value(ok ? std::string() : (e.empty() ? "worker failed" : e));
+      if (ok) w.Run();
+    });
+    std::string e = result.get();
+    if (!e.empty()) {
+      w.thread.join();
+      *err = "worker " + std::to_string(k) + ": " + e;
+      return false;
+    }
   }
   return true;
 }
 
 void Daemon::Stop() {
-  uint64_t one = 1;
-  (void)!write(stopfd_, &one, sizeof(one));
+  for (auto& w : workers_) w->Stop();
 }
 
 void Daemon::RequestStats() {
@@ -175,10 +392,53 @@ void Daemon::RequestStats() {
   (void)!write(statsfd_, &one, sizeof(one));
 }
 
+void Daemon::Run() {
+  workers_[0]->Run();
+  StopWorkers();
+  if (!o_.stats_json.empty()) WriteStats();
+}
+
+void Daemon::Worker::Adopt(unsigned id, int sock) {
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    new_conns_.emplace_back(id, sock);
+  }
+  uint64_t one = 1;
+  (void)!write(inboxfd_, &one, sizeof(one));
+}
+
+void Daemon::Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, bool ce) {
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    first = datagrams_.empty();
+    datagrams_.push_back(Datagram{std::vector<uint8_t>(data, data + len), from, ce});
+  }
+  if (first) {
+    uint64_t one = 1;
+    (void)!write(inboxfd_, &one, sizeof(one));
+  }
+}
+
+// New connections and passed-on datagrams from other threads.
+void Daemon::Worker::TakeInbox() {
+  uint64_t v;
+  (void)!read(inboxfd_, &v, sizeof(v));
+  std::vector<std::pair<unsigned, int>> conns;
+  std::vector<Datagram> dgrams;
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    conns.swap(new_conns_);
+    dgrams.swap(datagrams_);
+  }
+  for (auto& [id, s] : conns) AddConn(id, s);
+  for (const Datagram& dg : dgrams) engine_->receive(dg.bytes.data(), dg.bytes.size(), dg.from, dg.ce);
+}
+
 // Marks a device as worked on in this turn: it gets its budgets anew
 // (DeviceShared), and the end of the turn continues its control queue and
 // polls its data path.
-void Daemon::Visit(unsigned id) {
+void Daemon::Worker::Visit(unsigned id) {
   auto it = conns_.find(id);
   if (it == conns_.end() || it->second.turn == turn_) return;
   it->second.turn = turn_;
@@ -186,7 +446,7 @@ void Daemon::Visit(unsigned id) {
   visit_.push_back(id);
 }
 
-void Daemon::Run() {
+void Daemon::Worker::Run() {
   epoll_event evs[64];
   bool engine_more = false;
   for (;;) {
@@ -212,7 +472,7 @@ void Daemon::Run() {
       // A connection stuck mid-message is closed when its time is up.
       for (unsigned id : partial_)
         deadline = std::min<uint64_t>(
-            deadline, conns_.at(id).partial_since_ns + uint64_t(o_.vhost_timeout_ms) * 1'000'000ull);
+            deadline, conns_.at(id).partial_since_ns + uint64_t(d_.o_.vhost_timeout_ms) * 1'000'000ull);
     }
     timespec ts{}, *timeout = nullptr;  // nullptr: until an event
     if (polling || (udp_ && engine_more)) {
@@ -224,68 +484,75 @@ void Daemon::Run() {
       ts.tv_nsec = long(wait % 1'000'000'000ull);
       timeout = &ts;
     }
-    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    wakeups.fetch_add(1, std::memory_order_relaxed);
     int n = epoll_pwait2(epfd_, evs, 64, timeout, nullptr);
     if (n < 0 && errno != EINTR) {
       Log("epoll_wait: %s", std::strerror(errno));
       return;
     }
-    std::lock_guard<std::mutex> g(mu_);
-    // Each device gets its budgets anew each turn it is visited, however
-    // often it is kicked: round robin across devices, one budget each.
-    turn_++;
-    visit_.clear();
-    for (unsigned id : active_) Visit(id);
-    std::vector<unsigned> woken;
-    woken.swap(shared_.woken);
-    for (unsigned id : woken) Visit(id);
-    for (int i = 0; i < n; i++) {
-      const uint64_t tok = evs[i].data.u64;
-      if (tok == kTokStop) {
-        if (!o_.stats_json.empty()) WriteStats();
-        return;
+    bool stats = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      // Each device gets its budgets anew each turn it is visited, however
+      // often it is kicked: round robin across devices, one budget each.
+      turn_++;
+      visit_.clear();
+      for (unsigned id : active_) Visit(id);
+      std::vector<unsigned> woken;
+      woken.swap(shared_.woken);
+      for (unsigned id : woken) Visit(id);
+      for (int i = 0; i < n; i++) {
+        const uint64_t tok = evs[i].data.u64;
+        if (tok == kTokStop) return;
+        if (tok == kTokStats) {
+          uint64_t v;
+          (void)!read(d_.statsfd_, &v, sizeof(v));
+          stats = true;
+          continue;
+        }
+        if (tok == kTokListen) {
+          d_.Accept();
+          continue;
+        }
+        if (tok == kTokInbox) {
+          TakeInbox();
+          continue;
+        }
+        if (tok == kTokUdp) {  // re-arm; PumpEngine below takes the datagrams
+          uint64_t v;
+          (void)!read(udp_->event_fd(), &v, sizeof(v));
+          continue;
+        }
+        const unsigned id = unsigned(tok >> 16);
+        const uint32_t q = uint32_t(tok & 0xffff);
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;
+        Visit(id);
+        if (q == 0xffff) OnSocket(id);
+        else it->second.dev->OnKick(q);
       }
-      if (tok == kTokStats) {
-        uint64_t v;
-        (void)!read(statsfd_, &v, sizeof(v));
-        WriteStats();
-        continue;
+      CloseStalled();
+      for (unsigned id : visit_) {
+        auto it = conns_.find(id);
+        if (it == conns_.end()) continue;
+        it->second.dev->ContinueControl();
+        it->second.dev->PollDataPath();
       }
-      if (tok == kTokListen) {
-        Accept();
-        continue;
+      active_.clear();
+      for (unsigned id : visit_) {
+        auto it = conns_.find(id);
+        if (it != conns_.end() && (it->second.dev->Polling() || it->second.dev->ControlPending()))
+          active_.push_back(id);
       }
-      if (tok == kTokUdp) {  // re-arm; PumpEngine below takes the datagrams
-        uint64_t v;
-        (void)!read(udp_->event_fd(), &v, sizeof(v));
-        continue;
-      }
-      const unsigned id = unsigned(tok >> 16);
-      const uint32_t q = uint32_t(tok & 0xffff);
-      auto it = conns_.find(id);
-      if (it == conns_.end()) continue;
-      Visit(id);
-      if (q == 0xffff) OnSocket(id);
-      else it->second.dev->OnKick(q);
+      engine_more = udp_ && PumpEngine();
     }
-    CloseStalled();
-    for (unsigned id : visit_) {
-      auto it = conns_.find(id);
-      if (it == conns_.end()) continue;
-      it->second.dev->ContinueControl();
-      it->second.dev->PollDataPath();
-    }
-    active_.clear();
-    for (unsigned id : visit_) {
-      auto it = conns_.find(id);
-      if (it != conns_.end() && (it->second.dev->Polling() || it->second.dev->ControlPending())) active_.push_back(id);
-    }
-    engine_more = udp_ && PumpEngine();
+    // Outside this worker's lock: the stats take every worker's in turn.
+    if (stats) d_.WriteStats();
   }
 }
 
-bool Daemon::PumpEngine() {
-  Sink sink(*engine_);
+bool Daemon::Worker::PumpEngine() {
+  Sink sink(d_, *this);
   udp_->poll(0, sink);
   const bool more = engine_->progress();
   for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
@@ -296,33 +563,51 @@ bool Daemon::PumpEngine() {
   return more;
 }
 
+// Worker 0, under its lock: each new connection goes to the worker with
+// the fewest devices (the lowest index of those), so devices, and with
+// them their QPs, spread over the workers as they come and go.
 void Daemon::Accept() {
   for (;;) {
     // Non-blocking: no frontend can make the loop wait for its bytes.
     int s = accept4(lsock_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (s < 0) return;
-    // Devices are created at run time, one per QEMU connection; the log
-    // reports how long creating one takes (Stellar's point against SR-IOV).
-    const auto t0 = std::chrono::steady_clock::now();
     const unsigned id = next_id_++;
-    Conn c;
-    c.sock = s;
-    c.dev = std::make_unique<Device>(id, shared_);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = SockTok(id);
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, s, &ev);
-    conns_.emplace(id, std::move(c));
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    Log("device %u: created in %.1f us (pin=%s, translation=%s)", id, us, ToString(o_.pin),
-        ToString(o_.translation));
+    Worker* pick = workers_[0].get();
+    for (auto& w : workers_)
+      if (w->devices.load(std::memory_order_relaxed) < pick->devices.load(std::memory_order_relaxed))
+        pick = w.get();
+    pick->devices.fetch_add(1, std::memory_order_relaxed);
+    if (pick == workers_[0].get()) pick->AddConn(id, s);
+    else pick->Adopt(id, s);
   }
+}
+
+// Under mu_: device `id` on connection `sock` joins this worker.
+void Daemon::Worker::AddConn(unsigned id, int sock) {
+  // Devices are created at run time, one per QEMU connection; the log
+  // reports how long creating one takes (Stellar's point against SR-IOV).
+  const auto t0 = std::chrono::steady_clock::now();
+  Conn c;
+  c.sock = sock;
+  c.dev = std::make_unique<Device>(id, shared_);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = SockTok(id);
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
+  conns_.emplace(id, std::move(c));
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const DaemonOptions& o = d_.o_;
+  if (o.threads > 1)
+    Log("device %u: created in %.1f us on worker %u (pin=%s, translation=%s)", id, us, index_, ToString(o.pin),
+        ToString(o.translation));
+  else
+    Log("device %u: created in %.1f us (pin=%s, translation=%s)", id, us, ToString(o.pin), ToString(o.translation));
 }
 
 // Reads what the socket holds without waiting: whole messages are handled
 // (at most kMaxPerTurn, the rest next turn), a partial one is kept by the
 // connection's MessageReader and timed (CloseStalled).
-void Daemon::OnSocket(unsigned id) {
+void Daemon::Worker::OnSocket(unsigned id) {
   constexpr int kMaxPerTurn = 16;
   for (int i = 0; i < kMaxPerTurn; i++) {
     auto it = conns_.find(id);
@@ -350,15 +635,15 @@ void Daemon::OnSocket(unsigned id) {
   }
 }
 
-void Daemon::CloseStalled() {
-  const uint64_t now = clock_.now_ns(), limit = uint64_t(o_.vhost_timeout_ms) * 1'000'000ull;
+void Daemon::Worker::CloseStalled() {
+  const uint64_t now = clock_.now_ns(), limit = uint64_t(d_.o_.vhost_timeout_ms) * 1'000'000ull;
   std::vector<unsigned> stalled;
   for (unsigned id : partial_)
     if (now - conns_.at(id).partial_since_ns >= limit) stalled.push_back(id);
   for (unsigned id : stalled) Close(id, "stalled inside a vhost-user message");
 }
 
-void Daemon::HandleMessage(unsigned id, Message&& m) {
+void Daemon::Worker::HandleMessage(unsigned id, Message&& m) {
   Conn& c = conns_.at(id);
   std::string err;
   const uint32_t req = m.hdr.request;
@@ -384,12 +669,12 @@ void Daemon::HandleMessage(unsigned id, Message&& m) {
     for (auto& [fd, q] : c.kicks) c.dev->OnKick(q);
 }
 
-void Daemon::UnwatchKicks(Conn& c) {
+void Daemon::Worker::UnwatchKicks(Conn& c) {
   for (auto& [fd, q] : c.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
   c.kicks.clear();
 }
 
-void Daemon::SyncKicks(unsigned id) {
+void Daemon::Worker::SyncKicks(unsigned id) {
   Conn& c = conns_.at(id);
   auto want = c.dev->KickFds();
   if (want == c.kicks) return;
@@ -403,7 +688,7 @@ void Daemon::SyncKicks(unsigned id) {
   c.kicks = std::move(want);
 }
 
-void Daemon::Close(unsigned id, const std::string& why) {
+void Daemon::Worker::Close(unsigned id, const std::string& why) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   for (auto& [fd, q] : it->second.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
@@ -413,44 +698,114 @@ void Daemon::Close(unsigned id, const std::string& why) {
   Log("device %u: destroyed (%s); %llu blocks pinned, %llu misses", id, why.c_str(),
       (unsigned long long)s.blocks_pinned, (unsigned long long)s.misses);
   partial_.erase(id);
-  closed_.push_back(it->second.dev->stats());
-  closed_.back().closed = true;
-  if (closed_.size() > kMaxClosed) closed_.erase(closed_.begin());
+  {
+    std::lock_guard<std::mutex> g(d_.closed_mu_);
+    d_.closed_.push_back(it->second.dev->stats());
+    d_.closed_.back().closed = true;
+    if (d_.closed_.size() > kMaxClosed) d_.closed_.erase(d_.closed_.begin());
+  }
   conns_.erase(it);
+  devices.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Daemon::Worker::CollectStats(std::vector<DeviceStats>* v) {
+  for (auto& [id, c] : conns_) v->push_back(c.dev->stats());
 }
 
 std::vector<DeviceStats> Daemon::Stats() {
-  std::lock_guard<std::mutex> g(mu_);
   std::vector<DeviceStats> v;
-  for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    w->CollectStats(&v);
+  }
   return v;
 }
 
+int Daemon::WorkerOf(unsigned id) {
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    if (w->HasDevice(id)) return int(w->index());
+  }
+  return -1;
+}
+
+uint64_t Daemon::wakeups() const {
+  uint64_t n = 0;
+  for (auto& w : workers_) n += w->wakeups.load(std::memory_order_relaxed);
+  return n;
+}
+
+uint64_t Daemon::forwarded() const {
+  uint64_t n = 0;
+  for (auto& w : workers_) n += w->forwarded.load(std::memory_order_relaxed);
+  return n;
+}
+
 AtcStats Daemon::atc_stats() {
-  std::lock_guard<std::mutex> g(mu_);
-  return atc_ ? atc_->stats() : AtcStats{};
-}
-
-std::string Daemon::StatsJson() {
-  std::lock_guard<std::mutex> g(mu_);
-  return StatsJsonLocked();
-}
-
-std::string Daemon::StatsJsonLocked() {
-  std::vector<DeviceStats> v = closed_;
   AtcStats a;
-  for (auto& [id, c] : conns_) v.push_back(c.dev->stats());
-  if (atc_) a = atc_->stats();
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    if (!w->atc()) continue;
+    const AtcStats s = w->atc()->stats();
+    a.lookups += s.lookups;
+    a.hits += s.hits;
+    a.misses += s.misses;
+    a.evictions += s.evictions;
+  }
+  return a;
+}
+
+// Each worker's lock in turn (never two at once): the devices, and the
+// engines' counters summed.
+std::string Daemon::StatsJson() {
+  std::vector<DeviceStats> v;
+  {
+    std::lock_guard<std::mutex> g(closed_mu_);
+    v = closed_;
+  }
+  AtcStats a;
+  size_t atc_entries = 0;
+  vstellar::EngineStats e;
+  bool have_engine = false;
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu_);
+    w->CollectStats(&v);
+    if (const Atc* atc = w->atc()) {
+      const AtcStats s = atc->stats();
+      a.lookups += s.lookups;
+      a.hits += s.hits;
+      a.misses += s.misses;
+      a.evictions += s.evictions;
+      atc_entries += atc->capacity();
+    }
+    if (!o_.udp_port || !w->engine()) continue;
+    const vstellar::EngineStats& s = w->engine()->stats();
+    have_engine = true;
+    e.tx_pkts += s.tx_pkts;
+    e.rx_pkts += s.rx_pkts;
+    e.tx_bytes += s.tx_bytes;
+    e.rx_bytes += s.rx_bytes;
+    e.retx_pkts += s.retx_pkts;
+    e.timeouts += s.timeouts;
+    e.acks_sent += s.acks_sent;
+    e.ce_marks += s.ce_marks;
+    e.ud_sent += s.ud_sent;
+    e.ud_rcvd += s.ud_rcvd;
+    e.ud_drops += s.ud_drops;
+    e.paths.resize(std::max(e.paths.size(), s.paths.size()));
+    for (size_t i = 0; i < s.paths.size(); i++) e.paths[i].tx_pkts += s.paths[i].tx_pkts;
+  }
   std::string out = "{\"pin\":\"";
   out += ToString(o_.pin);
   out += "\",\"translation\":\"";
   out += ToString(o_.translation);
   char b[512];
   std::snprintf(b, sizeof(b),
-                "\",\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu},"
+                "\",\"threads\":%zu,\"forwarded\":%llu,"
+                "\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu},"
                 "\"devices\":[",
-                atc_ ? atc_->capacity() : size_t(0), (unsigned long long)a.lookups, (unsigned long long)a.hits,
-                (unsigned long long)a.misses, (unsigned long long)a.evictions);
+                workers_.size(), (unsigned long long)forwarded(), atc_entries, (unsigned long long)a.lookups,
+                (unsigned long long)a.hits, (unsigned long long)a.misses, (unsigned long long)a.evictions);
   out += b;
   for (size_t i = 0; i < v.size(); i++) {
     const DeviceStats& d = v[i];
@@ -472,14 +827,13 @@ std::string Daemon::StatsJsonLocked() {
     out += b;
   }
   std::snprintf(b, sizeof(b), "],\"memory\":{\"limit\":%llu,\"device_limit\":%llu,\"used\":%llu,\"peak\":%llu,\"refused\":%llu}",
-                (unsigned long long)shared_.memory.limit(), (unsigned long long)shared_.device_memory_limit,
-                (unsigned long long)shared_.memory.used(), (unsigned long long)shared_.memory.peak(),
-                (unsigned long long)shared_.memory.refused());
+                (unsigned long long)memory_->limit(), (unsigned long long)o_.device_memory_limit,
+                (unsigned long long)memory_->used(), (unsigned long long)memory_->peak(),
+                (unsigned long long)memory_->refused());
   out += b;
-  // The engine (shared by all devices): transport counters and, per path,
-  // the packets sent, so a run shows how its traffic spread.
-  if (engine_) {
-    const vstellar::EngineStats& e = engine_->stats();
+  // The engines (summed over the workers): transport counters and, per
+  // path, the packets sent, so a run shows how its traffic spread.
+  if (have_engine) {
     std::snprintf(b, sizeof(b),
                   ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
                   "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
@@ -499,7 +853,7 @@ std::string Daemon::StatsJsonLocked() {
 }
 
 void Daemon::WriteStats() {
-  const std::string j = StatsJsonLocked();
+  const std::string j = StatsJson();
   if (o_.stats_json.empty()) {
     std::fputs(j.c_str(), stderr);
     return;

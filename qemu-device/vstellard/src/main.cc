@@ -50,6 +50,8 @@ int Usage(const char* argv0, int rc) {
                "  --path-burst N         packets a path carries before the next pick, so the\n"
                "                         link can send runs as one (1..64, default 16)\n"
                "  --zerocopy             gso link: zero-copy sends (SENDMSG_ZC) of 32 KiB and more\n"
+               "  --threads N            worker threads, each with its own engine, io_uring and\n"
+               "                         devices (default 1; 1..64); see docs/vstellard.md\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
                "                         work, then set need_kick and sleep (default 50)\n"
                "  --control-budget N     control commands per device per loop turn (default 64)\n"
@@ -101,7 +103,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax };
+       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -116,6 +118,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"path-burst", required_argument, nullptr, kPathBurst},
                            {"zerocopy", no_argument, nullptr, kZerocopy},
                            {"device-max", required_argument, nullptr, kDeviceMax},
+                           {"threads", required_argument, nullptr, kThreads},
                            {"stats-json", required_argument, nullptr, kStats},
                            {"poll-us", required_argument, nullptr, kPollUs},
                            {"control-budget", required_argument, nullptr, kControlBudget},
@@ -201,6 +204,10 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
     case kZerocopy: o.zerocopy = true; return true;
     case kDeviceMax:
       if (!DeviceMax(arg, &o.device_max)) return *why = "not K=N[,K=N...] with K ucontext, pd, qp, cq or mr", false;
+      return true;
+    case kThreads:
+      if (!num(1, vstellard::DaemonOptions::kMaxThreads)) return false;
+      o.threads = unsigned(v);
       return true;
     case kStats: o.stats_json = arg; return true;
     case kPollUs: if (!num(0, 1000000)) return false; o.poll_us = v; return true;
@@ -314,8 +321,9 @@ int main(int argc, char** argv) {
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  std::fprintf(stderr, "vstellard: listening on %s (pin=%s, translation=%s)\n", o.socket.c_str(),
-               vstellard::ToString(o.pin), vstellard::ToString(o.translation));
+  std::string threads = o.threads > 1 ? ", threads=" + std::to_string(o.threads) : "";
+  std::fprintf(stderr, "vstellard: listening on %s (pin=%s, translation=%s%s)\n", o.socket.c_str(),
+               vstellard::ToString(o.pin), vstellard::ToString(o.translation), threads.c_str());
   d.Run();
   g_daemon = nullptr;
   return 0;

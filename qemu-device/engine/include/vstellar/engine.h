@@ -54,6 +54,12 @@ struct EngineConfig {
   uint64_t qpn_seed = 0;
   uint32_t max_qpn = DeviceLimits::kMaxQpn;
   uint64_t qpn_quarantine_ns = 1'000'000'000;
+  // Several engines behind one address (vstellard --threads, issue 16):
+  // this engine hands out only QPNs with qpn % qpn_shards == qpn_shard, so
+  // the receive side can tell a packet's engine from its destination QPN
+  // alone (UdpLinkConfig::shards). 1 and 0: the whole space.
+  uint32_t qpn_shards = 1;
+  uint32_t qpn_shard = 0;
   // Memory keys (issue 13): the 24-bit index of every MR and window key is
   // drawn at random, so a host on the fabric cannot guess a live rkey; the
   // key byte of a new object is random too. key_seed 0: the kernel's

@@ -58,6 +58,18 @@ struct UdpLinkConfig {
   // socket bound to the wildcard address (SO_REUSEADDR, so every engine of
   // the host has one) receives what the groups joined bring. 0: none.
   uint16_t mcast_port = 0;
+  // Several links on the same ports, one per engine of a multi-threaded
+  // daemon (vstellard --threads, issue 16). With shards > 1 every socket is
+  // bound with SO_REUSEPORT, and a classic BPF program on the base port's
+  // group hands each arriving datagram to socket dst_qpn % shards of the
+  // group, reading the big-endian dst_qpn at shard_qpn_offset of the UDP
+  // payload (4, or 4 + the integrity trailer). Link k of the group must be
+  // the k-th to bind (construct them one after the other); its engine
+  // hands out only QPNs with qpn % shards == k (EngineConfig::qpn_shards).
+  // A GSO buffer goes whole to the socket its first datagram picks, so the
+  // owner of a link must pass on datagrams that belong to another.
+  uint16_t shards = 0;
+  uint16_t shard_qpn_offset = 4;
 };
 
 class RxSink {

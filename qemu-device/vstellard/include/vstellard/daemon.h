@@ -1,7 +1,9 @@
 // The vstellard daemon: one process = one emulated physical Stellar RNIC.
-// One epoll loop serves the listening socket, every QEMU connection (one
-// virtual device each), every started queue's kick eventfd, and drives the
-// shared engine (one UDP link, one ATC) for all devices.
+// One epoll loop per worker thread (--threads, 1 by default) serves the
+// QEMU connections (one virtual device each) given to that worker, every
+// started queue's kick eventfd, and drives the worker's own engine (one
+// UDP link with its io_uring, one ATC) for its devices; worker 0 also
+// accepts connections and hands each to the worker with the fewest.
 #pragma once
 
 #include <array>
@@ -12,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -61,15 +64,22 @@ struct DaemonOptions {
     uint32_t ucontext = 0, pd = 0, qp = 0, cq = 0, mr = 0;
   } device_max;
   std::string stats_json;      // file written on SIGUSR1 (RequestStats) and at exit
+  // Worker threads (1..kMaxThreads): each has its own engine, io_uring and
+  // sockets (on the same ports, SO_REUSEPORT; arriving datagrams are
+  // steered by destination QPN) and serves the devices it was given.
+  unsigned threads = 1;
+  static constexpr unsigned kMaxThreads = 64;
 };
 
 class Daemon {
  public:
   explicit Daemon(DaemonOptions o);
   ~Daemon();
-  // Binds the socket and sets up the engine. False with *err on failure.
+  // Binds the socket and sets up the engines (worker 0's on this thread,
+  // the others' on their own threads, which start serving at once). False
+  // with *err on failure.
   bool Start(std::string* err);
-  // Serves until Stop().
+  // Serves until Stop(), as worker 0; then stops the other workers.
   void Run();
   // Thread-safe and async-signal-safe.
   void Stop();
@@ -79,63 +89,40 @@ class Daemon {
   std::vector<DeviceStats> Stats();
   std::string StatsJson();
   AtcStats atc_stats();
-  // Test hook (see DeviceShared::after_copy); set before clients connect.
-  void SetAfterCopyHook(std::function<void(unsigned)> f) { shared_.after_copy = std::move(f); }
-  // Test hook (see DeviceShared::after_wqe_copy); set before clients connect.
-  void SetAfterWqeCopyHook(std::function<void(unsigned, uint32_t, bool, uint32_t)> f) {
-    shared_.after_wqe_copy = std::move(f);
-  }
+  // Test hooks (see DeviceShared::after_copy, after_wqe_copy); set before
+  // clients connect.
+  void SetAfterCopyHook(std::function<void(unsigned)> f);
+  void SetAfterWqeCopyHook(std::function<void(unsigned, uint32_t, bool, uint32_t)> f);
   const DaemonOptions& options() const { return o_; }
-  // Turns of the event loop so far (each one a return from epoll).
-  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  // Turns of the event loops so far (each one a return from epoll).
+  uint64_t wakeups() const;
+  // The worker thread serving device `id` (-1: no such live device).
+  int WorkerOf(unsigned id);
+  // Datagrams a worker received for another worker's QP and passed on.
+  uint64_t forwarded() const;
 
  private:
   class NullLink;
   class Sink;
-  void Accept();
-  void OnSocket(unsigned id);
-  void HandleMessage(unsigned id, Message&& m);
-  void CloseStalled();  // connections stuck mid-message for vhost_timeout_ms
-  void SyncKicks(unsigned id);
-  struct Conn;
-  void UnwatchKicks(Conn& c);
-  void Close(unsigned id, const std::string& why);
-  bool PumpEngine();  // true: the engine has work left
-  void Visit(unsigned id);
+  class Worker;
+  void Accept();  // on worker 0's thread
   void WriteStats();
-  std::string StatsJsonLocked();
-
-  struct Conn {
-    int sock = -1;  // non-blocking
-    MessageReader reader;
-    uint64_t partial_since_ns = 0;  // a message began arriving then (0: none)
-    std::unique_ptr<Device> dev;
-    std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
-    uint64_t turn = 0;  // the loop turn that last visited it
-  };
+  void StopWorkers();
 
   DaemonOptions o_;
-  int epfd_ = -1, lsock_ = -1, stopfd_ = -1, statsfd_ = -1;
-  std::unique_ptr<vstellar::Link> link_;
-  vstellar::UdpLink* udp_ = nullptr;
-  vstellar::SteadyClock clock_;
-  std::unique_ptr<vstellar::Engine> engine_;
-  std::unique_ptr<Atc> atc_;
-  DeviceShared shared_;
-  std::mutex mu_;  // held while the loop works; Stats() takes it
-  std::map<unsigned, Conn> conns_;
+  int lsock_ = -1, statsfd_ = -1;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::shared_ptr<GidTable> gids_ = std::make_shared<GidTable>();
+  std::shared_ptr<MemoryBudget> memory_;
+  DeviceConfig device_config_ = DeviceConfig::Default();
+  std::function<void(unsigned)> after_copy_;
+  std::function<void(unsigned, uint32_t, bool, uint32_t)> after_wqe_copy_;
+  std::atomic<unsigned> next_id_{0};
   // Last counters of devices whose frontend went away (newest kMaxClosed),
   // so the stats written at exit still tell what each device did.
   static constexpr size_t kMaxClosed = 64;
+  std::mutex closed_mu_;
   std::vector<DeviceStats> closed_;
-  unsigned next_id_ = 0;
-  // The loop's bookkeeping (Run): devices polling or with control left
-  // after the last turn, those visited in this turn, connections stuck
-  // inside a message.
-  uint64_t turn_ = 0;
-  std::vector<unsigned> active_, visit_;
-  std::set<unsigned> partial_;
-  std::atomic<uint64_t> wakeups_{0};
 };
 
 const char* ToString(PinMode m);

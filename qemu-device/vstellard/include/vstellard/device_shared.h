@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -16,6 +18,52 @@
 #include "vstellard/translate.h"
 
 namespace vstellard {
+
+// GIDs (addresses) this daemon serves: the IPv4-mapped --ip, the address
+// its sockets are bound to. ADD_GID takes only these, and each one belongs
+// to at most one device at a time: QP 1 datagrams for a GID go to its
+// holder's GSI QP and nowhere else, and only the holder sends from it
+// (issue 13 #2). The holder is its device's object tables. Shared by the
+// worker threads of the daemon, so every call takes the table's lock.
+class GidTable {
+ public:
+  void Serve(const vstellar::Gid& g) {
+    std::lock_guard<std::mutex> l(mu_);
+    served_.insert(g);
+  }
+  bool Serves(const vstellar::Gid& g) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return served_.count(g) != 0;
+  }
+  // Takes g for `holder` (on worker thread `worker`); false if another
+  // holder has it.
+  bool Take(const vstellar::Gid& g, const void* holder, unsigned worker) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto [it, fresh] = holders_.try_emplace(g, holder, worker);
+    return fresh || it->second.first == holder;
+  }
+  void Release(const vstellar::Gid& g, const void* holder) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = holders_.find(g);
+    if (it != holders_.end() && it->second.first == holder) holders_.erase(it);
+  }
+  bool Holds(const vstellar::Gid& g, const void* holder) const {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = holders_.find(g);
+    return it != holders_.end() && it->second.first == holder;
+  }
+  // The worker thread of g's holder, or -1.
+  int WorkerOf(const vstellar::Gid& g) const {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = holders_.find(g);
+    return it == holders_.end() ? -1 : int(it->second.second);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<vstellar::Gid> served_;
+  std::map<vstellar::Gid, std::pair<const void*, unsigned>> holders_;
+};
 
 struct DeviceShared {
   vstellar::Engine* engine = nullptr;
@@ -29,13 +77,12 @@ struct DeviceShared {
   static constexpr uint16_t kMcastPortOffset = 256;
   uint16_t mcast_port() const { return uint16_t(peer_port + kMcastPortOffset); }
   uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
-  // GIDs (addresses) this daemon serves: the IPv4-mapped --ip, the address
-  // its sockets are bound to. ADD_GID takes only these, and each one belongs
-  // to at most one device at a time: QP 1 datagrams for a GID go to its
-  // holder's GSI QP and nowhere else, and only the holder sends from it
-  // (issue 13 #2). The holder is its device's object tables.
-  std::set<vstellar::Gid> served_gids;
-  std::map<vstellar::Gid, const void*> gid_holder;
+  // The addresses this daemon serves and who holds each (GidTable), one
+  // table for all worker threads.
+  std::shared_ptr<GidTable> gids = std::make_shared<GidTable>();
+  // The worker thread (vstellard --threads) whose engine serves these
+  // devices: GidTable::WorkerOf tells where QP 1 datagrams for a GID go.
+  unsigned worker = 0;
   // Test hook: called after a command was copied out of guest memory and
   // before it is validated (tests change guest memory here: double fetch).
   std::function<void(unsigned device)> after_copy;
@@ -52,9 +99,10 @@ struct DeviceShared {
   uint32_t control_budget = 64;       // control commands per device
   uint32_t wqe_budget_queue = 64;     // WQEs per SQ, RQ or SRQ
   uint32_t wqe_budget_device = 1024;  // WQEs per device (all its queues)
-  // Host memory the guests' objects hold: all devices together, and the
-  // limit each device's own budget (ObjectTables::memory) gets.
-  MemoryBudget memory{uint64_t{4} << 30};
+  // Host memory the guests' objects hold: all devices together (of every
+  // worker thread), and the limit each device's own budget
+  // (ObjectTables::memory) gets.
+  std::shared_ptr<MemoryBudget> memory = std::make_shared<MemoryBudget>(uint64_t{4} << 30);
   uint64_t device_memory_limit = uint64_t{1} << 30;
   // What every new device reports and enforces (its config space: object
   // counts, queue sizes); the daemon's --device-max lowers the counts.
@@ -75,8 +123,7 @@ inline bool IsV4Mapped(const uint8_t* gid) {
 // Whether the device whose object tables are `tables` holds address g
 // (DeviceShared::gid_holder): may send from it, and gets QP 1 for it.
 inline bool HoldsGid(const DeviceShared& sh, const void* tables, const vstellar::Gid& g) {
-  auto it = sh.gid_holder.find(g);
-  return it != sh.gid_holder.end() && it->second == tables;
+  return sh.gids->Holds(g, tables);
 }
 
 }  // namespace vstellard

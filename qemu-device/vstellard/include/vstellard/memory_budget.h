@@ -10,6 +10,7 @@
 // memory another guest needs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace vstellard {
@@ -17,26 +18,36 @@ namespace vstellard {
 class MemoryBudget {
  public:
   explicit MemoryBudget(uint64_t limit = 0) : limit_(limit) {}
-  void set_limit(uint64_t limit) { limit_ = limit; }
+  void set_limit(uint64_t limit) { limit_ = limit; }  // before anyone charges
   uint64_t limit() const { return limit_; }
-  uint64_t used() const { return used_; }
-  uint64_t peak() const { return peak_; }
-  uint64_t refused() const { return refused_; }
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
+  // Thread-safe: the daemon's budget is charged by every worker thread
+  // (vstellard --threads).
   bool TryCharge(uint64_t n) {
-    if (n > limit_ - used_ || used_ > limit_) {
-      refused_++;
-      return false;
+    uint64_t u = used_.load(std::memory_order_relaxed);
+    do {
+      if (n > limit_ - u || u > limit_) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    } while (!used_.compare_exchange_weak(u, u + n, std::memory_order_relaxed));
+    uint64_t p = peak_.load(std::memory_order_relaxed);
+    while (u + n > p && !peak_.compare_exchange_weak(p, u + n, std::memory_order_relaxed)) {
     }
-    used_ += n;
-    if (used_ > peak_) peak_ = used_;
     return true;
   }
-  void Refund(uint64_t n) { used_ -= n <= used_ ? n : used_; }
+  void Refund(uint64_t n) {
+    uint64_t u = used_.load(std::memory_order_relaxed);
+    while (!used_.compare_exchange_weak(u, n <= u ? u - n : 0, std::memory_order_relaxed)) {
+    }
+  }
 
  private:
   uint64_t limit_;
-  uint64_t used_ = 0, peak_ = 0, refused_ = 0;
+  std::atomic<uint64_t> used_{0}, peak_{0}, refused_{0};
 };
 
 // One object's charge, held by the object (QpObj, CqObj, ...): moved with
