@@ -57,7 +57,13 @@ class Daemon::NullLink final : public vstellar::Link {
 // datagrams for its QPs that arrived elsewhere) and its eventfd.
 class Daemon::Worker {
  public:
-  Worker(Daemon& d, unsigned index) : d_(d), index_(index) {}
+  // The eventfds exist from the start, so a connection or datagram handed
+  // over before the worker runs waits in them.
+  Worker(Daemon& d, unsigned index)
+      : d_(d),
+        index_(index),
+        stopfd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        inboxfd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
   ~Worker();
   // Link, engine, epoll. On the thread that runs Run() (the link's
   // io_uring is single-issuer).
@@ -273,8 +279,6 @@ bool Daemon::Worker::Start(std::string* err) {
   SetHooks();
 
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  stopfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  inboxfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epfd_ < 0 || stopfd_ < 0 || inboxfd_ < 0) {
     *err = std::string("epoll/eventfd: ") + std::strerror(errno);
     return false;
@@ -360,11 +364,12 @@ bool Daemon::Start(std::string* err) {
   // Worker 0 on this thread; the others each on its own, one after the
   // other (the k-th link to bind is socket k of the ports' group), each
   // serving as soon as it is set up.
-  workers_.push_back(std::make_unique<Worker>(*this, 0));
+  // All workers exist before any runs: a running one may hand a datagram
+  // to any other.
+  for (unsigned k = 0; k < o_.threads; k++) workers_.push_back(std::make_unique<Worker>(*this, k));
   if (!workers_[0]->Start(err)) return false;
   for (unsigned k = 1; k < o_.threads; k++) {
-    workers_.push_back(std::make_unique<Worker>(*this, k));
-    Worker& w = *workers_.back();
+    Worker& w = *workers_[k];
     std::promise<std::string> started;
     std::future<std::string> result = started.get_future();
     w.thread = std::thread([&w, &started] {
