@@ -232,6 +232,7 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
     c.base_port = base;
     c.num_paths = 2;
     c.shards = 3;
+    c.shard = k;
     shards.push_back(std::make_unique<UdpLink>(c));
     ASSERT_TRUE(shards.back()->ok()) << shards.back()->error();
   }

@@ -92,17 +92,27 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
       return;
     }
     fds_.push_back(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(cfg_.local_ip);
+    a.sin_port = htons(uint16_t(cfg_.base_port + i));
     if (cfg_.shards > 1) {
+      if (cfg_.shard == 0) {  // the port is free: bound alone, it would be
+        const int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        const bool free = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+        const int e = errno;
+        if (probe >= 0) close(probe);
+        if (!free) {
+          error_ = "bind port " + std::to_string(cfg_.base_port + i) + ": " + strerror(e);
+          return;
+        }
+      }
       int one = 1;
       if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
         error_ = std::string("SO_REUSEPORT: ") + strerror(errno);
         return;
       }
     }
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(cfg_.local_ip);
-    a.sin_port = htons(uint16_t(cfg_.base_port + i));
     if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       error_ = "bind port " + std::to_string(cfg_.base_port + i) + ": " + strerror(errno);
       return;

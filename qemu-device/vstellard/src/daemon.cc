@@ -233,6 +233,7 @@ bool Daemon::Worker::Start(std::string* err) {
     lc.mcast_port = uint16_t((o.peer_port ? o.peer_port : o.udp_port) + DeviceShared::kMcastPortOffset);
     if (n > 1) {
       lc.shards = uint16_t(n);
+      lc.shard = uint16_t(index_);
       lc.shard_qpn_offset = uint16_t(4 + (o.integrity ? kIntegrityTrailer : 0));
     }
     auto udp = std::make_unique<vstellar::UdpLink>(lc);

@@ -68,7 +68,10 @@ struct UdpLinkConfig {
   // hands out only QPNs with qpn % shards == k (EngineConfig::qpn_shards).
   // A GSO buffer goes whole to the socket its first datagram picks, so the
   // owner of a link must pass on datagrams that belong to another.
+  // Link 0 first makes sure no one else holds the ports (a socket of
+  // another group, even one being closed, would shift the indices).
   uint16_t shards = 0;
+  uint16_t shard = 0;  // this link's index in the group
   uint16_t shard_qpn_offset = 4;
 };
 
