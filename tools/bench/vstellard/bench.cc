@@ -71,6 +71,7 @@ struct Args {
   std::string vstellard;  // scale: the daemon binary (default: the build tree's)
   bool hostile = false;   // scale: one more device takes all it can
   vstellar::LinkMode link = vstellar::LinkMode::GSO;
+  unsigned threads = 1;   // scale: vstellard --threads
 };
 
 int Attach(const Args& a) {
@@ -465,8 +466,9 @@ class DaemonProcess {
     stats_ = dir + "/stats.json";
     const std::string port = std::to_string(a.port), link = vstellar::to_string(a.link),
                       burst = a.link == vstellar::LinkMode::GSO ? "16" : "1";
-    std::vector<std::string> args = {exe,     "--socket",     sock_, "--port", port,   "--paths", "16",
-                                     "--link", link,          "--path-burst", burst, "--stats-json", stats_};
+    std::vector<std::string> args = {exe,      "--socket",     sock_, "--port",       port,
+                                     "--paths", "16",         "--link", link,        "--path-burst",
+                                     burst,     "--stats-json", stats_, "--threads",  std::to_string(a.threads)};
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -736,7 +738,7 @@ int Scale(const Args& a) {
       auto pct = [&](double p) { return attach_s[std::min(attach_s.size() - 1, size_t(p * double(attach_s.size())))]; };
       auto per = [&](uint64_t hi, uint64_t lo) { return (double(hi) - double(lo)) / n; };
       std::printf(
-          "{\"mode\":\"scale\",\"devices\":%u,\"live\":%zu,\"link\":\"%s\",\"attach_s_per_device\":%.6f,"
+          "{\"mode\":\"scale\",\"threads\":%u,\"devices\":%u,\"live\":%zu,\"link\":\"%s\",\"attach_s_per_device\":%.6f,"
           "\"attach_p50_s\":%.6f,\"attach_p99_s\":%.6f,\"setup_s_per_device\":%.6f,\"destroy_s_per_device\":%.6f,"
           "\"rss_anon_per_device\":%.0f,\"rss_shmem_per_device\":%.0f,\"rss_anon_per_device_with_objects\":%.0f,"
           "\"rss_shmem_per_device_with_objects\":%.0f,\"accounted_per_device\":%.0f,\"rss_anon_base\":%llu,"
@@ -745,7 +747,7 @@ int Scale(const Args& a) {
           "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu,"
           "\"hostile\":%s,\"hostile_qps\":%u,\"hostile_cqs\":%u,\"hostile_mrs\":%u,\"hostile_qp_status\":%u,"
           "\"hostile_cq_status\":%u,\"hostile_mr_status\":%u,\"daemon_rss_anon_peak\":%llu}\n",
-          n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
+          a.threads, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
           destroy_total / n, per(anon1, anon0), per(shm1, shm0), per(anon2, anon0), per(shm2, shm0),
           double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
           (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
@@ -781,6 +783,7 @@ int main(int argc, char** argv) {
     else if (k == "--devices") a.devices = std::stoull(v);
     else if (k == "--vstellard") a.vstellard = v;
     else if (k == "--hostile") a.hostile = v == "1";
+    else if (k == "--threads") a.threads = unsigned(std::stoul(v));
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
     }
