@@ -259,5 +259,173 @@ TEST(ReadPacing, ReadsHoldUpOnASlowShallowPath) {
   EXPECT_GE(r, 0.8 * w) << "READ " << r << " Gb/s, WRITE " << w << " Gb/s";
 }
 
+
+// N senders, one node each, write into one receiver whose port (the
+// per-destination queue) they all share: an incast.
+class Star {
+ public:
+  struct End {
+    std::unique_ptr<Engine> eng;
+    Pd* pd = nullptr;
+    Cq* cq = nullptr;
+    Qp* qp = nullptr;
+    std::vector<uint8_t> buf;
+    Mr* mr = nullptr;
+  };
+
+  Star(int n, const EngineConfig& cfg, uint64_t seed) : net(seed) {
+    make(rx, kIpB, cfg, seed);
+    tx.resize(size_t(n));
+    out.resize(tx.size());
+    bytes.resize(tx.size());
+    for (size_t i = 0; i < tx.size(); i++) {
+      const uint32_t ip = kIpB + 1 + uint32_t(i);
+      make(tx[i], ip, cfg, seed);
+      tx[i].qp = tx[i].eng->create_qp(tx[i].pd, init_attr(tx[i].cq));
+      rx_qps.push_back(rx.eng->create_qp(rx.pd, init_attr(rx.cq)));
+      connect(*tx[i].eng, tx[i].qp, kIpB, rx_qps.back()->qpn());
+      connect(*rx.eng, rx_qps.back(), ip, tx[i].qp->qpn());
+    }
+  }
+
+  // Keep `depth` 64 KiB WRITEs posted on every sender for `ns`; count the
+  // bytes each completes and the completions that failed.
+  void run(uint64_t ns, int depth = 16) {
+    const uint64_t end = net.now_ns() + ns;
+    net.run_until(
+        [&] {
+          for (size_t i = 0; i < tx.size(); i++) {
+            Wc wc[64];
+            int k;
+            while ((k = tx[i].eng->poll_cq(tx[i].cq, wc, 64)) > 0) {
+              out[i] -= k;
+              for (int j = 0; j < k; j++) {
+                if (wc[j].status == WcStatus::SUCCESS) bytes[i] += 65536;
+                else failed++;
+              }
+            }
+            while (out[i] < depth && tx[i].qp->state() == QpState::RTS && post(i) == 0) out[i]++;
+          }
+          return net.now_ns() >= end;
+        },
+        ns);
+  }
+
+  // Jain's fairness index over the senders' bytes.
+  double jain() const {
+    double sum = 0, sq = 0;
+    for (uint64_t b : bytes) {
+      sum += double(b);
+      sq += double(b) * double(b);
+    }
+    return sq > 0 ? sum * sum / (double(bytes.size()) * sq) : 0;
+  }
+
+  SimNet net;
+  End rx;
+  std::vector<Qp*> rx_qps;
+  std::vector<End> tx;
+  std::vector<int> out;
+  std::vector<uint64_t> bytes;
+  int failed = 0;
+
+ private:
+  static QpInitAttr init_attr(Cq* cq) {
+    QpInitAttr ia;
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    return ia;
+  }
+  void make(End& e, uint32_t ip, EngineConfig cfg, uint64_t seed) {
+    Link& l = net.add_node(ip);
+    cfg.seed = seed * 31 + ip;
+    cfg.qpn_seed = cfg.seed;
+    e.eng = std::make_unique<Engine>(cfg, l, net);
+    net.attach(ip, e.eng.get());
+    e.pd = e.eng->alloc_pd();
+    e.cq = e.eng->create_cq(4096);
+    e.buf.assign(64 * 1024, 0);
+    e.mr = e.eng->reg_mr(e.pd, uint64_t(uintptr_t(e.buf.data())), e.buf.size(),
+                         ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, std::make_shared<HostMemory>(0));
+  }
+  static void connect(Engine& e, Qp* qp, uint32_t peer_ip, uint32_t peer_qpn) {
+    QpAttr at;
+    at.qp_state = QpState::INIT;
+    at.pkey_index = 0;
+    at.port_num = 1;
+    at.qp_access_flags = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE;
+    ASSERT_EQ(e.modify_qp(qp, at, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS), 0);
+    at.qp_state = QpState::RTR;
+    at.path_mtu = MTU_4096;
+    at.dest_qp_num = peer_qpn;
+    at.rq_psn = 100;
+    at.max_dest_rd_atomic = 16;
+    at.min_rnr_timer = 1;
+    at.ah = Endpoint{peer_ip, 4791};
+    ASSERT_EQ(e.modify_qp(qp, at,
+                          QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN |
+                              QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER),
+              0);
+    at.qp_state = QpState::RTS;
+    at.sq_psn = 100;
+    at.timeout = 14;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    at.max_rd_atomic = 16;
+    ASSERT_EQ(e.modify_qp(qp, at,
+                          QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY |
+                              QP_MAX_QP_RD_ATOMIC),
+              0);
+  }
+  int post(size_t i) {
+    End& s = tx[i];
+    Sge sg{uint64_t(uintptr_t(s.buf.data())), 65536, s.mr->lkey()};
+    SendWr wr;
+    wr.wr_id = i;
+    wr.opcode = WrOpcode::RDMA_WRITE;
+    wr.send_flags = SEND_SIGNALED;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.remote_addr = uint64_t(uintptr_t(rx.buf.data()));
+    wr.rkey = rx.mr->rkey();
+    return s.eng->post_send(s.qp, wr);
+  }
+};
+
+// 32 senders start at once with their initial windows (8 MB in all) into a
+// 200 Mbit/s port with a 1 MB tail-drop queue: most of it is dropped, whole
+// windows with it. A connection that hears nothing back for an RTO starts
+// again from the smallest window, and lost packets are resent only as the
+// window has room for them. After the start (300 ms) every connection
+// lives, nothing is dropped, the port's queue stays well below its drop
+// point and the connections share it fairly.
+TEST(Incast, ThirtyTwoToOneSettlesBelowTheDropPoint) {
+  for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::SINGLE}) {
+    EngineConfig cfg;
+    cfg.path_algo = algo;
+    Star s(32, cfg, 1);
+    s.net.impairment.delay_ns = 50'000;
+    s.net.impairment.downlink = {200 * kMbit, 1'000'000, 32 * 1024, 0};
+    s.run(300'000'000);
+    s.net.reset_queue_stats();
+    std::fill(s.bytes.begin(), s.bytes.end(), 0);
+    s.run(1'000'000'000);
+    const SimQueueStats q = s.net.downlink_stats(kIpB);
+    EXPECT_EQ(s.failed, 0) << to_string(algo);
+    for (const Star::End& e : s.tx) EXPECT_EQ(e.qp->state(), QpState::RTS) << to_string(algo);
+    EXPECT_EQ(q.drops, 0u) << to_string(algo) << ": mean " << q.mean_backlog << " p99 " << q.p99_backlog;
+    EXPECT_LT(q.p99_backlog, 500'000u) << to_string(algo) << ": mean " << q.mean_backlog;
+    EXPECT_GE(s.jain(), 0.9) << to_string(algo);
+  }
+}
+
+TEST(CcSignal, AStallSendsTheWindowToItsFloor) {
+  CcConfig c;
+  c.init_cwnd = 1 << 20;
+  CongestionControl cc(c, 4096);
+  cc.on_stall();
+  EXPECT_EQ(cc.cwnd(), c.min_cwnd);
+}
+
 }  // namespace
 }  // namespace vstellar::test

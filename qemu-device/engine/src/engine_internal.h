@@ -87,6 +87,7 @@ struct PktRec {
   uint8_t retries = 0;
   PktKind kind = PktKind::DATA;
   bool acked = false;
+  bool lost = false;  // timed out, waiting in QpImpl::resend for room in the window
   uint64_t sent_ns = 0;
 };
 
@@ -179,6 +180,11 @@ class QpImpl final : public Qp {
   uint64_t inflight = 0;  // payload bytes sent (or requested) and not yet acknowledged
   uint64_t srtt = 0, rttvar = 0;
   CongestionControl cc;
+  // PSNs whose packet timed out, oldest first: a lost packet leaves the
+  // bytes in flight, and its resend waits for room in the window as new
+  // data does (after a burst of losses, resending all of them at once
+  // would overflow the queue that dropped them again).
+  std::deque<uint32_t> resend;
   PathSelector paths{PathAlgo::OBS, 1, 1};
 
   // ---- receive queue (responder) ----
@@ -332,6 +338,7 @@ class EngineCore {
   void qp_to_error(QpImpl& qp);
   // requester.cc
   bool req_progress(QpImpl& qp, uint64_t now);
+  bool req_resend(QpImpl& qp, uint64_t now);
   bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w);
   bool req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
   bool req_uc_progress(QpImpl& qp, uint64_t now);

@@ -361,6 +361,7 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.inflight = 0;
   qp.srtt = qp.rttvar = 0;
   qp.cc.reset(cfg_.cc, qp.seg);
+  qp.resend.clear();
 }
 
 void EngineCore::reset_qp(QpImpl& qp) {
@@ -392,6 +393,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.inflight = 0;
   qp.srtt = qp.rttvar = 0;
   qp.cc = CongestionControl{};
+  qp.resend.clear();
   qp.paths = PathSelector{PathAlgo::OBS, 1, 1};
   qp.seg = 4096;
   qp.epsn = 0;

@@ -88,6 +88,7 @@ bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
 
 bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
   uint32_t budget = cfg_.tx_budget;
+  if (!req_resend(qp, now)) return false;  // lost packets first
   while (budget > 0) {
     if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
     if (qp.sq_next == qp.sq_tail) return false;
@@ -411,14 +412,61 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
           qp.cc.on_path_down();
         }
       }
+      // Nothing acknowledged for a whole RTO, on any path: every packet in
+      // flight was lost (a queue overflowed, as at the start of an
+      // incast, or the peer is gone), and no ACK will come to end the
+      // epoch and shrink the window. Start again from the smallest one.
+      if (t.psn == qp.snd_una && now - qp.last_progress_ns >= rto(qp, 0)) qp.cc.on_stall();
       if (r.retries >= qp.attr.retry_cnt && retry_exceeded(qp, now)) {
         comp_fail_wqe(qp, r.wqe, WcStatus::RETRY_EXC_ERR);
         return;
       }
       if (r.retries < UINT8_MAX) r.retries++;
     }
+    // Lost: out of flight, and the resend waits for room in the window
+    // (req_resend), so that after a burst of losses the resends do not
+    // overflow again the queue that dropped them. The oldest PSN goes at
+    // once, as the stall guard's probe.
+    if (!t.rnr && t.psn != qp.snd_una) {
+      r.lost = true;
+      qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);
+      qp.resend.push_back(t.psn);
+      continue;
+    }
     if (!req_send(qp, t.psn, 1, true, now)) return;
   }
+}
+
+// Resend lost packets, oldest first, while the window has room: each
+// takes its bytes back into flight. A packet acknowledged (or whose WQE
+// ended) while it waited is skipped.
+bool EngineCore::req_resend(QpImpl& qp, uint64_t now) {
+  if (qp.resend.empty()) return true;
+  // The oldest PSN goes at once, whatever the window: everything after it
+  // waits for it, and while nothing is acknowledged the stall guard holds
+  // back the other timers, whose packets keep the window full.
+  if (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).lost) {
+    PktRec& r = qp.rec(qp.snd_una);
+    r.lost = false;  // its entry in `resend` is skipped below
+    qp.inflight += r.len;
+    if (!req_send(qp, qp.snd_una, 1, true, now)) return false;
+  }
+  while (!qp.resend.empty()) {
+    const uint32_t psn = qp.resend.front();
+    PktRec& r = qp.rec(psn);
+    if (seq_lt(psn, qp.snd_una) || !seq_lt(psn, qp.snd_nxt) || r.acked || !r.lost ||
+        qp.sq_at(r.wqe).done) {
+      if (!seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt)) r.lost = false;
+      qp.resend.pop_front();
+      continue;
+    }
+    if (qp.inflight + r.len > qp.cc.cwnd() && qp.inflight > 0) return false;
+    qp.resend.pop_front();
+    r.lost = false;
+    qp.inflight += r.len;
+    if (!req_send(qp, psn, 1, true, now)) return false;
+  }
+  return true;
 }
 
 }  // namespace vstellar

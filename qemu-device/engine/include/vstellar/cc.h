@@ -36,6 +36,7 @@ class CongestionControl {
 
   uint64_t cwnd() const { return cfg_.enabled ? cwnd_ : UINT64_MAX; }
   uint64_t srtt_ns() const { return srtt_; }
+
   double alpha() const { return alpha_; }
   // The largest RTT sample of this epoch and the one before: the round
   // trip of the slowest path in use, which a retransmission timeout must
@@ -53,6 +54,9 @@ class CongestionControl {
   // paths at once, a queue overflowing (incast), and the epoch ends with
   // the largest decrease.
   void on_path_down() { epoch_downs_++; }
+  // Nothing was acknowledged for a whole RTO: the window goes to its floor
+  // (TCP's loss window).
+  void on_stall() { cwnd_ = cfg_.min_cwnd; }
 
  private:
   CcConfig cfg_;
