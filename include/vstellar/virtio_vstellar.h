@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		3
+#define VSTELLAR_ABI_MINOR		4
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -160,6 +160,15 @@ enum vstellar_vq {
 
 #define VSTELLAR_DB_PAGE_SIZE		4096
 
+/*
+ * The doorbell region is a memfd of the frontend that vhost-user's memory
+ * table hands to the backend like guest RAM. The table of every vhost-user
+ * device of a guest holds the doorbell regions of all its vStellar devices,
+ * so the frontend names its memfd VSTELLAR_DB_MEMFD_NAME "-<id>" and gives
+ * the backend the id in config.db_region_id (SET_CONFIG, minor 4).
+ */
+#define VSTELLAR_DB_MEMFD_NAME		"vstellar-doorbell"
+
 struct virtio_vstellar_config {
 	__le32 abi_version;		/* VSTELLAR_ABI_VERSION */
 	__le32 device_status;		/* VSTELLAR_DEV_S_*, read-only */
@@ -189,13 +198,17 @@ struct virtio_vstellar_config {
 	__le32 db_slots;		/* doorbell slots per page (see db page) */
 	__le32 max_fast_reg_pages;	/* minor 3, F_MEM_MGT: pages one
 					 * ALLOC_MR may ask for; 0 without */
-	__le32 reserved[2];
+	__le32 db_region_id;		/* minor 4, frontend to backend
+					 * only (SET_CONFIG): names this
+					 * device's doorbell memfd; reads 0 */
+	__le32 reserved;
 };
 VSTELLAR_ABI_SIZE(virtio_vstellar_config, 128);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, node_guid, 16);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_ucontext, 40);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_slots, 112);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, max_fast_reg_pages, 116);
+VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_region_id, 120);
 
 /* ------------------------------------------------------------------ */
 /* Control queue: command header, status codes                          */

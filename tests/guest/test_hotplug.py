@@ -23,6 +23,7 @@ No timing is asserted.
 """
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -98,7 +99,20 @@ done
 
 # The next device comes from the second daemon: stop the loop on vstellar0.
 wait_active
+echo second-active
 touch /tmp/stop-vstellar0
+# Waits for the loop's last run; if it does not end, says every 20 s what
+# the run is doing, so that a stall explains itself in the host's log.
+n=0
+while kill -0 $tp 2>/dev/null; do
+  n=$((n + 1))
+  if [ $((n % 100)) = 0 ]; then
+    echo "traffic-still-running: $(tail -n 1 /tmp/traffic.log)"
+    rdma resource show qp link vstellar0/1
+    tail -n 3 /tmp/cli-vstellar0.out /tmp/srv-vstellar0.out
+  fi
+  sleep 0.2
+done
 wait $tp; trc=$?
 echo "== traffic"
 cat /tmp/traffic.log
@@ -168,14 +182,28 @@ def settled_usage(pid, before, timeout=5):
         time.sleep(0.05)
 
 
-def wait_for(guest, pred, timeout, what):
-    """Wait until pred(); fail, with the guest's console, if the guest stops
-    or timeout seconds pass."""
+def daemon_state(d):
+    """A daemon's counters (SIGUSR1 writes them to its --stats-json file)
+    and the end of its log, for the message of a failed wait."""
+    try:
+        os.killpg(d.proc.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        with open(d.stats_file) as f:
+            stats = f.read()
+    except OSError as e:
+        stats = f"(no counters: {e})"
+    return f"--- vstellard {d.sock} ---\n{d.text()[-3000:]}\n{stats}"
+
+
+def wait_for(guest, pred, timeout, what, daemons=()):
+    """Wait until pred(); fail, with the guest's console and the daemons'
+    state, if the guest stops or timeout seconds pass."""
     deadline = time.monotonic() + timeout
     while not pred():
         if guest.proc.poll() is not None or time.monotonic() > deadline:
             why = "the guest stopped" if guest.proc.poll() is not None else "timed out"
-            raise vg.GuestError(f"{why} waiting for {what}:\n" + "\n".join(guest.console[-60:]))
+            raise vg.GuestError(f"{why} waiting for {what}:\n" + "\n".join(guest.console[-60:]) + "\n" +
+                                "\n".join(daemon_state(d) for d in daemons if d and d.proc))
         time.sleep(0.05)
 
 
@@ -269,7 +297,7 @@ class HotplugTest(unittest.TestCase):
         cls.second = vg.Vstellard(vg.Artifacts(), "hotplug2", netns=ns, ip=SECOND_IP).start()
         cls.busy["before"] = proc_usage(cls.second.proc.pid)
         vg.plug_vstellar(q, cls.second.sock, "busy")
-        wait_for(g, lambda: "busy-qp" in g.output, 300, "the busy QPs on vstellar1")
+        wait_for(g, lambda: "busy-qp" in g.output, 300, "the busy QPs on vstellar1", (s.daemons[0], cls.second))
         vg.unplug_vstellar(q, "busy", timeout=120)
         cls.busy["unplugged"] = True
         wait_for(g, lambda: ": destroyed" in cls.second.text(), 30, "the second daemon's device destroyed")

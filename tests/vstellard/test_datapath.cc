@@ -667,6 +667,50 @@ TEST_F(DataPath, RingWrapsAndPhaseBitFlips) {
   }
 }
 
+// Two devices of one guest: QEMU puts both doorbell regions into each
+// device's memory table, the other's first. Each device must read and
+// write only its own (it used to take the first: contexts of one device
+// cleared the other's doorbell pages, and its QPs read the other's).
+TEST_F(DataPath, DevicesOfOneGuestEachUseTheirOwnDoorbells) {
+  StartDaemon();
+  FrontendOptions oa, ob;
+  oa.db_region_id = 1;
+  oa.doorbell_gpa = 0xfe000000;
+  ob.db_region_id = 2;
+  ob.doorbell_gpa = 0xfd000000;
+  fa_ = std::make_unique<Frontend>(oa);
+  fb_ = std::make_unique<Frontend>(ob);
+  std::string err;
+  ASSERT_TRUE(fa_->Connect(sock_, &err, /*mem_table=*/false)) << err;
+  ASSERT_TRUE(fb_->Connect(sock_, &err, /*mem_table=*/false)) << err;
+  fa_->AddDoorbellOf(*fb_);
+  fb_->AddDoorbellOf(*fa_);
+  for (Frontend* f : {fa_.get(), fb_.get()}) {
+    ASSERT_TRUE(f->SendMemTable(&err)) << err;
+    ASSERT_TRUE(f->StartQueues(&err)) << err;
+  }
+  a_ = std::make_unique<Guest>(Guest{*fa_});
+  b_ = std::make_unique<Guest>(Guest{*fb_});
+  a_->Setup();
+  b_->Setup();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  for (uint32_t i = 0; i < 20; i++) {
+    *b_->Buf(0) = 0;
+    *a_->Buf(4096) = uint8_t(i + 1);
+    b_->PostRecv(qb, 1000 + i, {b_->Sge(0, 64)});
+    a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, i), {a_->Sge(4096, 16)});
+    auto ca = a_->Poll();
+    ASSERT_TRUE(ca) << i;
+    EXPECT_EQ(ca->status, 0u) << i;
+    auto cb = b_->Poll();
+    ASSERT_TRUE(cb) << i;
+    EXPECT_EQ(*b_->Buf(0), uint8_t(i + 1));
+  }
+  EXPECT_EQ(StatsOf(0).bad_wqes + StatsOf(1).bad_wqes, 0u);
+}
+
 TEST_F(DataPath, BadWqesMoveTheQpToErrWithAnErrorCqe) {
   StartDaemon();
   TwoGuests();

@@ -263,7 +263,56 @@ TEST_F(VhostUser, GetConfigReturnsTheConfigSpace) {
   c = ConfigHeader{0, 128, 1};
   std::memcpy(q.data(), &c, sizeof(c));
   EXPECT_FALSE(s.Handle(Msg(Request::kGetConfig, q.data(), q.size())).ok());
-  EXPECT_FALSE(s.Handle(Msg(Request::kSetConfig, q.data(), q.size())).ok());
+  EXPECT_FALSE(s.Handle(Msg(Request::kSetConfig, q.data(), q.size())).ok());  // all 128 bytes
+}
+
+// Every vhost-user device of a guest gets the doorbell regions of all its
+// vStellar devices in its memory table; the frontend names its own with
+// SET_CONFIG of db_region_id (interface 1.4), and that is the only config
+// field it may write.
+TEST_F(VhostUser, DoorbellRegionIsTheOneTheFrontendNames) {
+  Handshake();
+  auto set_id = [&](uint32_t id) {
+    std::vector<uint8_t> p(sizeof(ConfigHeader) + 4);
+    ConfigHeader c{uint32_t(offsetof(virtio_vstellar_config, db_region_id)), 4, 0};
+    std::memcpy(p.data(), &c, sizeof(c));
+    std::memcpy(p.data() + sizeof(c), &id, 4);
+    return s.Handle(Msg(Request::kSetConfig, p.data(), p.size()));
+  };
+  std::vector<Region> r;
+  r.push_back({{0, 1 << 20, 0x7f0000000000, 0}, Memfd("memory-backend-memfd", 1 << 20)});
+  // another device's doorbells first, at the lower address
+  r.push_back({{0xfd000000, 1 << 16, 0x7f1000000000, 0}, Memfd("vstellar-doorbell-7", 1 << 16)});
+  r.push_back({{0xfe000000, 1 << 16, 0x7f2000000000, 0}, Memfd("vstellar-doorbell-8", 1 << 16)});
+  r.push_back({{0xff000000, 1 << 16, 0x7f3000000000, 0}, Memfd("vstellar-doorbell-x", 1 << 16)});
+  ASSERT_TRUE(s.Handle(MemTable(r)).ok());
+  EXPECT_TRUE(s.regions()[1].doorbell);
+  EXPECT_FALSE(s.regions()[3].doorbell);  // not a doorbell name: plain memory
+  EXPECT_EQ(s.DoorbellRegion(), nullptr) << "unnamed, two doorbell regions: neither may be taken";
+  ASSERT_TRUE(set_id(8).ok());
+  ASSERT_NE(s.DoorbellRegion(), nullptr);
+  EXPECT_EQ(s.DoorbellRegion()->gpa, 0xfe000000u);
+  ASSERT_TRUE(set_id(9).ok());
+  EXPECT_EQ(s.DoorbellRegion(), nullptr);  // named, not in the table
+  // Nothing else in the config space is writable, and no migration writes.
+  std::vector<uint8_t> p(sizeof(ConfigHeader) + 4, 0);
+  ConfigHeader c{uint32_t(offsetof(virtio_vstellar_config, max_qp)), 4, 0};
+  std::memcpy(p.data(), &c, sizeof(c));
+  EXPECT_FALSE(s.Handle(Msg(Request::kSetConfig, p.data(), p.size())).ok());
+  c = ConfigHeader{uint32_t(offsetof(virtio_vstellar_config, db_region_id)), 4, 1};
+  std::memcpy(p.data(), &c, sizeof(c));
+  EXPECT_FALSE(s.Handle(Msg(Request::kSetConfig, p.data(), p.size())).ok());
+}
+
+TEST(VhostUserNames, DoorbellMemfdNames) {
+  uint32_t id = 99;
+  EXPECT_TRUE(ParseDoorbellName("vstellar-doorbell", &id));
+  EXPECT_EQ(id, 0u);
+  EXPECT_TRUE(ParseDoorbellName("vstellar-doorbell-4294967295", &id));
+  EXPECT_EQ(id, 4294967295u);
+  for (const char* bad : {"vstellar-doorbell-", "vstellar-doorbell-0", "vstellar-doorbell-4294967296",
+                          "vstellar-doorbell-1x", "vstellar-doorbell-+1", "vstellar-doorbells", "guest-ram", ""})
+    EXPECT_FALSE(ParseDoorbellName(bad, &id)) << bad;
 }
 
 TEST_F(VhostUser, ReplyAckAndQueueNum) {

@@ -268,8 +268,8 @@ uint16_t Commands::AddDbContext(uint32_t key, uint32_t* page_out) {
   const virtio_vstellar_config& c = config();
   uint32_t pages = cfg32(c.max_ucontext);
   // The doorbell region bounds the pages when the frontend gave us one.
-  for (const MemRegion& r : session_.regions())
-    if (r.doorbell) pages = std::min<uint64_t>(pages, r.size / VSTELLAR_DB_PAGE_SIZE);
+  if (const MemRegion* r = session_.DoorbellRegion())
+    pages = std::min<uint64_t>(pages, r->size / VSTELLAR_DB_PAGE_SIZE);
   if (obj_.uctx.size() >= cfg32(c.max_ucontext)) return VSTELLAR_STATUS_LIMIT;
   obj_.db_pages_used.resize(pages, false);
   uint32_t page = 0;

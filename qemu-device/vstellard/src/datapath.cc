@@ -112,17 +112,17 @@ uint8_t* DataPath::DbPage(uint32_t uctx) {
   if (it == obj_.uctx.end()) return nullptr;
   UContext& u = it->second;
   if (u.page) return u.page;
-  for (const MemRegion& r : session_.regions()) {
-    if (!r.doorbell) continue;
-    const uint64_t off = uint64_t(u.db_page) * VSTELLAR_DB_PAGE_SIZE;
-    if (off + VSTELLAR_DB_PAGE_SIZE > r.size) return nullptr;
-    uint64_t contig = 0;
-    uint8_t* p = pvdma_.Map(r.gpa + off, &contig);
-    if (!p || contig < VSTELLAR_DB_PAGE_SIZE) return nullptr;
-    u.page = p;
-    return p;
-  }
-  return nullptr;
+  // Only this device's region: the table also holds the doorbells of the
+  // guest's other vStellar devices.
+  const MemRegion* r = session_.DoorbellRegion();
+  if (!r) return nullptr;
+  const uint64_t off = uint64_t(u.db_page) * VSTELLAR_DB_PAGE_SIZE;
+  if (off + VSTELLAR_DB_PAGE_SIZE > r->size) return nullptr;
+  uint64_t contig = 0;
+  uint8_t* p = pvdma_.Map(r->gpa + off, &contig);
+  if (!p || contig < VSTELLAR_DB_PAGE_SIZE) return nullptr;
+  u.page = p;
+  return p;
 }
 
 void DataPath::ResetDbSlot(uint32_t uctx, uint32_t slot) {

@@ -53,6 +53,9 @@ Outcome Device::OnMessage(Message&& m) {
       dp_.ForgetDbPages();  // the doorbell region may have moved
       break;
     }
+    case Request::kSetConfig:
+      dp_.ForgetDbPages();  // db_region_id names another region now
+      break;
     case Request::kSetVringBase:
       if (index < qs_.size()) qs_[index].set_last_avail(session_.vring(index).base);
       break;

@@ -316,10 +316,8 @@ Outcome Session::HandleOne(Message& m) {
       return GetConfig(m);
 
     case Request::kSetConfig:
-      // The device's config space is read-only for the driver.
       if (!no_fds()) return Fail(err);
-      out.error = "SET_CONFIG: the vStellar config space is read-only";
-      break;
+      return SetConfig(m);
 
     case Request::kSetLogBase:
     case Request::kSetLogFd:
@@ -373,7 +371,7 @@ Outcome Session::SetMemTable(Message& m) {
     r.size = d.memory_size;
     r.qemu_va = d.userspace_addr;
     r.offset = d.mmap_offset;
-    r.doorbell = MemfdName(m.fds[i].get()) == "vstellar-doorbell";
+    r.doorbell = ParseDoorbellName(MemfdName(m.fds[i].get()), &r.doorbell_id);
     r.fd = std::move(m.fds[i]);
     table.push_back(std::move(r));
   }
@@ -385,6 +383,20 @@ Outcome Session::SetMemTable(Message& m) {
                        !FindByQemuVa(v.used, 6 + 8ull * v.num)))
       return Fail("SET_MEM_TABLE: a running vring is outside the new table");
   return Outcome{};
+}
+
+const MemRegion* Session::DoorbellRegion() const {
+  const uint32_t id = le32toh(cfg_.config.db_region_id);
+  const MemRegion* found = nullptr;
+  for (const MemRegion& r : regions_) {
+    if (!r.doorbell) continue;
+    if (id != 0 && r.doorbell_id == id) return &r;
+    if (id == 0) {
+      if (found) return nullptr;  // whose is it? not ours to guess
+      found = &r;
+    }
+  }
+  return found;
 }
 
 Outcome Session::SetVringAddr(const VringAddr& a) {
@@ -440,6 +452,23 @@ Outcome Session::GetConfig(const Message& m) {
   Outcome out;
   out.reply = ReplyBytes(m.hdr, p.data(), static_cast<uint32_t>(p.size()));
   return out;
+}
+
+// The config space is read-only for the driver; the frontend writes one
+// field, db_region_id, which tells which doorbell region is this device's.
+Outcome Session::SetConfig(const Message& m) {
+  ConfigHeader c;
+  if (m.payload.size() < sizeof(c)) return Fail("SET_CONFIG: short payload");
+  std::memcpy(&c, m.payload.data(), sizeof(c));
+  if (c.size > kMaxConfigSize || m.payload.size() != sizeof(c) + c.size)
+    return Fail("SET_CONFIG: size does not match payload");
+  if (c.flags != 0) return Fail("SET_CONFIG: flags must be 0 (no migration)");
+  if (c.offset != offsetof(virtio_vstellar_config, db_region_id) || c.size != sizeof(uint32_t))
+    return Fail("SET_CONFIG: only db_region_id (offset " +
+                std::to_string(offsetof(virtio_vstellar_config, db_region_id)) +
+                ", 4 bytes) is writable, not offset " + std::to_string(c.offset) + " size " + std::to_string(c.size));
+  std::memcpy(&cfg_.config.db_region_id, m.payload.data() + sizeof(c), sizeof(uint32_t));
+  return Outcome{};
 }
 
 bool ReadMessage(int sock, Message* m, std::string* err) {
@@ -597,6 +626,19 @@ std::string MemfdName(int fd) {
   if (t.size() >= deleted.size() && t.compare(t.size() - deleted.size(), deleted.size(), deleted) == 0)
     t.resize(t.size() - deleted.size());
   return t;
+}
+
+bool ParseDoorbellName(const std::string& name, uint32_t* id) {
+  *id = 0;
+  const std::string base = VSTELLAR_DB_MEMFD_NAME;
+  if (name == base) return true;
+  if (name.size() <= base.size() + 1 || name.compare(0, base.size() + 1, base + "-") != 0) return false;
+  const std::string digits = name.substr(base.size() + 1);
+  if (digits.size() > 10 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  const unsigned long long v = std::stoull(digits);
+  if (v == 0 || v > UINT32_MAX) return false;
+  *id = uint32_t(v);
+  return true;
 }
 
 }  // namespace vstellard

@@ -122,7 +122,9 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
   }
   mem_ = static_cast<uint8_t*>(p);
   if (o_.doorbell) {
-    db_fd_ = memfd_create("vstellar-doorbell", MFD_CLOEXEC | (o_.sealable_doorbell ? MFD_ALLOW_SEALING : 0u));
+    std::string name = VSTELLAR_DB_MEMFD_NAME;
+    if (o_.db_region_id) name += "-" + std::to_string(o_.db_region_id);
+    db_fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | (o_.sealable_doorbell ? MFD_ALLOW_SEALING : 0u));
     if (db_fd_ < 0 || ftruncate(db_fd_, 1 << 16) != 0) {
       *err = "doorbell memfd";
       return false;
@@ -134,7 +136,9 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
       return false;
     }
     db_ = static_cast<uint8_t*>(d);
-    db_gpa_ = o_.mem_size <= 0xfe000000ull ? 0xfe000000ull : (o_.mem_size + (1ull << 30) - 1) & ~((1ull << 30) - 1);
+    db_gpa_ = o_.doorbell_gpa         ? o_.doorbell_gpa
+              : o_.mem_size <= 0xfe000000ull ? 0xfe000000ull
+                                             : (o_.mem_size + (1ull << 30) - 1) & ~((1ull << 30) - 1);
   }
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
@@ -155,6 +159,14 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
   if (!Send(Request::kSetProtocolFeatures, &proto, 8, err)) return false;
   if (!Send(Request::kSetFeatures, &features_, 8, err)) return false;
   if (!Send(Request::kSetOwner, nullptr, 0, err, {}, true)) return false;
+  if (o_.doorbell && o_.db_region_id) {
+    std::vector<uint8_t> c(sizeof(ConfigHeader) + 4);
+    const ConfigHeader h{uint32_t(offsetof(virtio_vstellar_config, db_region_id)), 4, 0};
+    const uint32_t id = htole32(o_.db_region_id);
+    std::memcpy(c.data(), &h, sizeof(h));
+    std::memcpy(c.data() + sizeof(h), &id, 4);
+    if (!Send(Request::kSetConfig, c.data(), c.size(), err, {}, true)) return false;
+  }
   return mem_table ? SendMemTable(err) : true;
 }
 
@@ -169,6 +181,7 @@ bool Frontend::SendMemTable(std::string* err) {
     fds.push_back(fd);
   };
   add(0, o_.mem_size, kVaBase, ram_fd_);
+  for (const Frontend* f : others_) add(f->db_gpa_, 1 << 16, kVaBase + f->db_gpa_, f->db_fd_);
   if (o_.doorbell) add(db_gpa_, 1 << 16, kVaBase + db_gpa_, db_fd_);
   const uint32_t n = uint32_t(fds.size());
   std::memcpy(p.data(), &n, 4);

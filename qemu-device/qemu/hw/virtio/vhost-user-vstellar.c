@@ -55,6 +55,7 @@ static void vu_vstellar_patch_config(VHostUserVstellar *s)
     c->num_cq_queues = cpu_to_le32(s->cq_queues);
     c->db_page_count = cpu_to_le32(s->doorbell_pages);
     c->db_page_size = cpu_to_le32(VSTELLAR_DB_PAGE_SIZE);
+    c->db_region_id = 0;    /* between us and the backend */
     if (le32_to_cpu(c->max_ucontext) > s->doorbell_pages) {
         c->max_ucontext = cpu_to_le32(s->doorbell_pages);
     }
@@ -73,15 +74,37 @@ static int vu_vstellar_fetch_config(VHostUserVstellar *s, Error **errp)
         return ret;
     }
     version = le32_to_cpu(c.abi_version);
-    if (VSTELLAR_ABI_VERSION_MAJOR(version) != VSTELLAR_ABI_MAJOR) {
+    /* 1.4: the backend must know db_region_id to tell the doorbells apart */
+    if (VSTELLAR_ABI_VERSION_MAJOR(version) != VSTELLAR_ABI_MAJOR ||
+        (version & 0xffff) < 4) {
         error_setg(errp, "vhost-user-vstellar: backend speaks interface "
-                   "%u.%u, this QEMU %u.%u", version >> 16, version & 0xffff,
-                   VSTELLAR_ABI_MAJOR, VSTELLAR_ABI_MINOR);
+                   "%u.%u, this QEMU needs %u.4 or later", version >> 16,
+                   version & 0xffff, VSTELLAR_ABI_MAJOR);
         return -EPROTO;
     }
     s->config = c;
     vu_vstellar_patch_config(s);
     return 0;
+}
+
+/*
+ * Every vhost-user device of the guest gets every doorbell region in its
+ * memory table (they are RAM with an fd): tell the backend which is ours.
+ */
+static int vu_vstellar_send_db_region_id(VHostUserVstellar *s, Error **errp)
+{
+    uint32_t id = cpu_to_le32(s->db_region_id);
+    int ret;
+
+    ret = vhost_dev_set_config(&s->vhost_dev, (uint8_t *)&id,
+                               offsetof(struct virtio_vstellar_config,
+                                        db_region_id),
+                               sizeof(id), VHOST_SET_CONFIG_TYPE_MASTER);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "vhost-user-vstellar: SET_CONFIG of "
+                         "db_region_id failed");
+    }
+    return ret;
 }
 
 static void vu_vstellar_get_config(VirtIODevice *vdev, uint8_t *config)
@@ -330,6 +353,9 @@ static int vu_vstellar_connect(DeviceState *dev, Error **errp)
     s->epoch++;
 
     ret = vu_vstellar_fetch_config(s, errp);
+    if (ret == 0) {
+        ret = vu_vstellar_send_db_region_id(s, errp);
+    }
     if (ret < 0) {
         s->connected = false;
         vhost_dev_cleanup(vhost_dev);
@@ -443,16 +469,22 @@ static bool vu_vstellar_check_guest_ram(Error **errp)
 static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
 {
     ERRP_GUARD();
+    static uint32_t last_db_region_id;
     uint64_t size = (uint64_t)s->doorbell_pages * VSTELLAR_DB_PAGE_SIZE;
+    g_autofree char *name = NULL;
     int fd;
 
-    /* vstellard finds the region in its memory table by this name */
     /*
+     * vstellard finds the region in its memory table by this name, with
+     * an id unique in this QEMU (all devices' doorbells are in each
+     * device's table).
      * Sealed so that nobody can shrink it under vstellard's mappings (a
      * daemon touching a truncated page would fault); vstellard refuses
      * memory it cannot trust this way.
      */
-    fd = qemu_memfd_create("vstellar-doorbell", size, false, 0,
+    s->db_region_id = ++last_db_region_id;
+    name = g_strdup_printf(VSTELLAR_DB_MEMFD_NAME "-%u", s->db_region_id);
+    fd = qemu_memfd_create(name, size, false, 0,
                            F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL, errp);
     if (fd < 0) {
         return false;

@@ -139,7 +139,11 @@ struct MemRegion {
   uint64_t qemu_va = 0;  // QEMU's address, what vring addresses refer to
   uint64_t offset = 0;   // of the region in fd
   Fd fd;
-  bool doorbell = false;  // the frontend's doorbell memfd (by its name)
+  // A doorbell memfd of the frontend (by its name): VSTELLAR_DB_MEMFD_NAME,
+  // or that and "-<doorbell_id>". Every vStellar device of the guest has
+  // one in the table; DoorbellRegion() says which one is this device's.
+  bool doorbell = false;
+  uint32_t doorbell_id = 0;
 };
 
 struct Vring {
@@ -193,12 +197,19 @@ class Session {
   // Finds the region holding [qemu_va, qemu_va + len).
   const MemRegion* FindByQemuVa(uint64_t qemu_va, uint64_t len) const;
 
+  // This device's doorbell region: the one the frontend named with
+  // config.db_region_id, or, from a frontend that names none, the only
+  // doorbell region of the table. nullptr if there is none (or, unnamed,
+  // more than one: another device's doorbells must never be taken).
+  const MemRegion* DoorbellRegion() const;
+
  private:
   Outcome HandleOne(Message& m);
   Outcome SetMemTable(Message& m);
   Outcome SetVringAddr(const VringAddr& a);
   Outcome SetVringFd(Message& m, Fd Vring::*which);
   Outcome GetConfig(const Message& m);
+  Outcome SetConfig(const Message& m);
   bool CheckVringIndex(uint32_t index, std::string* err) const;
 
   DeviceConfig cfg_;
@@ -240,7 +251,10 @@ class MessageReader {
   std::vector<Fd> fds_;
 };
 
-// Returns the name of a memfd ("vstellar-doorbell") or "" for other files.
+// Returns the name of a memfd ("vstellar-doorbell-1") or "" for other files.
 std::string MemfdName(int fd);
+
+// Whether a memfd name is a doorbell region's, and its id (0: no "-<id>").
+bool ParseDoorbellName(const std::string& name, uint32_t* id);
 
 }  // namespace vstellard

@@ -24,6 +24,10 @@ namespace vstellard {
 struct FrontendOptions {
   uint64_t mem_size = 64ull << 20;
   bool doorbell = true;       // a 64 KiB "vstellar-doorbell" memfd region
+  // As QEMU since interface 1.4: the memfd is "vstellar-doorbell-<id>" and
+  // SET_CONFIG gives the id; 0: the bare name, no SET_CONFIG.
+  uint32_t db_region_id = 0;
+  uint64_t doorbell_gpa = 0;  // 0: 0xfe000000, or above RAM
   bool sealable_doorbell = true;  // its memfd allows seals (QEMU's since issue 13 #9)
   uint32_t ring_num = 64;
   uint32_t cq_queues = 1;
@@ -65,6 +69,9 @@ class Frontend {
   // Connects and negotiates; then SET_MEM_TABLE (acked) unless told not to.
   bool Connect(const std::string& socket, std::string* err, bool mem_table = true);
   bool SendMemTable(std::string* err);
+  // Puts another device's doorbell region into this one's memory table
+  // (first, before our own), as QEMU does for two devices in one guest.
+  void AddDoorbellOf(const Frontend& other) { others_.push_back(&other); }
   // Sets up and starts control, event, kick and CQ notification queues;
   // posts event and CQ notification buffers.
   bool StartQueues(std::string* err);
@@ -118,6 +125,7 @@ class Frontend {
   uint8_t* db_ = nullptr;
   uint64_t db_gpa_ = 0;
   uint64_t features_ = 0;
+  std::vector<const Frontend*> others_;
   std::vector<Queue> qs_;
   uint32_t cmd_id_ = 1;
 };

@@ -41,8 +41,12 @@ struct VHostUserVstellar {
     VirtQueue **vqs;
     uint32_t nvqs;
 
-    /* the doorbell region: a shared memfd, so it reaches the backend */
+    /*
+     * the doorbell region: a shared memfd, so it reaches the backend;
+     * db_region_id names it apart from the guest's other vStellar devices'
+     */
     MemoryRegion db_mr;
+    uint32_t db_region_id;
 
     /*
      * @connected: vhost-user session up (connect/disconnect)
