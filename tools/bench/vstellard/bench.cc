@@ -72,6 +72,11 @@ struct Args {
   bool hostile = false;   // scale: one more device takes all it can
   vstellar::LinkMode link = vstellar::LinkMode::GSO;
   unsigned threads = 1;   // scale: vstellard --threads
+  // scale: device i's QP is connected to device i ^ pair's (a power of
+  // two). Devices go to the workers in turn, so with --threads 2 pair 1
+  // connects each device to one on the other worker, pair 2 to one on its
+  // own.
+  uint32_t pair = 1;
 };
 
 int Attach(const Args& a) {
@@ -627,7 +632,8 @@ int Scale(const Args& a) {
     if (ok) idle(&idle_bare, &sleeps_bare);
     const auto tsu = Clock::now();
     for (uint32_t i = 0; i < n && ok; i++) ok = devs[i].Setup();
-    for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
+    for (uint32_t i = 0; i < n && ok; i++)
+      if ((i ^ a.pair) < n) ok = devs[i].Connect(devs[i ^ a.pair].qpn);
     const double setup_total = Since(tsu);
     // Hostile: one more device takes all it can (QPs, all connected and so
     // in the engine's RTS list, CQs, MRs) until the device's limits or its
@@ -678,7 +684,7 @@ int Scale(const Args& a) {
           before += v.done + v.errors;
           v.Reap();
           after += v.done + v.errors;
-          v.Post(depth, size, devs[i ^ 1].rkey);
+          if ((i ^ a.pair) < n) v.Post(depth, size, devs[i ^ a.pair].rkey);
         }
         // Nothing completed: leave the cores to the daemon for a moment
         // (guests' vCPUs would not spin on 64 CQs either).
@@ -738,7 +744,7 @@ int Scale(const Args& a) {
       auto pct = [&](double p) { return attach_s[std::min(attach_s.size() - 1, size_t(p * double(attach_s.size())))]; };
       auto per = [&](uint64_t hi, uint64_t lo) { return (double(hi) - double(lo)) / n; };
       std::printf(
-          "{\"mode\":\"scale\",\"threads\":%u,\"devices\":%u,\"live\":%zu,\"link\":\"%s\",\"attach_s_per_device\":%.6f,"
+          "{\"mode\":\"scale\",\"threads\":%u,\"pair\":%u,\"devices\":%u,\"live\":%zu,\"link\":\"%s\",\"attach_s_per_device\":%.6f,"
           "\"attach_p50_s\":%.6f,\"attach_p99_s\":%.6f,\"setup_s_per_device\":%.6f,\"destroy_s_per_device\":%.6f,"
           "\"rss_anon_per_device\":%.0f,\"rss_shmem_per_device\":%.0f,\"rss_anon_per_device_with_objects\":%.0f,"
           "\"rss_shmem_per_device_with_objects\":%.0f,\"accounted_per_device\":%.0f,\"rss_anon_base\":%llu,"
@@ -747,7 +753,7 @@ int Scale(const Args& a) {
           "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu,"
           "\"hostile\":%s,\"hostile_qps\":%u,\"hostile_cqs\":%u,\"hostile_mrs\":%u,\"hostile_qp_status\":%u,"
           "\"hostile_cq_status\":%u,\"hostile_mr_status\":%u,\"daemon_rss_anon_peak\":%llu}\n",
-          a.threads, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
+          a.threads, a.pair, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
           destroy_total / n, per(anon1, anon0), per(shm1, shm0), per(anon2, anon0), per(shm2, shm0),
           double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
           (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
@@ -784,6 +790,7 @@ int main(int argc, char** argv) {
     else if (k == "--vstellard") a.vstellard = v;
     else if (k == "--hostile") a.hostile = v == "1";
     else if (k == "--threads") a.threads = unsigned(std::stoul(v));
+    else if (k == "--pair") a.pair = uint32_t(std::stoul(v));
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
     }
