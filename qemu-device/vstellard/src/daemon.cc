@@ -81,7 +81,13 @@ class Daemon::Worker {
   std::atomic<unsigned> devices{0};
   std::atomic<uint64_t> wakeups{0}, forwarded{0};
   std::mutex mu_;  // held while the loop works; Stats() takes it
+  // Workers 1..N-1: their thread, which after Run() waits for `release`
+  // and then takes down the devices, engine and link itself (the link's
+  // io_uring takes requests from its own thread only, and cancels its
+  // receive so the ports are free when the daemon exits).
   std::thread thread;
+  std::promise<void> release;
+  void TearDown();
 
   // Under mu_:
   void CollectStats(std::vector<DeviceStats>* v);
@@ -194,28 +200,34 @@ Daemon::~Daemon() {
     if (fd >= 0) close(fd);
 }
 
-// Every worker but 0 (which runs in Run()'s thread) is stopped and joined.
+// Every worker but 0 (which runs in Run()'s thread) is stopped, then
+// released to take itself down, and joined.
 void Daemon::StopWorkers() {
+  for (auto& w : workers_)
+    if (w->thread.joinable()) w->Stop();
   for (auto& w : workers_) {
     if (!w->thread.joinable()) continue;
-    w->Stop();
+    w->release.set_value();
     w->thread.join();
   }
 }
 
-Daemon::Worker::~Worker() {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    for (auto& [id, c] : conns_) {
-      c.dev.reset();
-      if (c.sock >= 0) close(c.sock);
-    }
-    conns_.clear();
+void Daemon::Worker::TearDown() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto& [id, c] : conns_) {
+    c.dev.reset();
+    if (c.sock >= 0) close(c.sock);
   }
-  for (auto& [id, s] : new_conns_) close(s);
+  conns_.clear();
   // The engine's objects go before the link they send on.
   engine_.reset();
   link_.reset();
+  udp_ = nullptr;
+}
+
+Daemon::Worker::~Worker() {
+  TearDown();
+  for (auto& [id, s] : new_conns_) close(s);
   for (int fd : {epfd_, stopfd_, inboxfd_})
     if (fd >= 0) close(fd);
 }
@@ -373,14 +385,17 @@ bool Daemon::Start(std::string* err) {
     Worker& w = *workers_[k];
     std::promise<std::string> started;
     std::future<std::string> result = started.get_future();
-    w.thread = std::thread([&w, &started] {
+    w.thread = std::thread([&w, &started, released = w.release.get_future()] {
       std::string e;
       const bool ok = w.Start(&e);
       started.set_value(ok ? std::string() : (e.empty() ? "worker failed" : e));
       if (ok) w.Run();
+      released.wait();
+      w.TearDown();
     });
     std::string e = result.get();
     if (!e.empty()) {
+      w.release.set_value();
       w.thread.join();
       *err = "worker " + std::to_string(k) + ": " + e;
       return false;
@@ -400,8 +415,10 @@ void Daemon::RequestStats() {
 
 void Daemon::Run() {
   workers_[0]->Run();
-  StopWorkers();
+  // The others stop too; their devices are still there for the stats.
+  for (auto& w : workers_) w->Stop();
   if (!o_.stats_json.empty()) WriteStats();
+  StopWorkers();
 }
 
 void Daemon::Worker::Adopt(unsigned id, int sock) {
