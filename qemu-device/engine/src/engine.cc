@@ -228,6 +228,8 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     return;
   }
   if (!authentic(qp->mac_rx)) return;
+  // An ACK, a NAK or a response may let it send (or arm a timer).
+  activate(*qp);
   if (qp->is_uc()) {  // requests only: a UC responder answers nothing
     if (!wire::is_data(p.base.op) || qp->state_ == QpState::RESET || qp->state_ == QpState::INIT ||
         qp->state_ == QpState::ERR) {
@@ -260,22 +262,55 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
   }
 }
 
+// Timers of packets acknowledged (or sent again) since are dropped from
+// the top, so an idle QP does not look busy, nor an idle engine wake.
+void EngineCore::drop_stale_timers(QpImpl& qp) {
+  while (!qp.timers.empty()) {
+    const RetxTimer& t = qp.timers.top();
+    const uint32_t psn = t.psn;
+    const bool live = !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt) && !qp.rec(psn).acked &&
+                      qp.rec(psn).tx_seq == t.tx_seq;
+    if (live) break;
+    qp.timers.pop();
+  }
+}
+
+// Whether a pass has nothing to do for qp until it gets work again
+// (EngineCore::activate): not sending, nothing left in its SQ to start or
+// send, no timer armed, and (UD, UC) nothing left to retire.
+bool EngineCore::idle_qp(QpImpl& qp) {
+  if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return true;
+  if (qp.sq_next != qp.sq_tail) return false;
+  if ((qp.is_ud() || qp.is_uc()) && qp.sq_head != qp.sq_next) return false;
+  drop_stale_timers(qp);
+  return qp.timers.empty();
+}
+
 bool EngineCore::progress() {
   uint64_t now = clock_.now_ns();
   bool more = false;
-  for (QpImpl* qp : qp_list_) {
-    if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
-    if (qp->is_ud()) {
-      if (ud_progress(*qp)) more = true;
-      continue;
+  // By index: a completion handler may give another QP work (appended,
+  // and visited in this pass too). Entries stay in the order they came.
+  size_t keep = 0;
+  for (size_t i = 0; i < active_qps_.size(); i++) {
+    QpImpl* qp = active_qps_[i];
+    if (!qp) continue;
+    if (qp->state_ == QpState::RTS || qp->state_ == QpState::SQD) {
+      if (qp->is_ud()) {
+        if (ud_progress(*qp)) more = true;
+      } else if (qp->is_uc()) {
+        if (req_uc_progress(*qp, now)) more = true;
+      } else {
+        req_timers(*qp, now);
+        if (req_progress(*qp, now)) more = true;
+      }
     }
-    if (qp->is_uc()) {
-      if (req_uc_progress(*qp, now)) more = true;
-      continue;
-    }
-    req_timers(*qp, now);
-    if (req_progress(*qp, now)) more = true;
+    qp = active_qps_[i];  // destroyed meanwhile: nullptr
+    if (!qp) continue;
+    if (idle_qp(*qp)) qp->active = false;
+    else active_qps_[keep++] = qp;
   }
+  active_qps_.resize(keep);
   // ACK coalescing: an ACK goes out once ack_every packets arrived or
   // ack_delay after the previous one. Without it a receiver that keeps up
   // would ACK every tiny batch, and the ACK traffic itself would slow both
@@ -291,27 +326,24 @@ bool EngineCore::progress() {
   }
   ack_list_.swap(ack_later_);
   link_.flush();
-  // Datagrams and UC messages complete once the link has them.
-  for (QpImpl* qp : qp_list_)
-    if ((qp->is_ud() || qp->is_uc()) && qp->sq_head < qp->sq_next) comp_retire(*qp);
+  // Datagrams and UC messages complete once the link has them (such a QP
+  // stays active until they have).
+  for (size_t i = 0; i < active_qps_.size(); i++) {
+    QpImpl* qp = active_qps_[i];
+    if (qp && (qp->is_ud() || qp->is_uc()) && qp->sq_head < qp->sq_next) comp_retire(*qp);
+  }
   return more;
 }
 
+// Only active QPs have timers armed: a timer is armed while sending or
+// when a packet arrives, and both make the QP active.
 uint64_t EngineCore::next_deadline() {
   uint64_t d = UINT64_MAX;
   for (QpImpl* qp : ack_list_)
     if (qp->ack_pending) d = std::min(d, qp->last_ack_ns + cfg_.ack_delay_ns);
-  for (QpImpl* qp : qp_list_) {
-    if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) continue;
-    // Drop stale timers here too so an idle engine does not wake for them.
-    while (!qp->timers.empty()) {
-      const RetxTimer& t = qp->timers.top();
-      uint32_t psn = t.psn;
-      bool live = !seq_lt(psn, qp->snd_una) && seq_lt(psn, qp->snd_nxt) &&
-                  !qp->rec(psn).acked && qp->rec(psn).tx_seq == t.tx_seq;
-      if (live) break;
-      qp->timers.pop();
-    }
+  for (QpImpl* qp : active_qps_) {
+    if (!qp || (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD)) continue;
+    drop_stale_timers(*qp);
     if (!qp->timers.empty()) d = std::min(d, qp->timers.top().deadline);
   }
   return d;

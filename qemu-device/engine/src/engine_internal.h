@@ -209,6 +209,7 @@ class QpImpl final : public Qp {
 
   // ACK state: what arrived since the last ACK
   bool ack_pending = false;
+  bool active = false;  // in EngineCore::active_qps_
   uint64_t last_ack_ns = 0;
   uint32_t ack_lo = 0, ack_hi = 0;  // PSN range to cover with SACK bits
   uint32_t rx_since_ack = 0, ce_since_ack = 0;
@@ -435,6 +436,20 @@ class EngineCore {
   std::vector<std::unique_ptr<SrqImpl>> srqs_;
   uint32_t next_srqn_ = 1;
   std::vector<QpImpl*> qp_list_;
+  // QPs progress() and next_deadline() visit (issue 16, hostile scale):
+  // those that may have something to send or an armed timer. A QP joins
+  // when it is given work (post_send, modify_qp, a packet for it) and
+  // leaves when a pass finds nothing (idle_qp), so a thousand idle
+  // connected QPs cost nothing per pass. A destroyed QP's entry is
+  // nullptr until the next pass drops it.
+  std::vector<QpImpl*> active_qps_;
+  void activate(QpImpl& qp) {
+    if (qp.active) return;
+    qp.active = true;
+    active_qps_.push_back(&qp);
+  }
+  bool idle_qp(QpImpl& qp);
+  void drop_stale_timers(QpImpl& qp);
   std::vector<QpImpl*> ack_list_;
   std::vector<QpImpl*> ack_later_;
 };

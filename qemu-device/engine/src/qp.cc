@@ -176,6 +176,7 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   invalidate_qp_windows(*qp);
   mcast_forget(qp);
   qp_list_.erase(std::find(qp_list_.begin(), qp_list_.end(), qp));
+  if (qp->active) *std::find(active_qps_.begin(), active_qps_.end(), qp) = nullptr;
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
   const uint32_t qpn = qp->qpn_;
   qps_.erase(qpn);
@@ -316,6 +317,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     if (next == QpState::RTR) qp->seg = cfg_.mtu;
     qp->state_ = next;
     if (next == QpState::SQD) comp_retire(*qp);
+    activate(*qp);  // WRs posted before RTS go out now
     return 0;
   }
   if (cur == QpState::INIT && next == QpState::RTR) {
@@ -349,6 +351,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
   if (next == QpState::SQD && cur != QpState::SQD) qp->drained_reported = false;
   qp->state_ = next;
   if (next == QpState::SQD) comp_retire(*qp);  // reports SQ_DRAINED if already drained
+  activate(*qp);  // WRs posted before RTS (or held in SQD) go out now
   return 0;
 }
 
@@ -536,6 +539,7 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
     for (uint32_t i = 0; i < wr.num_sge; i++) w.sge[i] = wr.sg_list[i];
   }
   qp->sq_tail++;
+  activate(*qp);
   if (st == QpState::ERR || st == QpState::SQE) {
     w.started = w.done = true;
     w.status = WcStatus::WR_FLUSH_ERR;
