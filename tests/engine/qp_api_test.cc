@@ -101,3 +101,41 @@ TEST(QpApi, GsiGidsOnlyOnAGsiQp) {
 }
 
 }  // namespace
+
+namespace vstellar::test {
+namespace {
+
+// Issue 16, hostile scale: progress() visits a QP while it has work or an
+// armed timer, and not once it is idle, however many idle QPs there are.
+TEST(QpApi, OnlyQpsWithWorkAreVisited) {
+  Pair t;
+  std::vector<Qp*> idle;
+  for (int i = 0; i < 64; i++) {  // in RTS, and never sending: idle
+    QpInitAttr ia;
+    ia.send_cq = t.a.scq;
+    ia.recv_cq = t.a.rcq;
+    Qp* q = t.a.eng->create_qp(t.a.pd, ia);
+    ASSERT_NE(q, nullptr);
+    std::swap(t.a.qp, q);  // the pair's helpers take a's QP: this one for now
+    ASSERT_EQ(Pair::to_init(t.a, ACCESS_REMOTE_WRITE), 0);
+    ASSERT_EQ(t.to_rtr(t.a, t.b), 0);
+    ASSERT_EQ(t.to_rts(t.a), 0);
+    std::swap(t.a.qp, q);
+    idle.push_back(q);
+  }
+  t.net.run_for(10'000'000);
+  EXPECT_EQ(t.a.eng->active_qps(), 0u);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 64 << 10, 0), 0);
+  EXPECT_EQ(t.a.eng->active_qps(), 1u);
+  ASSERT_EQ(t.wait(t.a, t.a.scq, 1).size(), 1u);
+  t.net.run_for(10'000'000);  // the last ACKs, then the timers lapse
+  EXPECT_EQ(t.a.eng->active_qps(), 0u);
+  EXPECT_EQ(t.b.eng->active_qps(), 0u);
+  EXPECT_EQ(t.a.eng->next_deadline(), UINT64_MAX);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 2, 0, 4096, 0), 0);
+  ASSERT_EQ(t.wait(t.a, t.a.scq, 1).size(), 1u);
+  for (Qp* q : idle) EXPECT_EQ(t.a.eng->destroy_qp(q), 0);
+}
+
+}  // namespace
+}  // namespace vstellar::test

@@ -1301,7 +1301,9 @@ void DataPath::KernelGsiAndUdQpsExchangeDatagrams() {
   ASSERT_TRUE(rc);
   // Two workers: the MAD for QP 1 was steered to worker 1 (1 % 2) and
   // passed on to worker 0, whose device A holds the address.
-  if (threads_ > 1) EXPECT_GT(d_->forwarded(), 0u);
+  if (threads_ > 1) {
+    EXPECT_GT(d_->forwarded(), 0u);
+  }
   EXPECT_EQ(rc->status, 0);
   EXPECT_EQ(le64toh(rc->wr_id), 0x61u);
   EXPECT_EQ(le32toh(rc->qpn), gsi.qpn);

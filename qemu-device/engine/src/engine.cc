@@ -445,6 +445,7 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
 }
 bool Engine::progress() { return core_->progress(); }
 uint64_t Engine::next_deadline() { return core_->next_deadline(); }
+size_t Engine::active_qps() const { return core_->active_qps_.size(); }
 const EngineConfig& Engine::config() const { return core_->cfg_; }
 const EngineStats& Engine::stats() const { return core_->stats_; }
 std::vector<AsyncEvent> Engine::take_async_events() { return std::move(core_->events_); }

@@ -195,6 +195,9 @@ class Engine {
   bool progress();
   // Earliest timer deadline (ns, clock time); UINT64_MAX if none.
   uint64_t next_deadline();
+  // QPs the next progress() visits: those with work or an armed timer
+  // since the last pass (idle connected QPs cost nothing per pass).
+  size_t active_qps() const;
 
   const EngineConfig& config() const;
   const EngineStats& stats() const;
