@@ -714,6 +714,7 @@ int Scale(const Args& a) {
     j = d.Stats();
     const size_t eng = j.find("\"engine\":");
     const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
+    const uint64_t forwarded = JsonNumber(j, "forwarded");  // between worker threads
     const auto tdown = Clock::now();
     devs.clear();
     h.f.reset();
@@ -751,6 +752,7 @@ int Scale(const Args& a) {
           "\"rss_anon_after_destroy\":%llu,\"rss_anon_after_second_round\":%llu,\"idle_cpu_bare\":%.5f,\"idle_sleeps_bare\":%llu,\"idle_cpu_qps\":%.5f,"
           "\"idle_sleeps_qps\":%llu,\"busy_seconds\":%.2f,\"busy_size\":%u,\"busy_gbps\":%.3f,\"busy_daemon_cpu\":%.3f,"
           "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu,"
+          "\"forwarded\":%llu,"
           "\"hostile\":%s,\"hostile_qps\":%u,\"hostile_cqs\":%u,\"hostile_mrs\":%u,\"hostile_qp_status\":%u,"
           "\"hostile_cq_status\":%u,\"hostile_mr_status\":%u,\"daemon_rss_anon_peak\":%llu}\n",
           a.threads, a.pair, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
@@ -758,7 +760,7 @@ int Scale(const Args& a) {
           double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
           (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
           busy_cpu, jain, (unsigned long long)min_done, (unsigned long long)max_done, (unsigned long long)errors,
-          (unsigned long long)retx, (unsigned long long)timeouts, a.hostile ? "true" : "false", h_qps, h_cqs, h_mrs,
+          (unsigned long long)retx, (unsigned long long)timeouts, (unsigned long long)forwarded, a.hostile ? "true" : "false", h_qps, h_cqs, h_mrs,
           h_qp_st, h_cq_st, h_mr_st, (unsigned long long)anon2);
       rc = errors ? 1 : 0;
     }
