@@ -357,6 +357,17 @@ static void vstellar_config_changed(struct virtio_device *vdev)
 /* Net device association (GIDs come from its addresses)             */
 /* ---------------------------------------------------------------- */
 
+/*
+ * The net device is ours by what it is (the guest's virtio-net, or the one
+ * named by the netdev parameter), not by where it is: a container may take
+ * it into its own network namespace, and with RDMA's exclusive netns mode
+ * the ib_device follows it there (`rdma dev set vstellar0 netns NAME`).
+ * So every namespace is looked at. Moving a net device between namespaces
+ * unregisters it in the old one and registers it in the new one; the
+ * binding follows, and the core rebuilds the GIDs from the addresses the
+ * device gets there. With the netdev parameter, the first device of that
+ * name in any namespace is taken while we hold none.
+ */
 static bool vstellar_netdev_fits(struct net_device *ndev)
 {
 	struct device *parent = ndev->dev.parent;
@@ -384,8 +395,8 @@ static void vstellar_bind_netdev(struct vstellar_dev *dev,
 	}
 	dev->netdev = ndev;
 	if (ndev)
-		dev_info(&dev->vdev->dev, "GIDs from net device %s\n",
-			 ndev->name);
+		dev_info(&dev->vdev->dev, "GIDs from net device %s (netns %u)\n",
+			 ndev->name, dev_net(ndev)->ns.inum);
 	/* the rescan takes RTNL, which a netdev notifier holds */
 	if (dev->registered && ndev)
 		schedule_work(&dev->rescan_work);
@@ -408,14 +419,16 @@ static int vstellar_netdev_event(struct notifier_block *nb,
 	struct vstellar_dev *dev = container_of(nb, struct vstellar_dev, nb);
 
 	/* unregistering the notifier replays NETDEV_UNREGISTER: ignore it */
-	if (READ_ONCE(dev->removing) || !net_eq(dev_net(ndev), &init_net))
+	if (READ_ONCE(dev->removing))
 		return NOTIFY_DONE;
 	switch (event) {
 	case NETDEV_REGISTER:
+		/* a new device, or ours arriving in another namespace */
 		if (!READ_ONCE(dev->netdev) && vstellar_netdev_fits(ndev))
 			vstellar_bind_netdev(dev, ndev);
 		break;
 	case NETDEV_UNREGISTER:
+		/* going away, or leaving its namespace: let go of it either way */
 		if (READ_ONCE(dev->netdev) == ndev)
 			vstellar_bind_netdev(dev, NULL);
 		break;
@@ -423,15 +436,25 @@ static int vstellar_netdev_event(struct notifier_block *nb,
 	return NOTIFY_DONE;
 }
 
+/*
+ * The first fitting net device in any namespace; the caller holds RTNL,
+ * which keeps it registered (and in its namespace) until released.
+ */
 static struct net_device *vstellar_find_netdev(void)
 {
 	struct net_device *ndev;
+	struct net *net;
 
 	ASSERT_RTNL();
-	for_each_netdev(&init_net, ndev)
-		if (vstellar_netdev_fits(ndev))
-			return ndev;
-	return NULL;
+	rcu_read_lock();
+	for_each_net_rcu(net)
+		for_each_netdev_rcu(net, ndev)
+			if (vstellar_netdev_fits(ndev))
+				goto out;
+	ndev = NULL;
+out:
+	rcu_read_unlock();
+	return ndev;
 }
 
 /* ---------------------------------------------------------------- */
