@@ -239,6 +239,30 @@ def microvm_image(container, guest_image=None):
         return d, f.read().strip()
 
 
+OCI_IMAGE_TAR = "/usr/share/vstellar/images/perftest.tar"
+
+
+def oci_image(container=None, guest_image=None):
+    """The guest image with an OCI runtime (Debian's crun), our bundle maker
+    (tools/oci/vstellar-oci-bundle) and the perftest container image as a
+    tarball at OCI_IMAGE_TAR: tools/build-guest-overlay.sh over the guest
+    image (cached by its inputs), so that other boots keep the small one."""
+    guest_image = guest_image or os.environ.get("VSTELLAR_GUEST_IMAGE") or read_env_file().get("GUEST_IMAGE")
+    with tempfile.TemporaryDirectory(prefix="vstellar-oci-") as extra:
+        os.chmod(extra, 0o755)  # it becomes the guest's /
+        tar = os.path.join(extra, OCI_IMAGE_TAR.lstrip("/"))
+        os.makedirs(os.path.dirname(tar))
+        shutil.copyfile(os.path.join(container_image(container), "rootfs.tar"), tar)
+        os.makedirs(os.path.join(extra, "usr/local/bin"))
+        shutil.copy(os.path.join(TOP, "tools", "oci", "vstellar-oci-bundle"),
+                    os.path.join(extra, "usr/local/bin"))
+        r = run([os.path.join(TOP, "tools", "build-guest-overlay.sh"), "-x", extra,
+                 str(guest_image), "oci", "crun"], check=False)
+    if r.returncode:
+        raise GuestError(f"build-guest-overlay.sh failed: {r.stderr.strip()}")
+    return r.stdout.strip().splitlines()[-1]
+
+
 def run(cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 

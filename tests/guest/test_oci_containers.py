@@ -1,0 +1,141 @@
+"""OCI containers in guests: perftest in crun containers over vStellar.
+
+The guests boot the OCI image variant (vstellar_guest.oci_image: Debian's
+crun, tools/oci/vstellar-oci-bundle and the perftest container image as a
+tarball, a second cpio over the test image). Each container is a bundle
+made from the tarball, with /dev/infiniband passed in, the host's network
+and RLIMIT_MEMLOCK as given, run by `crun run --no-pivot` (the guest's
+root is its initramfs, which pivot_root cannot leave).
+
+- one container per guest: ib_write_bw between them;
+- two containers per guest at once on the one vstellar0, each pair on its
+  own port;
+- while those run, a container whose memlock limit is 64 KiB (no
+  CAP_IPC_LOCK) registers a 1 MiB buffer (ibv_rc_pingpong -s 1048576,
+  which registers before it connects; perftest connects first): the kernel
+  refuses the pinning (ENOMEM), the program says "Couldn't register MR"
+  and exits, and the two running pairs finish unharmed.
+
+No timings are asserted: perftest's bandwidth needs its CPU-clock estimate,
+which fails (reports 0) on a loaded TCG guest.
+"""
+import re
+import unittest
+
+from guestlib import SPLATS, splats, vstellar_guest as vg, vstellar_perftest as pt
+
+DEV = pt.VSTELLAR_DEVICE
+ARGS = f"-d {DEV} -x $GIDX -s 65536 -n 500 -F --report_gbits"
+
+COMMON = pt.VSTELLAR_SETUP + f"""\
+mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 1
+crun --version | head -n 1
+# mk NAME [bundle options] -- COMMAND...: a bundle from the image tarball
+mk() {{ n=$1; shift; rm -rf /run/oci/$n; vstellar-oci-bundle --image {vg.OCI_IMAGE_TAR} --dir /run/oci/$n --hostname $n "$@"; }}
+ctr() {{ crun run --no-pivot --bundle /run/oci/$1 $1; }}
+"""
+
+SERVER = COMMON + f"""\
+echo '== where'
+mk where -- sh -c 'hostname; ls -1 /dev/infiniband; ulimit -l; command -v ib_write_bw; command -v python3 || echo no-python3; ibv_devices' || exit 1
+ctr where || exit 1
+echo '== single'
+mk s1 -- ib_write_bw {ARGS} -p 18515 || exit 1
+ctr s1 || exit 1
+mk s2 -- ib_write_bw {ARGS} -p 18516 || exit 1
+mk s3 -- ib_write_bw {ARGS} -p 18517 || exit 1
+mk nomem --memlock 65536 -- sh -c "ulimit -l; ibv_rc_pingpong -d {DEV} -g $GIDX -s 1048576 -p 18518; echo exit \\$?" || exit 1
+ctr s2 > /tmp/s2.out 2>&1 & p2=$!
+ctr s3 > /tmp/s3.out 2>&1 & p3=$!
+echo '== nomemlock'
+ctr nomem
+echo '== shared-a'
+wait $p2; r2=$?; cat /tmp/s2.out; echo "container-exit $r2"
+echo '== shared-b'
+wait $p3; r3=$?; cat /tmp/s3.out; echo "container-exit $r3"
+[ $r2 = 0 ] && [ $r3 = 0 ] || exit 1
+echo '== after'
+""" + SPLATS
+
+CLIENT = COMMON + f"""\
+# run_client OUT NAME: run container NAME until its perftest finds the server
+run_client() {{
+  i=0
+  while [ $i -lt 120 ]; do
+    ctr $2 > $1 2>&1 && return 0
+    grep -q "{pt.PERFTEST_NOT_LISTENING}" $1 || return 1
+    i=$((i + 1)); sleep 1
+  done
+  return 1
+}}
+echo '== single'
+mk c1 -- ib_write_bw {ARGS} -p 18515 $VSTELLAR_PEER_IP || exit 1
+run_client /tmp/c1.out c1; r=$?; cat /tmp/c1.out; [ $r = 0 ] || exit 1
+mk c2 -- ib_write_bw {ARGS} -p 18516 $VSTELLAR_PEER_IP || exit 1
+mk c3 -- ib_write_bw {ARGS} -p 18517 $VSTELLAR_PEER_IP || exit 1
+run_client /tmp/c2.out c2 & p2=$!
+run_client /tmp/c3.out c3 & p3=$!
+echo '== shared-a'
+wait $p2; r2=$?; cat /tmp/c2.out; echo "container-exit $r2"
+echo '== shared-b'
+wait $p3; r3=$?; cat /tmp/c3.out; echo "container-exit $r3"
+[ $r2 = 0 ] && [ $r3 = 0 ] || exit 1
+echo '== after'
+""" + SPLATS
+
+
+class OciContainerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
+        image = vg.oci_image()
+        cls.daemons = []
+        cls.results = vg.run_guests([SERVER, CLIENT], image=image, vstellar=True, timeout=600,
+                                    daemons_out=cls.daemons)
+        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
+
+    def test_guests_succeeded(self):
+        for i, (status, _out, console) in enumerate(self.results):
+            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
+                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+
+    def test_container_sees_the_device_and_its_own_root(self):
+        where = self.sections[0].get("where", [])
+        self.assertEqual(where[0], "where", where)             # its own UTS namespace
+        self.assertIn("rdma_cm", where)
+        self.assertTrue(any(w.startswith("uverbs") for w in where), where)
+        self.assertIn("unlimited", where)
+        self.assertIn("/usr/bin/ib_write_bw", where)
+        self.assertIn("no-python3", where)                      # the image's root, not the guest's
+        self.assertRegex("\n".join(where), rf"(?m)^\s+{DEV}\s+[0-9a-f]{{16}}$")
+
+    def test_perftest_between_containers(self):
+        for section in ("single", "shared-a", "shared-b"):
+            with self.subTest(section=section):
+                rows = pt.parse_bw(self.sections[1].get(section, []))
+                self.assertEqual(len(rows), 1, self.sections[1].get(section))
+                self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (65536, 500))
+                for i in range(2):
+                    if section != "single":
+                        self.assertIn("container-exit 0", self.sections[i][section])
+
+    def test_container_without_memlock_fails_clearly(self):
+        out = self.sections[0].get("nomemlock", [])
+        text = "\n".join(out)
+        self.assertEqual(out[0], "64", text)                    # ulimit -l, in KiB
+        self.assertIn("Couldn't register MR", text)
+        self.assertRegex(text, r"(?m)^exit [1-9]", text)
+
+    def test_no_kernel_splats(self):
+        for i in range(2):
+            self.assertEqual(splats(self.results[i][1]), 0, self.sections[i].get("after"))
+
+    def test_one_device_shared(self):
+        # one device per guest served all its containers
+        for d in self.daemons:
+            self.assertEqual(len(d["stats"]["devices"]), 1, d["stats"])
+            self.assertGreater(d["stats"]["devices"][0]["wqes"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
