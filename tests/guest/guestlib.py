@@ -32,16 +32,22 @@ class KernelUlpCase(unittest.TestCase):
     """Two guests with the vStellar device, booted once per test class,
     each running its script (SCRIPTS) with SPLATS at the end; results,
     sections (split_sections of each output) and daemons (their logs and
-    counters) for the tests. A subclass sets SCRIPTS and may set TIMEOUT."""
+    counters) for the tests. A subclass sets SCRIPTS and may set TIMEOUT,
+    and override image() to boot another guest image."""
     SCRIPTS = ()
     TIMEOUT = 600
+
+    @classmethod
+    def image(cls):
+        return None  # the test image `make guest` recorded
 
     @classmethod
     def setUpClass(cls):
         vstellar_guest.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         cls.daemons = []
         cls.results = vstellar_guest.run_guests([s + SPLATS for s in cls.SCRIPTS], vstellar=True,
-                                                timeout=cls.TIMEOUT, mem=1024, daemons_out=cls.daemons)
+                                                timeout=cls.TIMEOUT, mem=1024, image=cls.image(),
+                                                daemons_out=cls.daemons)
         cls.sections = [vstellar_perftest.split_sections(out) for _status, out, _console in cls.results]
 
     def test_guests_succeeded(self):

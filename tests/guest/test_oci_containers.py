@@ -22,7 +22,7 @@ which fails (reports 0) on a loaded TCG guest.
 import re
 import unittest
 
-from guestlib import SPLATS, splats, vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import KernelUlpCase, splats, vstellar_guest as vg, vstellar_perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 ARGS = f"-d {DEV} -x $GIDX -s 65536 -n 500 -F --report_gbits"
@@ -33,6 +33,8 @@ crun --version | head -n 1
 # mk NAME [bundle options] -- COMMAND...: a bundle from the image tarball
 mk() {{ n=$1; shift; rm -rf /run/oci/$n; vstellar-oci-bundle --image {vg.OCI_IMAGE_TAR} --dir /run/oci/$n --hostname $n "$@"; }}
 ctr() {{ crun run --no-pivot --bundle /run/oci/$1 $1; }}
+# report SECTION PID OUT: wait for a background container, print its output
+report() {{ echo "== $1"; wait $2; r=$?; cat $3; echo "container-exit $r"; return $r; }}
 """
 
 SERVER = COMMON + f"""\
@@ -49,13 +51,11 @@ ctr s2 > /tmp/s2.out 2>&1 & p2=$!
 ctr s3 > /tmp/s3.out 2>&1 & p3=$!
 echo '== nomemlock'
 ctr nomem
-echo '== shared-a'
-wait $p2; r2=$?; cat /tmp/s2.out; echo "container-exit $r2"
-echo '== shared-b'
-wait $p3; r3=$?; cat /tmp/s3.out; echo "container-exit $r3"
-[ $r2 = 0 ] && [ $r3 = 0 ] || exit 1
+report shared-a $p2 /tmp/s2.out; r2=$?
+report shared-b $p3 /tmp/s3.out || exit 1
+[ $r2 = 0 ] || exit 1
 echo '== after'
-""" + SPLATS
+"""
 
 CLIENT = COMMON + f"""\
 # run_client OUT NAME: run container NAME until its perftest finds the server
@@ -75,29 +75,19 @@ mk c2 -- ib_write_bw {ARGS} -p 18516 $VSTELLAR_PEER_IP || exit 1
 mk c3 -- ib_write_bw {ARGS} -p 18517 $VSTELLAR_PEER_IP || exit 1
 run_client /tmp/c2.out c2 & p2=$!
 run_client /tmp/c3.out c3 & p3=$!
-echo '== shared-a'
-wait $p2; r2=$?; cat /tmp/c2.out; echo "container-exit $r2"
-echo '== shared-b'
-wait $p3; r3=$?; cat /tmp/c3.out; echo "container-exit $r3"
-[ $r2 = 0 ] && [ $r3 = 0 ] || exit 1
+report shared-a $p2 /tmp/c2.out; r2=$?
+report shared-b $p3 /tmp/c3.out || exit 1
+[ $r2 = 0 ] || exit 1
 echo '== after'
-""" + SPLATS
+"""
 
 
-class OciContainerTest(unittest.TestCase):
+class OciContainerTest(KernelUlpCase):
+    SCRIPTS = (SERVER, CLIENT)
+
     @classmethod
-    def setUpClass(cls):
-        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
-        image = vg.oci_image()
-        cls.daemons = []
-        cls.results = vg.run_guests([SERVER, CLIENT], image=image, vstellar=True, timeout=600,
-                                    daemons_out=cls.daemons)
-        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
-
-    def test_guests_succeeded(self):
-        for i, (status, _out, console) in enumerate(self.results):
-            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +
-                             "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
+    def image(cls):
+        return vg.oci_image()
 
     def test_container_sees_the_device_and_its_own_root(self):
         where = self.sections[0].get("where", [])
