@@ -15,6 +15,10 @@ root is its initramfs, which pivot_root cannot leave).
   which registers before it connects; perftest connects first): the kernel
   refuses the pinning (ENOMEM), the program says "Couldn't register MR"
   and exits, and the two running pairs finish unharmed.
+- rootless: an unprivileged user runs crun (a user namespace mapping the
+  container's root to that user, device nodes bind mounted, no device
+  cgroup) with ib_write_bw between two such containers on guest 0; and
+  crun refuses a memlock limit above the user's hard limit.
 
 No timings are asserted: perftest's bandwidth needs its CPU-clock estimate,
 which fails (reports 0) on a loaded TCG guest.
@@ -54,6 +58,32 @@ ctr nomem
 report shared-a $p2 /tmp/s2.out; r2=$?
 report shared-b $p3 /tmp/s3.out || exit 1
 [ $r2 = 0 ] || exit 1
+echo '== rootless'
+echo "u:x:1000:1000::/tmp/u:/bin/sh" >> /etc/passwd
+echo "u:x:1000:" >> /etc/group
+mkdir -p /tmp/u/run && chown -R 1000:1000 /tmp/u && chmod 700 /tmp/u/run
+cat > /tmp/u/go.sh <<EOF
+export XDG_RUNTIME_DIR=/tmp/u/run HOME=/tmp/u
+run() {{ crun --cgroup-manager=disabled run --no-pivot --bundle /tmp/u/\$1 \$1; }}
+mk() {{ n=\$1; shift; vstellar-oci-bundle --rootless --image {vg.OCI_IMAGE_TAR} --dir /tmp/u/\$n "\$@"; }}
+mk who -- sh -c 'echo "inside \$(id -u) \$(cat /proc/self/uid_map)"; ulimit -l' || exit 1
+mk rs -- ib_write_bw {ARGS} -p 18519 || exit 1
+mk rc -- ib_write_bw {ARGS} -p 18519 $VSTELLAR_SELF_IP || exit 1
+echo "outside \$(id -u)"
+run who || exit 1
+run rs > /tmp/u/rs.out 2>&1 & p=\$!
+i=0
+until run rc > /tmp/u/rc.out 2>&1; do
+  grep -q "{pt.PERFTEST_NOT_LISTENING}" /tmp/u/rc.out && [ \$i -lt 60 ] || {{ cat /tmp/u/rc.out; exit 1; }}
+  i=\$((i + 1)); sleep 1
+done
+wait \$p || {{ cat /tmp/u/rs.out; exit 1; }}
+cat /tmp/u/rc.out
+echo '== rootless-over-limit'
+ulimit -l 64
+run who; echo "exit \$?"
+EOF
+su u -s /bin/sh -c 'sh /tmp/u/go.sh' || exit 1
 echo '== after'
 """
 
@@ -115,6 +145,20 @@ class OciContainerTest(KernelUlpCase):
         self.assertEqual(out[0], "64", text)                    # ulimit -l, in KiB
         self.assertIn("Couldn't register MR", text)
         self.assertRegex(text, r"(?m)^exit [1-9]", text)
+
+    def test_rootless(self):
+        # crun as an unprivileged user: the container's root is that user
+        out = self.sections[0].get("rootless", [])
+        self.assertIn("outside 1000", out)
+        self.assertIn("inside 0 0 1000 1", [" ".join(x.split()) for x in out], out)
+        self.assertIn("unlimited", out)
+        rows = pt.parse_bw(out)
+        self.assertEqual(len(rows), 1, out)
+        self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (65536, 500))
+        # no memlock above the user's hard limit: crun refuses to start it
+        over = "\n".join(self.sections[0].get("rootless-over-limit", []))
+        self.assertRegex(over, r"(?m)^exit [1-9]", over)
+        self.assertNotIn("inside", over)
 
     def test_no_kernel_splats(self):
         for i in range(2):
