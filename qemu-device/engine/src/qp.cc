@@ -22,9 +22,13 @@ struct Transition {
 constexpr int kStates = 7;
 
 const Transition& transition(QpState cur, QpState next) {
-  static Transition t[kStates][kStates];
-  static bool built = false;
-  if (!built) {
+  // Built once, thread-safely (engines of vstellard's workers run at once).
+  struct Table {
+    Transition t[kStates][kStates]{};
+  };
+  static const Table table = [] {
+    Table built;
+    auto& t = built.t;
     auto S = [](QpState s) { return int(s); };
     for (int c = 0; c < kStates; c++) {
       t[c][S(QpState::RESET)] = {true, 0, 0};
@@ -53,9 +57,9 @@ const Transition& transition(QpState cur, QpState next) {
             QP_MIN_RNR_TIMER | QP_PATH_MIG_STATE};
     t[S(QpState::SQE)][S(QpState::RTS)] = {true, 0,
                                             QP_CUR_STATE | QP_ACCESS_FLAGS | QP_MIN_RNR_TIMER};
-    built = true;
-  }
-  return t[int(cur)][int(next)];
+    return built;
+  }();
+  return table.t[int(cur)][int(next)];
 }
 
 // The UC column: RC's without the attributes of acknowledgement,
@@ -63,9 +67,13 @@ const Transition& transition(QpState cur, QpState next) {
 // rd_atomic depths), and with no port change in SQD->SQD (as the kernel's
 // ib_modify_qp_is_ok table has it).
 const Transition& uc_transition(QpState cur, QpState next) {
-  static Transition t[kStates][kStates];
-  static bool built = false;
-  if (!built) {
+  // Built once, thread-safely (engines of vstellard's workers run at once).
+  struct Table {
+    Transition t[kStates][kStates]{};
+  };
+  static const Table table = [] {
+    Table built;
+    auto& t = built.t;
     constexpr uint32_t kRcOnly = QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC |
                                  QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER;
     for (int c = 0; c < kStates; c++)
@@ -75,16 +83,20 @@ const Transition& uc_transition(QpState cur, QpState next) {
         t[c][n].opt &= ~kRcOnly;
       }
     t[int(QpState::SQD)][int(QpState::SQD)].opt &= ~uint32_t(QP_PORT);
-    built = true;
-  }
-  return t[int(cur)][int(next)];
+    return built;
+  }();
+  return table.t[int(cur)][int(next)];
 }
 
 // The UD column of the same table (GSI: the port is implied, not set).
 const Transition& ud_transition(QpState cur, QpState next, bool gsi) {
-  static Transition t[2][kStates][kStates];
-  static bool built = false;
-  if (!built) {
+  // Built once, thread-safely (engines of vstellard's workers run at once).
+  struct Table {
+    Transition t[2][kStates][kStates]{};
+  };
+  static const Table table = [] {
+    Table built;
+    auto& t = built.t;
     auto S = [](QpState s) { return int(s); };
     for (int g = 0; g < 2; g++) {
       const uint32_t port = g ? 0u : uint32_t(QP_PORT);
@@ -103,9 +115,9 @@ const Transition& ud_transition(QpState cur, QpState next, bool gsi) {
       u[S(QpState::SQD)][S(QpState::SQD)] = {true, 0, QP_PKEY_INDEX | QP_QKEY};
       u[S(QpState::SQE)][S(QpState::RTS)] = {true, 0, QP_CUR_STATE | QP_QKEY};
     }
-    built = true;
-  }
-  return t[gsi ? 1 : 0][int(cur)][int(next)];
+    return built;
+  }();
+  return table.t[gsi ? 1 : 0][int(cur)][int(next)];
 }
 
 
