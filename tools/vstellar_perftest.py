@@ -65,6 +65,24 @@ run_client() {{
 """
 
 
+def rping_server(pings, port=7174):
+    """Shell: an rping server that takes one connection of `pings` pings."""
+    return f"timeout 200 rping -s -a 0.0.0.0 -p {port} -C {pings} -v"
+
+
+def rping_client(pings, tries, port=7174):
+    """Shell: rping to $VSTELLAR_PEER_IP, retried once a second (at most
+    `tries` times) until the server listens; prints the last try's output."""
+    return f"""\
+i=0
+until timeout 60 rping -c -a $VSTELLAR_PEER_IP -p {port} -C {pings} -v > /tmp/rping.out 2>&1; do
+  i=$((i + 1)); [ $i -lt {tries} ] || {{ cat /tmp/rping.out; exit 1; }}
+  sleep 1
+done
+cat /tmp/rping.out
+"""
+
+
 # perftest exits at once when nobody listens yet; these are its words.
 PERFTEST_NOT_LISTENING = ("Couldn't connect\\|Unable to perform rdma_client function"
                           "\\|Failed to connect")

@@ -49,7 +49,7 @@ echo "== in-ctr"
 echo "ctr: [$(rdma dev show | grep -c {DEV})] GID $GIDX $(cat /sys/class/infiniband/{DEV}/ports/1/gids/$GIDX) $(cat /sys/class/infiniband/{DEV}/ports/1/gid_attrs/ndevs/$GIDX)"
 ibv_devices
 echo "== rping ctr"
-timeout 200 rping -s -a 0.0.0.0 -p 7174 -C {PINGS} -v
+{pt.rping_server(PINGS)}
 echo "== ib_write_bw {BW}"
 timeout 200 ib_write_bw -d {DEV} -p 18515 {BW}
 ' || exit 1
@@ -61,19 +61,12 @@ ip link set eth0 up
 {pt.wait_roce_gid(DEV)}
 echo "home: GID $GIDX $(cat /sys/class/infiniband/{DEV}/ports/1/gids/$GIDX)"
 echo "== rping home"
-timeout 200 rping -s -a 0.0.0.0 -p 7174 -C {PINGS} -v || exit 1
+{pt.rping_server(PINGS)} || exit 1
 echo '== dmesg'
 dmesg | grep 'GIDs from net device'
 """
 
-RPING_CLIENT = f"""\
-i=0
-until timeout 60 rping -c -a $VSTELLAR_PEER_IP -p 7174 -C {PINGS} -v > /tmp/rping.out 2>&1; do
-  i=$((i + 1)); [ $i -lt 60 ] || {{ cat /tmp/rping.out; exit 1; }}
-  sleep 1
-done
-cat /tmp/rping.out
-"""
+RPING_CLIENT = pt.rping_client(PINGS, 60)
 
 CLIENT = (pt.VSTELLAR_SETUP + pt.client_retry(pt.PERFTEST_NOT_LISTENING, 120) +
           "echo '== rping ctr'\n" + RPING_CLIENT +

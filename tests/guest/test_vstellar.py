@@ -33,19 +33,8 @@ BW_TESTS = [t for t in TESTS if t[0].endswith("_bw") and t[0] != "ib_atomic_bw"]
 PINGS = 10
 # rping: the server takes one connection and exits; the client retries
 # until the server listens (bounded), like perftest's clients.
-RPING_SERVER = f"""\
-echo '== rping'
-timeout 200 rping -s -a 0.0.0.0 -p 7174 -C {PINGS} -v
-"""
-RPING_CLIENT = f"""\
-echo '== rping'
-i=0
-until timeout 60 rping -c -a $VSTELLAR_PEER_IP -p 7174 -C {PINGS} -v > /tmp/rping.out 2>&1; do
-  i=$((i + 1)); [ $i -lt 30 ] || {{ cat /tmp/rping.out; exit 1; }}
-  sleep 1
-done
-cat /tmp/rping.out
-"""
+RPING_SERVER = "echo '== rping'\n" + pt.rping_server(PINGS) + "\n"
+RPING_CLIENT = "echo '== rping'\n" + pt.rping_client(PINGS, 30)
 
 INFO = f"""\
 echo '== info'
