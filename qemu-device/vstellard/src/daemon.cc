@@ -35,6 +35,13 @@ void Log(const char* fmt, auto... args) {
   std::fputc('\n', stderr);
 }
 
+void AddAtcStats(AtcStats* sum, const AtcStats& s) {
+  sum->lookups += s.lookups;
+  sum->hits += s.hits;
+  sum->misses += s.misses;
+  sum->evictions += s.evictions;
+}
+
 // Integrity mode puts its trailer in front of the wire header.
 constexpr size_t kIntegrityTrailer = 28;
 }  // namespace
@@ -768,12 +775,7 @@ AtcStats Daemon::atc_stats() {
   AtcStats a;
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> g(w->mu_);
-    if (!w->atc()) continue;
-    const AtcStats s = w->atc()->stats();
-    a.lookups += s.lookups;
-    a.hits += s.hits;
-    a.misses += s.misses;
-    a.evictions += s.evictions;
+    if (w->atc()) AddAtcStats(&a, w->atc()->stats());
   }
   return a;
 }
@@ -794,11 +796,7 @@ std::string Daemon::StatsJson() {
     std::lock_guard<std::mutex> g(w->mu_);
     w->CollectStats(&v);
     if (const Atc* atc = w->atc()) {
-      const AtcStats s = atc->stats();
-      a.lookups += s.lookups;
-      a.hits += s.hits;
-      a.misses += s.misses;
-      a.evictions += s.evictions;
+      AddAtcStats(&a, atc->stats());
       atc_entries += atc->capacity();
     }
     if (!o_.udp_port || !w->engine()) continue;
