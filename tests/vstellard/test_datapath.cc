@@ -1162,6 +1162,83 @@ TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// A daemon with two workers and one with one, on two ports of one host:
+// each sends to the other's one base port (--peer-port) as always, and the
+// two-worker daemon's kernel steering finds the QP's worker. Pairs: device
+// k of one with device k of the other (k = 0, 1: both workers).
+TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
+  const uint16_t pa = uint16_t(20000 + (getpid() * 37 + 17) % 29000), pb = uint16_t(pa + 600);
+  threads_ = 2;
+  StartDaemon(50, {}, [&](DaemonOptions& o) {
+    o.udp_port = pa;
+    o.peer_port = pb;
+  });
+  DaemonOptions ob;
+  ob.socket = dir_ + "/b";
+  ob.udp_port = pb;
+  ob.peer_port = pa;
+  ob.paths = 4;
+  Daemon b(ob);
+  std::promise<std::string> started;
+  auto fut = started.get_future();
+  std::thread tb([&] {  // Start() and Run() on the daemon's own thread
+    std::string err;
+    const bool ok = b.Start(&err);
+    started.set_value(ok ? "" : err);
+    if (ok) b.Run();
+  });
+  const std::string err = fut.get();
+  if (!err.empty()) {
+    tb.join();
+    FAIL() << err;
+  }
+  std::vector<std::unique_ptr<Frontend>> fs;
+  std::vector<std::unique_ptr<Guest>> gs;
+  std::vector<GQp> qs;
+  for (const std::string& sock : {sock_, sock_, ob.socket, ob.socket}) {  // A0, A1, B0, B1
+    fs.push_back(std::make_unique<Frontend>());
+    std::string e;
+    ASSERT_TRUE(fs.back()->Connect(sock, &e)) << e;
+    ASSERT_TRUE(fs.back()->StartQueues(&e)) << e;
+    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+    gs.back()->Setup();
+    qs.push_back(gs.back()->CreateQp());
+  }
+  EXPECT_NE(qs[0].qpn % 2, qs[1].qpn % 2);  // one QP on each worker of A
+  for (int k = 0; k < 2; k++) {
+    gs[k]->Connect(qs[k], qs[k + 2].qpn);
+    gs[k + 2]->Connect(qs[k + 2], qs[k].qpn);
+  }
+  for (int k = 0; k < 2; k++) {
+    Guest& a = *gs[k];
+    Guest& bg = *gs[k + 2];
+    Fill(a.Buf(0), 40000, uint8_t(3 + k));
+    Fill(bg.Buf(65536), 30000, uint8_t(9 + k));
+    vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = bg.rkey;
+    a.PostSend(qs[k], w, {a.Sge(0, 40000)});  // A -> B
+    w = Wqe(VSTELLAR_WR_RDMA_WRITE, 2);
+    w.u.rdma.remote_addr = kMrGpa + 65536;
+    w.u.rdma.rkey = a.rkey;
+    bg.PostSend(qs[k + 2], w, {bg.Sge(65536, 30000)});  // B -> A
+  }
+  for (int k = 0; k < 4; k++) {
+    auto c = gs[k]->Poll();
+    ASSERT_TRUE(c) << k;
+    EXPECT_EQ(c->status, 0) << k;
+  }
+  for (int k = 0; k < 2; k++) {
+    EXPECT_EQ(std::memcmp(gs[k + 2]->Buf(0), gs[k]->Buf(0), 40000), 0) << k;
+    EXPECT_EQ(std::memcmp(gs[k]->Buf(65536), gs[k + 2]->Buf(65536), 30000), 0) << k;
+  }
+  gs.clear();
+  fs.clear();
+  b.Stop();
+  tb.join();
+  unlink(ob.socket.c_str());
+}
+
 // Per-device object limits (--device-max): the device reports them and
 // enforces them with LIMIT; the next device has its own; a limit above the
 // device's own maximum is refused at start.
