@@ -212,6 +212,43 @@ TEST(Keys, FastRegMrServesAsLocalKeyOnlyWhileValid) {
   EXPECT_EQ(one(t, t.a).status, WcStatus::LOC_PROT_ERR);
 }
 
+// A SEND whose SGE names the key a REG_MR queued just before it registers
+// (iSER's command with immediate data): the key is checked when the SEND
+// runs, not when it is posted, also where lkeys are checked at post.
+TEST(Keys, SendMayUseTheKeyOfARegMrQueuedBeforeIt) {
+  PairOptions o;
+  o.cfg.lkeys_at_post = true;
+  Pair t(o);
+  Mr* fr = t.a.eng->alloc_mr(t.a.pd, 4);
+  const uint32_t k = next_key(fr->rkey());
+  fill_random(t.a.buf.data(), 100, 9);
+  ASSERT_EQ(t.post_recv(t.b, 1, 0, 100), 0);
+  ASSERT_EQ(post_reg(t.a, k, 0, 8192, kRw), 0);
+  Sge sg{t.a.addr(0), 100, k};
+  SendWr wr;
+  wr.wr_id = 3;
+  wr.opcode = WrOpcode::SEND;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
+  auto wc = t.wait(t.a, t.a.scq, 2);
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wc[1].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 100), 0);
+  // Invalidated, the same SGE is posted and then fails when it runs.
+  ASSERT_EQ(post_inv(t.a, k), 0);
+  EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
+  ASSERT_EQ(t.post_recv(t.b, 2, 0, 100), 0);
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
+  EXPECT_EQ(one(t, t.a).status, WcStatus::LOC_PROT_ERR);
+  // A plain MR's bad key still fails at post.
+  Sge bad{t.a.addr(0), 100, t.a.mr->lkey() ^ 0x100};
+  wr.sg_list = &bad;
+  EXPECT_NE(t.a.eng->post_send(t.a.qp, wr), 0);
+}
+
 TEST(Keys, SendWithInvalidateInvalidatesTheResponderKey) {
   Pair t;
   Mr* fr = t.b.eng->alloc_mr(t.b.pd, 4);

@@ -394,6 +394,7 @@ class EngineCore {
     return sge_mr(qp.pd(), lkey, addr, length, access);
   }
   Mr* sge_mr(const Pd* pd, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access);
+  bool post_sge_ok(const Pd* pd, const Sge& s, uint32_t need);
   bool scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
                WcStatus& st);
 

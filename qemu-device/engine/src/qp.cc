@@ -479,7 +479,7 @@ WcStatus EngineCore::check_send(const QpImpl& qp, const SendWr& wr) {
     const uint32_t need = rd_atomic ? uint32_t(ACCESS_LOCAL_WRITE) : 0u;
     for (uint32_t i = 0; i < wr.num_sge; i++) {
       const Sge& s = wr.sg_list[i];
-      if (s.length && !sge_mr(qp, s.lkey, s.addr, s.length, need)) return WcStatus::LOC_PROT_ERR;
+      if (s.length && !post_sge_ok(qp.pd(), s, need)) return WcStatus::LOC_PROT_ERR;
     }
   }
   if (len > DeviceLimits::kMaxMsgSize) return WcStatus::LOC_LEN_ERR;
@@ -562,6 +562,16 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
   return 0;
 }
 
+// An SGE at post time (lkeys_at_post). A fast-registration MR of the PD
+// passes whatever its state and key: a REG_MR queued before this WR may
+// (re)register it under the key the SGE names, as iSER does with the data
+// it sends along with a command. Its key, state, range and access are
+// checked when the WR runs (req_start, gather, scatter), as IB specifies.
+bool EngineCore::post_sge_ok(const Pd* pd, const Sge& s, uint32_t need) {
+  if (const Mr* mr = mr_by_index(s.lkey); mr && mr->fast_reg() && mr->pd() == pd) return true;
+  return sge_mr(pd, s.lkey, s.addr, s.length, need) != nullptr;
+}
+
 // The verbs rules of a receive WR: SGE count, total length (a receive
 // completion counts bytes in 32 bits) and (with lkeys_at_post) that every
 // SGE names an MR of the QP's PD with local write.
@@ -571,9 +581,7 @@ WcStatus EngineCore::check_recv(const Pd* pd, uint32_t max_sge, const RecvWr& wr
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) {
     const Sge& s = wr.sg_list[i];
-    if (s.length && cfg_.lkeys_at_post &&
-        !sge_mr(pd, s.lkey, s.addr, s.length, ACCESS_LOCAL_WRITE))
-      return WcStatus::LOC_PROT_ERR;
+    if (s.length && cfg_.lkeys_at_post && !post_sge_ok(pd, s, ACCESS_LOCAL_WRITE)) return WcStatus::LOC_PROT_ERR;
     len += s.length;
   }
   if (len > (uint64_t{1} << 32)) return WcStatus::LOC_LEN_ERR;
