@@ -25,7 +25,8 @@ abi=$GUEST_KERNEL_ABI
 root_modules=(virtio_pci virtio_net virtio_console qemu_fw_cfg configfs
 	ib_core ib_uverbs ib_umad rdma_ucm rdma_rxe crc32_generic
 	nvme-rdma nvmet-rdma nvme-tcp nvmet-tcp nvme-fabrics nvmet null_blk
-	rpcrdma nfsd nfs nfsv4 rds_rdma)
+	rpcrdma nfsd nfs nfsv4 rds_rdma
+	ib_iser ib_isert iscsi_target_mod target_core_mod sd_mod crc32c_generic)
 # Packages whose files are copied (from the host, where `make deps` put
 # them); perftest comes straight from its .deb so that the host keeps no
 # second libibverbs beside ours.

@@ -256,11 +256,7 @@ def oci_image(container=None, guest_image=None):
         os.makedirs(os.path.join(extra, "usr/local/bin"))
         shutil.copy(os.path.join(TOP, "tools", "oci", "vstellar-oci-bundle"),
                     os.path.join(extra, "usr/local/bin"))
-        r = run([os.path.join(TOP, "tools", "build-guest-overlay.sh"), "-x", extra,
-                 str(guest_image), "oci", "crun"], check=False)
-    if r.returncode:
-        raise GuestError(f"build-guest-overlay.sh failed: {r.stderr.strip()}")
-    return r.stdout.strip().splitlines()[-1]
+        return overlay_image("oci", "crun", extra=extra, base=guest_image)
 
 
 def run(cmd, check=True, **kw):
@@ -665,6 +661,18 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                 d.stop()
             if daemons_out is not None:
                 daemons_out.extend({"stats": d.stats, "log": d.log_text} for d in s.daemons)
+
+
+def overlay_image(name, *packages, extra=None, base=None):
+    """The test image (or base) plus Debian packages (fio, open-iscsi, ...)
+    and the files of directory extra: an image variant built, or found in
+    the cache, by tools/build-guest-overlay.sh. Returns its directory."""
+    tool = os.path.join(TOP, "tools", "build-guest-overlay.sh")
+    r = run([tool] + (["-x", extra] if extra else []) + [str(base or Artifacts().image), name, *packages],
+            check=False)
+    if r.returncode != 0:
+        raise GuestError(f"build-guest-overlay.sh {name} failed: {r.stderr.strip()[-2000:]}")
+    return r.stdout.strip().splitlines()[-1]
 
 
 def cleanup_stale():
