@@ -1006,8 +1006,12 @@ VSTELLAR_ABI_SIZE(vstellar_cq_notify, 8);
 struct vstellar_db_page_hdr {
 	__le32 need_kick;	/* device: nonzero = store to the kick page after
 				 * the next index update (notification suppression) */
-	__le32 reserved[15];
+	__le32 alive;		/* minor 4, device: VSTELLAR_DB_ALIVE from
+				 * ALLOC_UCONTEXT on; reads 0 once the guest kernel
+				 * has cut the page's mappings (device removed) */
+	__le32 reserved[14];
 };
+#define VSTELLAR_DB_ALIVE		0x4c545356u	/* "VSTL" */
 VSTELLAR_ABI_SIZE(vstellar_db_page_hdr, 64);
 
 struct vstellar_db_qp {

@@ -146,6 +146,8 @@ int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 	if (n)
 		vstellar_cq_update_ci(cq);
 	pthread_spin_unlock(&cq->lock);
+	if (!n && vstellar_device_gone(to_vctx(ibcq->context)))
+		return -EIO;
 	return n;
 }
 
@@ -179,6 +181,8 @@ static int vstellar_start_poll(struct ibv_cq_ex *ibcq,
 	ret = vstellar_cq_take(cq);
 	if (ret)
 		pthread_spin_unlock(&cq->lock);
+	if (ret == ENOENT && vstellar_device_gone(to_vctx(ibcq->context)))
+		return EIO;
 	return ret;
 }
 

@@ -182,6 +182,9 @@ static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,
 		ctx->db_page = NULL;
 		goto err;
 	}
+	/* a device older than 1.4 leaves the alive word 0: never checked then */
+	ctx->db_alive = le32toh(((struct vstellar_db_page_hdr *)ctx->db_page)->alive) ==
+			VSTELLAR_DB_ALIVE;
 	if (u->comp_mask & VSTELLAR_UCTX_KICK_PAGE) {
 		ctx->kick_page = mmap(NULL, VSTELLAR_DB_PAGE_SIZE, PROT_WRITE,
 				      MAP_SHARED, cmd_fd, u->kick_mmap_key);

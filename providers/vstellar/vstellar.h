@@ -124,6 +124,7 @@ struct vstellar_context {
 	size_t db_page_size;
 	void *kick_page;		/* mmapped kick page (uncached) or NULL */
 	bool db_suppress;		/* need_kick is maintained by the device */
+	bool db_alive;			/* the device keeps hdr->alive (1.4) */
 
 	pthread_mutex_t qp_table_lock;
 	struct vstellar_qp *qp_table[VSTELLAR_QP_TABLE_SIZE];
@@ -196,6 +197,21 @@ struct vstellar_ah {
 static inline struct vstellar_context *to_vctx(struct ibv_context *ibctx)
 {
 	return container_of(ibctx, struct vstellar_context, ibv_ctx.context);
+}
+
+/*
+ * Whether the device went away (hot unplug): the kernel then replaces the
+ * doorbell page's mapping by a zeroed page, so the alive word the device
+ * set reads 0. Rings live in the process's memory and would just stay
+ * empty, so an empty poll checks this to fail instead of waiting forever.
+ */
+static inline bool vstellar_device_gone(struct vstellar_context *ctx)
+{
+	const struct vstellar_db_page_hdr *hdr = ctx->db_page;
+
+	return ctx->db_alive &&
+	       atomic_load_explicit((_Atomic(uint32_t) *)&hdr->alive,
+				    memory_order_relaxed) != htole32(VSTELLAR_DB_ALIVE);
 }
 
 static inline struct vstellar_cq *to_vcq(struct ibv_cq *ibcq)

@@ -952,6 +952,8 @@ TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
   };
   ASSERT_TRUE(wait_kick(*a_, 1));
   ASSERT_TRUE(wait_kick(*b_, 1));
+  // ... and alive set, the word a provider reads as 0 once the device is gone
+  EXPECT_EQ(le32toh(a_->DbWord(offsetof(vstellar_db_page_hdr, alive)).load()), VSTELLAR_DB_ALIVE);
   EXPECT_FALSE(StatsOf(0).polling);
   const uint64_t idle0 = StatsOf(0).idle_entries;
   EXPECT_GE(idle0, 1u);

@@ -280,11 +280,14 @@ uint16_t Commands::AddDbContext(uint32_t key, uint32_t* page_out) {
   u.db_page = page;
   u.slots.assign(VSTELLAR_DB_SLOTS_PER_PAGE, false);
   obj_.uctx[key] = std::move(u);
-  // A fresh page: every slot zero, and need_kick set (the device is idle
-  // for this context until its first kick).
+  // A fresh page: every slot zero, need_kick set (the device is idle for
+  // this context until its first kick) and alive set (the provider tells a
+  // removed device by this word reading 0).
   if (uint8_t* p = dp_.DbPage(key)) {
     std::memset(p, 0, VSTELLAR_DB_PAGE_SIZE);
     std::atomic_thread_fence(std::memory_order_release);
+    __atomic_store_n(reinterpret_cast<uint32_t*>(p + offsetof(vstellar_db_page_hdr, alive)),
+                     htole32(VSTELLAR_DB_ALIVE), __ATOMIC_RELAXED);
     __atomic_store_n(reinterpret_cast<uint32_t*>(p), htole32(1u), __ATOMIC_SEQ_CST);
   }
   *page_out = page;
