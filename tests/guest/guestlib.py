@@ -50,6 +50,17 @@ class KernelUlpCase(unittest.TestCase):
                                                 daemons_out=cls.daemons)
         cls.sections = [vstellar_perftest.split_sections(out) for _status, out, _console in cls.results]
 
+    def assertDaemonsSent(self, min_bytes):
+        """Each daemon's engine sent more than min_bytes: the data crossed
+        vStellar, not some other path."""
+        for i, d in enumerate(self.daemons):
+            tx = ((d.get("stats") or {}).get("engine") or {}).get("tx_bytes", 0)
+            self.assertGreater(tx, min_bytes, f"vstellard {i}: {d.get('log', '')[-1500:]}")
+
+    def test_no_kernel_splats(self):
+        for i, (_status, out, _console) in enumerate(self.results):
+            self.assertEqual(splats(out), 0, f"guest{i}:\n" + "\n".join(out[-60:]))
+
     def test_guests_succeeded(self):
         for i, (status, out, console) in enumerate(self.results):
             self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-100:]) +

@@ -117,13 +117,7 @@ class IserTest(guestlib.KernelUlpCase):
     def test_bytes_crossed_vstellar(self):
         # Writes: the target READs from the initiator (the initiator's
         # daemon sends); reads: the target WRITEs (the target's daemon).
-        for i, d in enumerate(self.daemons):
-            tx = ((d.get("stats") or {}).get("engine") or {}).get("tx_bytes", 0)
-            self.assertGreater(tx, MIB << 20, f"vstellard {i}: {d.get('log', '')[-1500:]}")
-
-    def test_no_kernel_splats(self):
-        for i, (_status, out, _console) in enumerate(self.results):
-            self.assertEqual(guestlib.splats(out), 0, f"guest{i}:\n" + "\n".join(out[-60:]))
+        self.assertDaemonsSent(MIB << 20)
 
 
 if __name__ == "__main__":
