@@ -42,6 +42,7 @@ uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
 }
 
 uint16_t PathSelector::pick(uint32_t bytes) {
+  if (since_probe_ < probe_gap_) since_probe_++;
   // OBS and RR keep a path for burst_ packets (issue 16): the UDP link sends
   // a run of one path as one segmented send (UDP_SEGMENT).
   if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return choose(bytes);
@@ -97,7 +98,7 @@ uint16_t PathSelector::pick_healthy(int avoid) {
 }
 
 uint16_t PathSelector::probe(uint64_t now) {
-  if (!n_down_ || now < next_probe_) return n_;
+  if (!n_down_ || now < next_probe_ || (probe_gap_ > 1 && since_probe_ < probe_gap_)) return n_;
   uint16_t due = n_;
   uint64_t next = UINT64_MAX;
   for (uint16_t p = 0; p < n_; p++) {
@@ -106,6 +107,7 @@ uint16_t PathSelector::probe(uint64_t now) {
     if (d.until <= now && (due == n_ || d.until < down_[due].until)) due = p;
   }
   if (due < n_) {  // re-armed with a doubled hold: an ACK for it ends that
+    since_probe_ = 0;
     Down& d = down_[due];
     if (d.fails < 6) d.fails++;
     d.until = now + (hold_ns_ << d.fails);

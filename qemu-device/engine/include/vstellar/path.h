@@ -26,7 +26,11 @@ class PathSelector {
   // Path for a first transmission of `bytes` payload bytes.
   uint16_t pick(uint32_t bytes);
   // A down path whose hold is over at `now`, to be probed (its hold is
-  // re-armed, doubled, until an ACK for it arrives); num_paths() if none.
+  // re-armed, doubled, until an ACK for it arrives); num_paths() if none,
+  // or if fewer than probe_gap first transmissions went out since the
+  // last probe: a probe is a copy of a data packet, and while a black hole
+  // lasts, a copy per due path (some 25 paths of 128 at a 64 ms hold) took
+  // a tenth of the sender's bandwidth.
   uint16_t probe(uint64_t now);
   // Path for a retransmission: never `avoid` when another path exists, so a
   // resend does not go back into the hole that lost the original, and a
@@ -40,6 +44,8 @@ class PathSelector {
   // The hold before the first probe of a path that went down (doubles
   // per failed probe, up to 64 times this).
   void set_probe_hold(uint64_t ns) { hold_ns_ = ns; }
+  // At most one probe per this many first transmissions (1: no limit).
+  void set_probe_gap(uint32_t pkts) { probe_gap_ = pkts ? pkts : 1; }
 
   uint16_t num_paths() const { return n_; }
   PathAlgo algo() const { return algo_; }
@@ -78,6 +84,8 @@ class PathSelector {
   uint16_t n_down_ = 0;
   uint64_t next_probe_ = UINT64_MAX;  // earliest `until` of a down path
   uint64_t hold_ns_ = 1'000'000;
+  uint32_t probe_gap_ = 32;
+  uint32_t since_probe_ = 0;  // first transmissions since the last probe
   uint64_t downs_ = 0;
 };
 
