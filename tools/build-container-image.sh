@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the perftest container image, offline, from Debian packages and our
 # rdma-core build: a root filesystem with busybox (the shell), perftest
-# (from its .deb), libibverbs, librdmacm and the providers (vstellar, rxe
-# and the others) with rdma-core's utilities (ibv_devinfo, ibv_rc_pingpong,
+# (from its .deb), UCX 1.13 (libucx0, ucx-utils: ucx_perftest), libibverbs,
+# librdmacm and the providers (vstellar, rxe and the others) with rdma-core's utilities (ibv_devinfo, ibv_rc_pingpong,
 # rping), and the shared libraries all of them need. No registry is
 # involved: the image is a tarball (`rootfs.tar`, the layout `podman
 # import`/`docker import` take) and its default command (`cmd`).
@@ -18,8 +18,19 @@ stage=${1:?usage: build-container-image.sh RDMA_CORE_STAGE}
 perftest_ver=$(apt-cache policy perftest | sed -n 's/ *Candidate: //p')
 [[ -n $perftest_ver && $perftest_ver != "(none)" ]] || die "no perftest package known to apt (run: make deps)"
 pdeb=$(getdeb perftest "$perftest_ver")
+# UCX (ucx_perftest) with the closure of its Depends, less what the image
+# has already (our rdma-core) or copy_needed_libs brings from the host
+# (libc and the compiler's runtime).
+declare -A DEB_STOP=()
+for p in libibverbs1 librdmacm1 ibverbs-providers libc6 libgcc-s1 gcc-12-base libstdc++6 zlib1g; do
+	DEB_STOP[$p]=1
+done
+ucx_debs=()
+while read -r p ver arch; do
+	ucx_debs+=("$(getdeb "$p" "$ver" "$arch")")
+done < <(deb_closure libucx0 ucx-utils)
 
-key=$(key_of "$pdeb" "$(dpkg-query -W busybox-static libc6 libpci3)" "$stage/usr/lib" "$stage/usr/bin" "$0")
+key=$(key_of "$pdeb" "${ucx_debs[@]}" "$(dpkg-query -W busybox-static libc6 libpci3)" "$stage/usr/lib" "$stage/usr/bin" "$0")
 out=$VSTELLAR_CACHE/ctrimg-$key
 cache_hit "$out" "$out" && exit 0
 lock_entry "$out"
@@ -30,6 +41,7 @@ root=$out/root
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64}
 ln -s usr/lib "$root/lib"
 dpkg-deb -x "$pdeb" "$root"
+for d in "${ucx_debs[@]}"; do dpkg-deb -x "$d" "$root"; done
 cp -a "$stage/etc/libibverbs.d" "$stage/etc/rdma" "$root/etc/"
 cp -a "$stage/usr/lib/x86_64-linux-gnu/." "$root/usr/lib/x86_64-linux-gnu/"
 rm -rf "$root/usr/lib/x86_64-linux-gnu/pkgconfig" "$root/usr/lib/x86_64-linux-gnu/"*.a

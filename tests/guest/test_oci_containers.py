@@ -15,6 +15,8 @@ root is its initramfs, which pivot_root cannot leave).
   which registers before it connects; perftest connects first): the kernel
   refuses the pinning (ENOMEM), the program says "Couldn't register MR"
   and exits, and the two running pairs finish unharmed.
+- UCX: ucx_perftest (tag_bw, 64 KiB) between containers on the two
+  guests, UCP choosing its transport on vstellar0;
 - rootless: an unprivileged user runs crun (a user namespace mapping the
   container's root to that user, device nodes bind mounted, no device
   cgroup) with ib_write_bw between two such containers on guest 0; and
@@ -58,6 +60,9 @@ ctr nomem
 report shared-a $p2 /tmp/s2.out; r2=$?
 report shared-b $p3 /tmp/s3.out || exit 1
 [ $r2 = 0 ] || exit 1
+echo '== ucx'
+mk us -- sh -c "UCX_NET_DEVICES={DEV}:1 UCX_LOG_LEVEL=info timeout 300 ucx_perftest -p 13337" || exit 1
+ctr us || exit 1
 echo '== rootless'
 echo "u:x:1000:1000::/tmp/u:/bin/sh" >> /etc/passwd
 echo "u:x:1000:" >> /etc/group
@@ -108,6 +113,15 @@ run_client /tmp/c3.out c3 & p3=$!
 report shared-a $p2 /tmp/c2.out; r2=$?
 report shared-b $p3 /tmp/c3.out || exit 1
 [ $r2 = 0 ] || exit 1
+echo '== ucx'
+# UCX between containers: UCP picks its transport on the device it is given
+mk uc -- sh -c "UCX_NET_DEVICES={DEV}:1 UCX_LOG_LEVEL=info ucx_perftest $VSTELLAR_PEER_IP -p 13337 -t tag_bw -s 65536 -n 200" || exit 1
+i=0
+until ctr uc > /tmp/uc.out 2>&1; do
+  grep -q "connect() failed\|Connection refused" /tmp/uc.out && [ $i -lt 120 ] || {{ cat /tmp/uc.out; exit 1; }}
+  i=$((i + 1)); sleep 1
+done
+cat /tmp/uc.out
 echo '== after'
 """
 
@@ -138,6 +152,12 @@ class OciContainerTest(KernelUlpCase):
                 for i in range(2):
                     if section != "single":
                         self.assertIn("container-exit 0", self.sections[i][section])
+
+    def test_ucx_between_containers(self):
+        out = self.sections[1].get("ucx", [])
+        text = "\n".join(out)
+        self.assertTrue(any(line.strip().startswith("Final:") for line in out), text[-2000:])
+        self.assertRegex(text, rf"(rc_verbs|ud_verbs)/{DEV}:1", text[-2000:])  # UCP's choice, on vStellar
 
     def test_container_without_memlock_fails_clearly(self):
         out = self.sections[0].get("nomemlock", [])
