@@ -51,6 +51,17 @@ int post_bind(Side& s, Mw* mw, uint32_t new_rkey, Mr* mr, uint64_t off, uint64_t
   return s.eng->post_send(s.qp, wr);
 }
 
+// A signaled SEND of the one SGE sg.
+SendWr send_of(Sge* sg, uint64_t wr_id) {
+  SendWr wr;
+  wr.wr_id = wr_id;
+  wr.opcode = WrOpcode::SEND;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = sg;
+  wr.num_sge = 1;
+  return wr;
+}
+
 // One completion of s's send CQ.
 Wc one(Pair& t, Side& s) {
   auto wc = t.wait(s, s.scq, 1);
@@ -196,12 +207,7 @@ TEST(Keys, FastRegMrServesAsLocalKeyOnlyWhileValid) {
   fill_random(t.a.buf.data(), 100, 5);
   ASSERT_EQ(t.post_recv(t.b, 1, 0, 100), 0);
   Sge sg{t.a.addr(0), 100, k};
-  SendWr wr;
-  wr.wr_id = 3;
-  wr.opcode = WrOpcode::SEND;
-  wr.send_flags = SEND_SIGNALED;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
+  SendWr wr = send_of(&sg, 3);
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
   EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
   EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 100), 0);
@@ -225,12 +231,7 @@ TEST(Keys, SendMayUseTheKeyOfARegMrQueuedBeforeIt) {
   ASSERT_EQ(t.post_recv(t.b, 1, 0, 100), 0);
   ASSERT_EQ(post_reg(t.a, k, 0, 8192, kRw), 0);
   Sge sg{t.a.addr(0), 100, k};
-  SendWr wr;
-  wr.wr_id = 3;
-  wr.opcode = WrOpcode::SEND;
-  wr.send_flags = SEND_SIGNALED;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
+  SendWr wr = send_of(&sg, 3);
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
   auto wc = t.wait(t.a, t.a.scq, 2);
   ASSERT_EQ(wc.size(), 2u);

@@ -437,13 +437,20 @@ Outcome Session::SetVringFd(Message& m, Fd Vring::*which) {
   return Outcome{};
 }
 
+// GET_CONFIG's and SET_CONFIG's header: the payload holds it and exactly
+// c->size bytes after it, and flags are 0 (no migration). Empty if so.
+static std::string ConfigPayload(const Message& m, const char* what, ConfigHeader* c) {
+  if (m.payload.size() < sizeof(*c)) return std::string(what) + ": short payload";
+  std::memcpy(c, m.payload.data(), sizeof(*c));
+  if (c->size > kMaxConfigSize || m.payload.size() != sizeof(*c) + c->size)
+    return std::string(what) + ": size does not match payload";
+  if (c->flags != 0) return std::string(what) + ": flags must be 0 (no migration)";
+  return "";
+}
+
 Outcome Session::GetConfig(const Message& m) {
   ConfigHeader c;
-  if (m.payload.size() < sizeof(c)) return Fail("GET_CONFIG: short payload");
-  std::memcpy(&c, m.payload.data(), sizeof(c));
-  if (c.size > kMaxConfigSize || m.payload.size() != sizeof(c) + c.size)
-    return Fail("GET_CONFIG: size does not match payload");
-  if (c.flags != 0) return Fail("GET_CONFIG: flags must be 0");
+  if (std::string err = ConfigPayload(m, "GET_CONFIG", &c); !err.empty()) return Fail(err);
   if (c.offset > sizeof(cfg_.config) || c.size > sizeof(cfg_.config) - c.offset)
     return Fail("GET_CONFIG: range outside the 128-byte config space");
   std::vector<uint8_t> p(sizeof(c) + c.size);
@@ -458,11 +465,7 @@ Outcome Session::GetConfig(const Message& m) {
 // field, db_region_id, which tells which doorbell region is this device's.
 Outcome Session::SetConfig(const Message& m) {
   ConfigHeader c;
-  if (m.payload.size() < sizeof(c)) return Fail("SET_CONFIG: short payload");
-  std::memcpy(&c, m.payload.data(), sizeof(c));
-  if (c.size > kMaxConfigSize || m.payload.size() != sizeof(c) + c.size)
-    return Fail("SET_CONFIG: size does not match payload");
-  if (c.flags != 0) return Fail("SET_CONFIG: flags must be 0 (no migration)");
+  if (std::string err = ConfigPayload(m, "SET_CONFIG", &c); !err.empty()) return Fail(err);
   if (c.offset != offsetof(virtio_vstellar_config, db_region_id) || c.size != sizeof(uint32_t))
     return Fail("SET_CONFIG: only db_region_id (offset " +
                 std::to_string(offsetof(virtio_vstellar_config, db_region_id)) +
