@@ -69,6 +69,16 @@ Wc one(Pair& t, Side& s) {
   return wc.empty() ? Wc{} : wc[0];
 }
 
+// After a LOCAL_INV of key k, the SEND wr (an SGE under k, 100 bytes to b)
+// is still posted but completes with a local protection error.
+void invalidate_then_send_fails(Pair& t, uint32_t k, const SendWr& wr) {
+  ASSERT_EQ(post_inv(t.a, k), 0);
+  EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
+  ASSERT_EQ(t.post_recv(t.b, 2, 0, 100), 0);
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
+  EXPECT_EQ(one(t, t.a).status, WcStatus::LOC_PROT_ERR);
+}
+
 // a WRITEs len bytes into b at [addr, addr + len) under rkey; the status.
 WcStatus write_to(Pair& t, uint64_t addr, uint32_t rkey, uint32_t len = 64) {
   Sge sg{t.a.addr(0), len, t.a.mr->lkey()};
@@ -211,11 +221,7 @@ TEST(Keys, FastRegMrServesAsLocalKeyOnlyWhileValid) {
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
   EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
   EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 100), 0);
-  ASSERT_EQ(post_inv(t.a, k), 0);
-  EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
-  ASSERT_EQ(t.post_recv(t.b, 2, 0, 100), 0);
-  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
-  EXPECT_EQ(one(t, t.a).status, WcStatus::LOC_PROT_ERR);
+  invalidate_then_send_fails(t, k, wr);
 }
 
 // A SEND whose SGE names the key a REG_MR queued just before it registers
@@ -239,11 +245,7 @@ TEST(Keys, SendMayUseTheKeyOfARegMrQueuedBeforeIt) {
   EXPECT_EQ(wc[1].status, WcStatus::SUCCESS);
   EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 100), 0);
   // Invalidated, the same SGE is posted and then fails when it runs.
-  ASSERT_EQ(post_inv(t.a, k), 0);
-  EXPECT_EQ(one(t, t.a).status, WcStatus::SUCCESS);
-  ASSERT_EQ(t.post_recv(t.b, 2, 0, 100), 0);
-  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
-  EXPECT_EQ(one(t, t.a).status, WcStatus::LOC_PROT_ERR);
+  invalidate_then_send_fails(t, k, wr);
   // A plain MR's bad key still fails at post.
   Sge bad{t.a.addr(0), 100, t.a.mr->lkey() ^ 0x100};
   wr.sg_list = &bad;
