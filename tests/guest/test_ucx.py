@@ -77,9 +77,13 @@ class UcxTest(unittest.TestCase):
             print(f"ucx_perftest {name}: {rows[0] if rows else 'no final row'}", file=sys.stderr)
 
     def test_guests_succeeded(self):
+        # Each guest on its own: when one hangs, the other's output and
+        # both daemons' logs say why.
         for i, (status, out, console) in enumerate(self.results):
-            self.assertEqual(status, 0, f"guest{i} output:\n" + "\n".join(out[-60:]) +
-                             "\nconsole:\n" + "\n".join(console[-30:]))
+            with self.subTest(guest=i):
+                self.assertEqual(status, 0, f"guest{i} output:\n" + "\n".join(out[-60:]) +
+                                 "\nconsole:\n" + "\n".join(console[-30:]) +
+                                 "\n--- vstellard ---\n" + self.daemons[i].get("log", "")[-3000:])
 
     def test_every_test_reports_a_final_row(self):
         client = self.sections[1]
