@@ -661,6 +661,26 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                 d.stop()
             if daemons_out is not None:
                 daemons_out.extend({"stats": d.stats, "log": d.log_text} for d in s.daemons)
+            # A guest that timed out: both daemons' per-QP state, so that a
+            # hang shows which side owes what (vstellar-stat --qps).
+            if any(g.timed_out for g in s.guests):
+                print(daemon_report({"stats": d.stats, "log": d.log_text} for d in s.daemons),
+                      file=sys.stderr)
+
+
+def daemon_report(daemons, log_tail=2000):
+    """Each daemon's per-QP state dump (engine and data path, from the
+    counters it wrote at exit) and the end of its log, as text."""
+    parts = []
+    for i, d in enumerate(daemons):
+        stats = d.get("stats") or {}
+        qps = stats.get("qps", [])
+        eng = stats.get("engine", {})
+        parts.append(f"--- vstellard {i}: stalled_qps={eng.get('stalled_qps', '?')} "
+                     f"timeouts={eng.get('timeouts', '?')} retx={eng.get('retx_pkts', '?')}")
+        parts.extend("  " + q for q in qps)
+        parts.append("  log: " + (d.get("log") or "")[-log_tail:].replace("\n", "\n  "))
+    return "\n".join(parts)
 
 
 def overlay_image(name, *packages, extra=None, base=None):

@@ -57,6 +57,7 @@ class Pair {
     Link& l = net.add_node(ip);
     EngineConfig c = ip == kIpB && opt.cfg_b ? *opt.cfg_b : opt.cfg;
     c.seed = opt.seed * 31 + ip;
+    c.audit = true;  // every pass checks the liveness rules (Engine::audit)
     if (!c.qpn_seed) c.qpn_seed = c.seed;  // QPNs repeat from run to run, as the network does
     s.eng = std::make_unique<Engine>(c, l, net);
     net.attach(ip, s.eng.get());
@@ -156,6 +157,12 @@ class Pair {
     wr.num_sge = 1;
     return s.eng->post_recv(s.qp, wr);
   }
+
+  // Every test over a Pair ends with the liveness rules held throughout.
+  ~Pair() { EXPECT_EQ(audit_log(), "") << "the engines' liveness audit failed"; }
+
+  // What the engines' audits found (empty: the liveness rules held).
+  std::string audit_log() const { return a.eng->audit_log() + b.eng->audit_log(); }
 
   SimNet net;
   PairOptions opt;

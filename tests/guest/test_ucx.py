@@ -83,7 +83,7 @@ class UcxTest(unittest.TestCase):
             with self.subTest(guest=i):
                 self.assertEqual(status, 0, f"guest{i} output:\n" + "\n".join(out[-60:]) +
                                  "\nconsole:\n" + "\n".join(console[-30:]) +
-                                 "\n--- vstellard ---\n" + self.daemons[i].get("log", "")[-3000:])
+                                 "\n" + vg.daemon_report(self.daemons))
 
     def test_every_test_reports_a_final_row(self):
         client = self.sections[1]

@@ -332,6 +332,18 @@ bool EngineCore::progress() {
     QpImpl* qp = active_qps_[i];
     if (qp && (qp->is_ud() || qp->is_uc()) && qp->sq_head < qp->sq_next) comp_retire(*qp);
   }
+  if (cfg_.audit) {
+    std::string bad = audit(!more);
+    if (!bad.empty()) {
+      stats_.audit_failures++;
+      if (audit_log_.size() < 64 * 1024) audit_log_ += bad;
+    }
+  }
+  // The watchdog: a few times per second at most, every QP.
+  if (now >= next_stall_scan_ns_) {
+    scan_stalls(now);
+    next_stall_scan_ns_ = now + std::max<uint64_t>(10 * cfg_.rto_ns, 100'000'000);
+  }
   return more;
 }
 
@@ -446,6 +458,14 @@ void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool
 bool Engine::progress() { return core_->progress(); }
 uint64_t Engine::next_deadline() { return core_->next_deadline(); }
 size_t Engine::active_qps() const { return core_->active_qps_.size(); }
+std::string Engine::audit(bool quiescent) { return core_->audit(quiescent); }
+const std::string& Engine::audit_log() const { return core_->audit_log_; }
+std::vector<uint32_t> Engine::take_stalled() { return std::move(core_->stalled_); }
+std::vector<std::string> Engine::describe_qps() { return core_->describe_all(); }
+std::string Engine::describe_qp(uint32_t qpn) {
+  QpImpl* qp = core_->find_qp(qpn);
+  return qp ? core_->describe(*qp) : std::string();
+}
 const EngineConfig& Engine::config() const { return core_->cfg_; }
 const EngineStats& Engine::stats() const { return core_->stats_; }
 std::vector<AsyncEvent> Engine::take_async_events() { return std::move(core_->events_); }

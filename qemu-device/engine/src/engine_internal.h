@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <queue>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -175,6 +176,8 @@ class QpImpl final : public Qp {
   std::vector<PktRec> recs;  // window-sized ring
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
   uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
+  uint64_t last_post_ns = 0;      // last time the owner posted a WR
+  bool stalled = false;           // counted in EngineStats::stalled_qps (audit.cc)
   uint32_t cum_seen = 0;  // highest cumulative ACK processed
   bool drained_reported = false;
   uint64_t inflight = 0;  // payload bytes sent (or requested) and not yet acknowledged
@@ -450,6 +453,17 @@ class EngineCore {
     active_qps_.push_back(&qp);
   }
   bool idle_qp(QpImpl& qp);
+  // audit.cc: the liveness rules (every posted WR ends), checked.
+  bool timer_armed(QpImpl& qp);
+  bool owes_work(const QpImpl& qp) const;
+  uint64_t inflight_truth(QpImpl& qp);
+  std::string audit(bool quiescent);
+  void scan_stalls(uint64_t now);
+  std::string describe(QpImpl& qp);
+  std::vector<std::string> describe_all();
+  std::string audit_log_;           // what audit() found (EngineConfig::audit)
+  std::vector<uint32_t> stalled_;   // QPNs newly found stalled, for take_stalled()
+  uint64_t next_stall_scan_ns_ = 0;
   void drop_stale_timers(QpImpl& qp);
   std::vector<QpImpl*> ack_list_;
   std::vector<QpImpl*> ack_later_;

@@ -551,6 +551,7 @@ int EngineCore::post_send(QpImpl* qp, const SendWr& wr, WcStatus* why) {
     for (uint32_t i = 0; i < wr.num_sge; i++) w.sge[i] = wr.sg_list[i];
   }
   qp->sq_tail++;
+  qp->last_post_ns = clock_.now_ns();
   activate(*qp);
   if (st == QpState::ERR || st == QpState::SQE) {
     w.started = w.done = true;

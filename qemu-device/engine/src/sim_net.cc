@@ -56,6 +56,16 @@ void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint
     return;
   }
   stats.sent++;
+  if (impairment.refuse > 0) {
+    uint32_t& left = refusing_[from];
+    if (left == 0 && uni() < impairment.refuse) left = std::max<uint32_t>(1, impairment.refuse_run);
+    if (left > 0) {
+      left--;
+      stats.refused++;
+      stats.dropped++;
+      return;
+    }
+  }
   if (tap && !tap(from, to, path, bytes)) {
     stats.dropped++;
     return;
@@ -219,10 +229,16 @@ void SimNet::inject(uint32_t from, uint32_t to, std::vector<uint8_t> bytes, bool
   events_.push({now_, seq_++, from, to, ce, std::move(bytes)});
 }
 
+void SimNet::freeze(uint32_t node, uint64_t until) {
+  uint64_t& u = frozen_until_[node];
+  u = std::max(u, until);
+}
+
 bool SimNet::step(uint64_t limit) {
   bool busy = false;
   for (auto& [ip, e] : engines_)
-    if (e->progress()) busy = true;
+    if (!frozen(ip) && e->progress()) busy = true;
+  std::vector<Event> held;  // for frozen nodes: delivered when they run again
   while (!events_.empty() && events_.top().t <= now_) {
     Event ev = events_.top();
     events_.pop();
@@ -232,13 +248,25 @@ bool SimNet::step(uint64_t limit) {
     }
     auto it = engines_.find(ev.to);
     if (it == engines_.end()) continue;
+    if (frozen(ev.to)) {
+      held.push_back(std::move(ev));
+      continue;
+    }
     stats.delivered++;
     it->second->receive(ev.bytes.data(), ev.bytes.size(), Endpoint{ev.from, 0}, ev.ce);
     busy = true;
   }
+  for (Event& ev : held) {  // same order, at the end of the descheduling
+    ev.t = frozen_until_[ev.to];
+    events_.push(std::move(ev));
+  }
   if (busy) return true;
   uint64_t next = events_.empty() ? UINT64_MAX : events_.top().t;
-  for (auto& [ip, e] : engines_) next = std::min(next, e->next_deadline());
+  for (auto& [ip, e] : engines_) {
+    const uint64_t d = e->next_deadline();
+    if (d == UINT64_MAX) continue;
+    next = std::min(next, frozen(ip) ? std::max(d, frozen_until_[ip]) : d);
+  }
   if (next == UINT64_MAX || next > limit) return false;
   now_ = std::max(now_, next);
   return true;

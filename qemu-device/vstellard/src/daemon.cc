@@ -98,6 +98,7 @@ class Daemon::Worker {
 
   // Under mu_:
   void CollectStats(std::vector<DeviceStats>* v);
+  void DescribeQps(std::vector<std::string>* out);
   bool HasDevice(unsigned id) const { return conns_.count(id) != 0; }
   const vstellar::Engine* engine() const { return engine_.get(); }
   const Atc* atc() const { return atc_.get(); }
@@ -585,6 +586,11 @@ bool Daemon::Worker::PumpEngine() {
   Sink sink(d_, *this);
   udp_->poll(0, sink);
   const bool more = engine_->progress();
+  // The engine's watchdog (EngineStats::stalled_qps): a QP owing work
+  // that nothing will move. Said once per episode, with its state.
+  for (uint32_t qpn : engine_->take_stalled())
+    Log("qp %u stalled: owes work, no progress for 10 RTOs, nothing armed: %s", qpn,
+        engine_->describe_qp(qpn).c_str());
   for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
     for (auto& [id, c] : conns_) {
       if (c.dev->OwnsEvent(e)) c.dev->OnEngineEvent(e);
@@ -742,6 +748,14 @@ void Daemon::Worker::CollectStats(std::vector<DeviceStats>* v) {
   for (auto& [id, c] : conns_) v->push_back(c.dev->stats());
 }
 
+// Under mu_: every QP's state, the engine's view and the data path's.
+void Daemon::Worker::DescribeQps(std::vector<std::string>* out) {
+  if (engine_)
+    for (std::string& l : engine_->describe_qps()) out->push_back("worker=" + std::to_string(index_) + " " + l);
+  for (auto& [id, c] : conns_)
+    for (std::string& l : c.dev->Describe()) out->push_back(std::move(l));
+}
+
 std::vector<DeviceStats> Daemon::Stats() {
   std::vector<DeviceStats> v;
   for (auto& w : workers_) {
@@ -789,12 +803,14 @@ std::string Daemon::StatsJson() {
     v = closed_;
   }
   AtcStats a;
+  std::vector<std::string> qps;
   size_t atc_entries = 0;
   vstellar::EngineStats e;
   bool have_engine = false;
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> g(w->mu_);
     w->CollectStats(&v);
+    w->DescribeQps(&qps);
     if (const Atc* atc = w->atc()) {
       AddAtcStats(&a, atc->stats());
       atc_entries += atc->capacity();
@@ -813,6 +829,7 @@ std::string Daemon::StatsJson() {
     e.ud_sent += s.ud_sent;
     e.ud_rcvd += s.ud_rcvd;
     e.ud_drops += s.ud_drops;
+    e.stalled_qps += s.stalled_qps;
     e.paths.resize(std::max(e.paths.size(), s.paths.size()));
     for (size_t i = 0; i < s.paths.size(); i++) e.paths[i].tx_pkts += s.paths[i].tx_pkts;
   }
@@ -858,11 +875,12 @@ std::string Daemon::StatsJson() {
     std::snprintf(b, sizeof(b),
                   ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
                   "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
-                  "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"path_tx_pkts\":[",
+                  "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"path_tx_pkts\":[",
                   (unsigned long long)e.tx_pkts, (unsigned long long)e.rx_pkts, (unsigned long long)e.tx_bytes,
                   (unsigned long long)e.rx_bytes, (unsigned long long)e.retx_pkts, (unsigned long long)e.timeouts,
                   (unsigned long long)e.acks_sent, (unsigned long long)e.ce_marks, (unsigned long long)e.ud_sent,
-                  (unsigned long long)e.ud_rcvd, (unsigned long long)e.ud_drops);
+                  (unsigned long long)e.ud_rcvd, (unsigned long long)e.ud_drops,
+                  (unsigned long long)e.stalled_qps);
     out += b;
     for (size_t i = 0; i < e.paths.size(); i++) {
       out += i ? "," : "";
@@ -870,6 +888,10 @@ std::string Daemon::StatsJson() {
     }
     out += "]}";
   }
+  // The per-QP state dump (vstellar-stat --qps): lines of key=value.
+  out += ",\"qps\":[";
+  for (size_t i = 0; i < qps.size(); i++) out += (i ? ",\"" : "\"") + qps[i] + "\"";
+  out += "]";
   return out + "}\n";
 }
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "vstellard/datapath.h"
@@ -774,6 +775,32 @@ void DataPath::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
     vstellar_cq_notify nt{htole32(cqh), htole32(cq.owner)};
     events_.NotifyCq(cq.cq_queue, nt);
   }
+}
+
+std::vector<std::string> DataPath::Describe() {
+  std::vector<std::string> out;
+  char b[256];
+  for (auto& [qpn, q] : obj_.qps) {
+    uint8_t* page = q.slot >= VSTELLAR_DB_FIRST_SLOT ? DbPage(q.owner) : nullptr;
+    uint8_t* slot = page ? page + VSTELLAR_DB_SLOT_SIZE * q.slot : nullptr;
+    const long long sq_pi = slot ? (long long)LoadLe32(slot + offsetof(vstellar_db_qp, sq_pi)) : -1;
+    const long long rq_pi = slot ? (long long)LoadLe32(slot + offsetof(vstellar_db_qp, rq_pi)) : -1;
+    std::snprintf(b, sizeof b,
+                  "device=%u qpn=%u guest_sq_pi=%lld sq_fetched=%u guest_rq_pi=%lld rq_fetched=%u srq=%u "
+                  "blocked=%d broken=%d polling=%d",
+                  id_, qpn, sq_pi, q.sq_ci, rq_pi, q.rq_ci, q.srqh, int(q.blocked), int(q.broken),
+                  int(polling_));
+    out.push_back(b);
+  }
+  for (auto& [h, cq] : obj_.cqs) {
+    uint8_t* page = cq.slot >= VSTELLAR_DB_FIRST_SLOT ? DbPage(cq.owner) : nullptr;
+    const long long ci =
+        page ? (long long)LoadLe32(page + VSTELLAR_DB_SLOT_SIZE * cq.slot + offsetof(vstellar_db_cq, ci)) : -1;
+    std::snprintf(b, sizeof b, "device=%u cq=%u written=%u guest_ci=%lld entries=%u overflow=%d", id_, h, cq.pi,
+                  ci, 1u << cq.log_cqe, int(cq.overflow));
+    out.push_back(b);
+  }
+  return out;
 }
 
 void DataPath::OnQpModified(QpObj& q, uint8_t next) {

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "vstellar/cc.h"
@@ -78,6 +79,16 @@ struct EngineConfig {
   // (EngineStats::bad_mac). Every peer must run with the same key.
   bool integrity = false;
   std::array<uint8_t, 32> integrity_key{};
+  // Check the engine's liveness rules after every progress() pass
+  // (Engine::audit): a QP that owes work is active with a timer armed, and
+  // its bytes in flight are what it really has in flight. What breaks them
+  // is counted in EngineStats::audit_failures and kept for audit_log().
+  // Costs a walk over every QP's window per pass: tests and debug builds.
+#ifdef NDEBUG
+  bool audit = false;
+#else
+  bool audit = true;
+#endif
   CcConfig cc;
   bool validate();  // clamps/normalizes; false if unusable
 };
@@ -110,6 +121,10 @@ struct EngineStats {
   uint64_t uc_rcvd = 0;     // UC messages that arrived whole
   uint64_t uc_drops = 0;    // UC messages dropped: a PSN gap, no receive WQE, a bad key or length
   uint64_t ud_drops = 0;  // datagrams with no QP, wrong Q_Key, spoofed source or no receive WQE
+  // QPs found owing work with no progress for 10 RTOs and nothing armed
+  // that would move them (a hang; each counted once per episode).
+  uint64_t stalled_qps = 0;
+  uint64_t audit_failures = 0;  // passes that broke the liveness rules (EngineConfig::audit)
   std::vector<PathCounters> paths;
 };
 
@@ -198,6 +213,20 @@ class Engine {
   // QPs the next progress() visits: those with work or an armed timer
   // since the last pass (idle connected QPs cost nothing per pass).
   size_t active_qps() const;
+
+  // The liveness rules, checked now (see EngineConfig::audit): empty if
+  // they hold, else one line per QP that breaks them. `quiescent`: the
+  // last progress() returned false, so every QP owing work must have a
+  // timer armed.
+  std::string audit(bool quiescent);
+  // What the passes with EngineConfig::audit found so far.
+  const std::string& audit_log() const;
+  // QPNs found stalled (EngineStats::stalled_qps) since the last call.
+  std::vector<uint32_t> take_stalled();
+  // One line per QP: state, sequence numbers, bytes in flight, window,
+  // resend queue, timers, paths set aside, time since its last progress.
+  std::vector<std::string> describe_qps();
+  std::string describe_qp(uint32_t qpn);
 
   const EngineConfig& config() const;
   const EngineStats& stats() const;

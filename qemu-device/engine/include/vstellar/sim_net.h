@@ -58,6 +58,11 @@ struct SimImpairment {
   double lossy_path_rate = 0;
   int dead_path = -1;               // path id whose packets all vanish
   double ce_rate = 0;               // random CE marks
+  // The sender's link refuses sends (a full io_uring, ENOBUFS): with this
+  // probability a send starts a run of refuse_run sends from that node
+  // that never leave it.
+  double refuse = 0;
+  uint32_t refuse_run = 16;
   // ECMP stage: packets from node N on path p go through N's uplink
   // hash(N, p, ecmp_seed) % uplinks, each shaped by `uplink` and shared by
   // every connection from N (0 uplinks: no such stage); as on a switch,
@@ -75,6 +80,7 @@ struct SimImpairment {
 struct SimStats {
   uint64_t sent = 0, delivered = 0, dropped = 0, duplicated = 0, reordered = 0, ce = 0;
   uint64_t queue_drops = 0;  // tail drops of the queue stages (also counted in dropped)
+  uint64_t refused = 0;      // sends the sender's link refused (also counted in dropped)
 };
 
 class SimNet : public Clock {
@@ -95,9 +101,22 @@ class SimNet : public Clock {
   // Deliver a raw datagram to `to` as if it came from `from` (bad-packet tests).
   void inject(uint32_t from, uint32_t to, std::vector<uint8_t> bytes, bool ce = false);
 
+  // Deschedule a node's engine until `until` (virtual time), as a loaded
+  // host does to its engine thread: it neither runs its progress loop nor
+  // receives (datagrams wait for it, in order), and its timers fire late.
+  void freeze(uint32_t node, uint64_t until);
+
   // Run until pred() holds, nothing can happen any more, or virtual time
   // passes now+max_ns. Returns pred().
   bool run_until(const std::function<bool()>& pred, uint64_t max_ns = 10'000'000'000ull);
+  // Nothing in the network (nor held for a descheduled node) and no node
+  // descheduled: only the engines' own timers can make anything happen.
+  bool quiet() const {
+    if (!events_.empty()) return false;
+    for (auto& [node, until] : frozen_until_)
+      if (until > now_) return false;
+    return true;
+  }
   // Run for a span of virtual time.
   void run_for(uint64_t ns);
 
@@ -154,6 +173,12 @@ class SimNet : public Clock {
   std::map<std::pair<uint32_t, uint16_t>, Queue> up_;  // the ECMP stage: (node, uplink)
   std::map<uint32_t, Queue> down_;        // per destination
   std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes
+  std::map<uint32_t, uint64_t> frozen_until_;          // node -> end of its descheduling
+  std::map<uint32_t, uint32_t> refusing_;              // node -> sends its link still refuses
+  bool frozen(uint32_t node) const {
+    auto it = frozen_until_.find(node);
+    return it != frozen_until_.end() && it->second > now_;
+  }
   std::priority_queue<Event, std::vector<Event>, Later> events_;
 };
 

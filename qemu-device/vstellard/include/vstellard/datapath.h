@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <vstellar/engine.h>
 #include <vstellar/virtio_vstellar.h>
@@ -76,6 +78,11 @@ class DataPath {
   void OnQpModified(QpObj& q, uint8_t next);
 
   const DataPathCounters& counters() const { return n_; }
+  // One line per QP and CQ of the device as the data path sees it: the
+  // guest's producer indices against what was fetched, a QP blocked on a
+  // full engine queue or broken, a CQ's written and polled indices and
+  // overflow (vstellar-stat --qps, the state dump of a hang).
+  std::vector<std::string> Describe();
 
  private:
   bool RingRead(const RingGeom& g, uint32_t idx, void* dst);

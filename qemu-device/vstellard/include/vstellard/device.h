@@ -98,6 +98,7 @@ class Device : private DataPathEvents {
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
 
   DeviceStats stats() const;
+  std::vector<std::string> Describe() { return dp_.Describe(); }
 
   // Kick fds to watch: (fd, queue index) of every started queue.
   std::vector<std::pair<int, uint32_t>> KickFds() const;
