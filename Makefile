@@ -85,7 +85,7 @@ demo: all
 test: all deb
 	@tools/vstellar-guest cleanup > /dev/null
 	@tools/fabric/vsfabric-cli cleanup > /dev/null
-	@ctest --test-dir $(BUILD) --output-on-failure -LE intermittent $(CTEST_ARGS)
+	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
 
 test-unit: all
 	@ctest --test-dir $(BUILD) --output-on-failure -LE guest $(CTEST_ARGS)

@@ -472,7 +472,10 @@ class Guest:
         if self.modules:
             append.append("vsguest.modules=" + ",".join(self.modules))
         append += self.art.append
-        argv = [self.art.qemu, "-M", "pc", "-m", str(self.mem), "-smp", "1",
+        # maxcpus=2: TCG keeps the guest's memory barriers only when it
+        # translates for parallel vCPUs, and the doorbell protocol with
+        # vstellard needs them (docs/running-guests.md).
+        argv = [self.art.qemu, "-M", "pc", "-m", str(self.mem), "-smp", "1,maxcpus=2",
                 "-display", "none", "-serial", "stdio", "-monitor", "none",
                 "-no-reboot", "-nodefaults",
                 "-kernel", self.art.kernel, "-initrd", self.art.initrd,
@@ -482,7 +485,7 @@ class Guest:
         if kvm_usable():
             argv += ["-accel", "kvm", "-cpu", "host"]
         else:
-            argv += ["-accel", "tcg", "-cpu", "max"]
+            argv += ["-accel", "tcg,thread=multi", "-cpu", "max"]
         for d in self.art.firmware_dirs:
             argv += ["-L", d]
         if self.netns:

@@ -30,7 +30,7 @@ DOMAIN = """<domain type='{virt}' xmlns:qemu='http://libvirt.org/schemas/domain/
     <source type='memfd'/>
     <access mode='shared'/>
   </memoryBacking>
-  <vcpu>1</vcpu>
+  <vcpu current='1'>2</vcpu>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{dir}/vmlinuz</kernel>

@@ -958,7 +958,9 @@ TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
   const uint64_t idle0 = StatsOf(0).idle_entries;
   EXPECT_GE(idle0, 1u);
 
-  // Idle: a doorbell without a kick is not seen (nobody polls).
+  // Idle, once the look after going idle is over (DataPath::Recheck): a
+  // doorbell without a kick is not seen (nobody polls).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   b_->PostRecv(qb, 1, {b_->Sge(0, 64)});
   const uint64_t wqes = StatsOf(0).wqes;
   a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 2), {a_->Sge(0, 64)}, {}, /*kick=*/false);
@@ -983,6 +985,33 @@ TEST_F(DataPath, NeedKickIsSetWhenIdleAndClearedWhilePolling) {
   ASSERT_TRUE(wait_kick(*a_, 1));
   EXPECT_GT(StatsOf(0).idle_entries, idle0);
   EXPECT_FALSE(StatsOf(0).polling);
+}
+
+// A provider whose memory barrier did not hold (a TCG guest with one vCPU
+// drops mfence) can publish a producer index and read need_kick as 0 just
+// as the device goes idle: both miss each other, and the WQE would wait
+// for ever. The one look after going idle finds it, counts it and polls.
+TEST_F(DataPath, AWqeWithoutItsKickAtTheIdleMomentIsFoundByTheRecheck) {
+  StartDaemon(50, {}, [](DaemonOptions& o) { o.idle_recheck_us = 200'000; });
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  auto idle = [&](Guest& g) {
+    for (int i = 0; i < 200 && (g.NeedKick() != 1 || StatsOf(&g == a_.get() ? 0 : 1).polling); i++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return g.NeedKick() == 1;
+  };
+  ASSERT_TRUE(idle(*b_));
+  b_->PostRecv(qb, 1, {b_->Sge(0, 64)});  // kicked
+  ASSERT_TRUE(idle(*a_));
+  EXPECT_EQ(StatsOf(0).missed_kicks, 0u);
+  // Just gone idle: a WQE whose kick is missing.
+  a_->PostSend(qa, Wqe(VSTELLAR_WR_SEND, 2), {a_->Sge(0, 64)}, {}, /*kick=*/false);
+  auto ca = a_->Poll(2000);
+  ASSERT_TRUE(ca) << "the WQE published without its kick was never fetched";
+  EXPECT_EQ(ca->wr_id, 2u);
+  EXPECT_EQ(StatsOf(0).missed_kicks, 1u);
 }
 
 // With connected QPs and nothing to do, the daemon sleeps: datagrams wake

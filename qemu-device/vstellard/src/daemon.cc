@@ -287,6 +287,7 @@ bool Daemon::Worker::Start(std::string* err) {
   shared_.pin = o.pin;
   shared_.translation = o.translation;
   shared_.poll_ns = o.poll_us * 1000;
+  shared_.recheck_ns = o.idle_recheck_us * 1000;
   shared_.control_budget = o.control_budget ? o.control_budget : 1;
   shared_.wqe_budget_queue = o.wqe_budget_queue ? o.wqe_budget_queue : 1;
   shared_.wqe_budget_device = o.wqe_budget_device ? o.wqe_budget_device : 1;
@@ -501,6 +502,7 @@ void Daemon::Worker::Run() {
       polling = !active_.empty() || !shared_.woken.empty();
       if (udp_) deadline = engine_->next_deadline();
       // A connection stuck mid-message is closed when its time is up.
+      for (const auto& [at, id] : shared_.rechecks) deadline = std::min(deadline, at);
       for (unsigned id : partial_)
         deadline = std::min<uint64_t>(
             deadline, conns_.at(id).partial_since_ns + uint64_t(d_.o_.vhost_timeout_ms) * 1'000'000ull);
@@ -561,6 +563,30 @@ void Daemon::Worker::Run() {
         Visit(id);
         if (q == 0xffff) OnSocket(id);
         else it->second.dev->OnKick(q);
+      }
+      // Devices that went idle a moment ago look at their doorbells once
+      // more (after this turn's kicks, so a kick that came is no miss).
+      if (!shared_.rechecks.empty()) {
+        const uint64_t now = clock_.now_ns();
+        std::vector<std::pair<uint64_t, unsigned>> later;
+        std::vector<std::pair<uint64_t, unsigned>> due;
+        due.swap(shared_.rechecks);
+        for (const auto& r : due) {
+          auto it = conns_.find(r.second);
+          if (it == conns_.end()) continue;
+          if (r.first > now) {
+            later.push_back(r);
+            continue;
+          }
+          Visit(r.second);
+          const uint64_t before = it->second.dev->stats().missed_kicks;
+          const uint64_t missed = it->second.dev->RecheckDataPath();
+          if (missed != before && (missed & (missed - 1)) == 0)  // 1, 2, 4, ...: not a flood
+            Log("device %u: %llu WQEs came without their doorbell kick (the guest's memory barriers did not "
+                "hold: a TCG guest needs -smp N,maxcpus>=2); found by the look after going idle",
+                r.second, (unsigned long long)missed);
+        }
+        for (const auto& r : later) shared_.rechecks.push_back(r);
       }
       CloseStalled();
       for (unsigned id : visit_) {
@@ -837,7 +863,7 @@ std::string Daemon::StatsJson() {
   out += ToString(o_.pin);
   out += "\",\"translation\":\"";
   out += ToString(o_.translation);
-  char b[512];
+  char b[1024];
   std::snprintf(b, sizeof(b),
                 "\",\"threads\":%zu,\"forwarded\":%llu,"
                 "\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu},"
@@ -853,7 +879,7 @@ std::string Daemon::StatsJson() {
                   "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
                   "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u,"
                   "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"memory\":%llu,\"memory_peak\":%llu,"
-                  "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"closed\":%s}",
+                  "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"missed_kicks\":%llu,\"closed\":%s}",
                   i ? "," : "", d.id, (unsigned long long)p.guest_bytes, (unsigned long long)p.blocks_pinned,
                   (unsigned long long)p.bytes_pinned, (unsigned long long)p.misses, (unsigned long long)p.hits,
                   (unsigned long long)p.faults, (unsigned long long)p.lock_errors,
@@ -861,7 +887,8 @@ std::string Daemon::StatsJson() {
                   (unsigned long long)d.commands_failed, d.fatal ? "true" : "false", d.qps, d.mrs,
                   (unsigned long long)d.wqes, (unsigned long long)d.bad_wqes, (unsigned long long)d.cqes,
                   (unsigned long long)d.memory, (unsigned long long)d.memory_peak,
-                  (unsigned long long)d.memory_refused, d.cq_notify_backlog, d.closed ? "true" : "false");
+                  (unsigned long long)d.memory_refused, d.cq_notify_backlog, (unsigned long long)d.missed_kicks,
+                  d.closed ? "true" : "false");
     out += b;
   }
   std::snprintf(b, sizeof(b), "],\"memory\":{\"limit\":%llu,\"device_limit\":%llu,\"used\":%llu,\"peak\":%llu,\"refused\":%llu}",

@@ -213,6 +213,16 @@ void DataPath::Poll() {
   }
   polling_ = false;
   n_.idle_entries++;
+  sh_.rechecks.push_back({now + sh_.recheck_ns, id_});
+}
+
+void DataPath::Recheck() {
+  if (polling_) return;  // a kick came meanwhile
+  if (!ScanDoorbells()) return;
+  n_.missed_kicks++;
+  SetNeedKick(0);
+  StartPolling();
+  last_work_ns_ = NowNs();
 }
 
 void DataPath::QpToErr(QpObj& q, uint16_t event, uint32_t info) {

@@ -361,6 +361,7 @@ DeviceStats Device::stats() const {
   s.cq_overflows = n.cq_overflows;
   s.db_kicks = n.db_kicks;
   s.idle_entries = n.idle_entries;
+  s.missed_kicks = n.missed_kicks;
   s.polling = dp_.polling();
   return s;
 }

@@ -54,6 +54,9 @@ int Usage(const char* argv0, int rc) {
                "                         devices (default 1; 1..64); see docs/vstellard.md\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
                "                         work, then set need_kick and sleep (default 50)\n"
+               "  --idle-recheck-us N    look at the doorbells once more this long after the\n"
+               "                         data path went idle, for a producer index published\n"
+               "                         without its kick (counted: missed_kicks) (default 1000)\n"
                "  --control-budget N     control commands per device per loop turn (default 64)\n"
                "  --wqe-budget N         WQEs per SQ, RQ or SRQ per loop turn (default 64)\n"
                "  --wqe-budget-device N  WQEs per device per loop turn (default 1024)\n"
@@ -102,7 +105,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
-       kPaths, kStats, kPollUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
+       kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
@@ -121,6 +124,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"threads", required_argument, nullptr, kThreads},
                            {"stats-json", required_argument, nullptr, kStats},
                            {"poll-us", required_argument, nullptr, kPollUs},
+                           {"idle-recheck-us", required_argument, nullptr, kIdleRecheckUs},
                            {"control-budget", required_argument, nullptr, kControlBudget},
                            {"wqe-budget", required_argument, nullptr, kWqeBudget},
                            {"wqe-budget-device", required_argument, nullptr, kWqeBudgetDevice},
@@ -211,6 +215,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       return true;
     case kStats: o.stats_json = arg; return true;
     case kPollUs: if (!num(0, 1000000)) return false; o.poll_us = v; return true;
+    case kIdleRecheckUs: if (!num(1, 10000000)) return false; o.idle_recheck_us = v; return true;
     case kControlBudget:
       if (!num(1, 1u << 20)) return false;
       o.control_budget = uint32_t(v);

@@ -17,6 +17,8 @@
 #include "qemu/error-report.h"
 #include "qemu/memfd.h"
 #include "hw/boards.h"
+#include "hw/core/cpu.h"
+#include "sysemu/tcg.h"
 #include "hw/qdev-properties.h"
 #include "hw/qdev-properties-system.h"
 #include "hw/virtio/virtio-bus.h"
@@ -466,6 +468,29 @@ static bool vu_vstellar_check_guest_ram(Error **errp)
     return true;
 }
 
+/*
+ * vstellard reads the guest's doorbell records while the guest runs, and
+ * the two meet through memory barriers (the provider stores a producer
+ * index, fences, then reads need_kick; the daemon the other way round).
+ * TCG emits a guest's barriers (mfence, locked instructions) only when it
+ * translates for parallel vCPUs, that is with multi-threaded TCG and
+ * maxcpus > 1; otherwise the guest's store can pass its load and a
+ * doorbell is lost for good.
+ */
+static bool vu_vstellar_check_barriers(Error **errp)
+{
+    if (tcg_enabled() &&
+        (!qemu_tcg_mttcg_enabled() || current_machine->smp.max_cpus < 2)) {
+        error_setg(errp, "vhost-user-vstellar: under TCG this device needs "
+                   "the guest's memory barriers, which TCG keeps only with "
+                   "-accel tcg,thread=multi and maxcpus of 2 or more "
+                   "(for one vCPU: -smp 1,maxcpus=2; with libvirt, "
+                   "<vcpu current='1'>2</vcpu>)");
+        return false;
+    }
+    return true;
+}
+
 static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
 {
     ERRP_GUARD();
@@ -521,7 +546,7 @@ static void vu_vstellar_device_realize(DeviceState *dev, Error **errp)
                    "power of two in 1..4096");
         return;
     }
-    if (!vu_vstellar_check_guest_ram(errp)) {
+    if (!vu_vstellar_check_guest_ram(errp) || !vu_vstellar_check_barriers(errp)) {
         return;
     }
     if (!vu_vstellar_init_doorbells(s, errp)) {

@@ -41,6 +41,7 @@ struct DaemonOptions {
   uint16_t path_burst = 16;    // EngineConfig::path_burst
   bool zerocopy = false;       // UdpLinkConfig::zerocopy
   uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
+  uint64_t idle_recheck_us = 1000;  // data path: one more look this long after going idle (missed kicks)
   // Work per device per loop turn (DeviceShared): what is left waits a turn.
   uint32_t control_budget = 64;       // control commands
   uint32_t wqe_budget_queue = 64;     // WQEs of one SQ, RQ or SRQ

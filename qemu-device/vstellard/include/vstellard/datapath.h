@@ -39,6 +39,9 @@ struct DataPathCounters {
   uint64_t cq_resizes = 0;  // RESIZE_CQ commands that moved a CQ
   uint64_t db_kicks = 0;      // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
+  // WQEs found by the look after going idle (DataPath::Recheck) with no
+  // kick: the guest published a producer index but did not kick.
+  uint64_t missed_kicks = 0;
 };
 
 class DataPath {
@@ -53,6 +56,10 @@ class DataPath {
   // true and sleeps in epoll otherwise.
   bool polling() const { return polling_; }
   void Poll();
+  // Once, DeviceShared::recheck_ns after going idle: the doorbells again.
+  // Work found then came without its kick (missed_kicks): it is taken and
+  // the data path polls again, so such a guest loses a moment, not a WQE.
+  void Recheck();
   // The device was reset: stop polling.
   void Stop() { polling_ = false; }
 

@@ -56,6 +56,7 @@ struct DeviceStats {
   uint64_t cq_overflows = 0;
   uint64_t db_kicks = 0;    // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
+  uint64_t missed_kicks = 0;  // WQEs that came without their kick (DataPath::Recheck)
   bool polling = false;
   bool closed = false;        // the frontend went away: these are its last counters
 };
@@ -94,6 +95,11 @@ class Device : private DataPathEvents {
   // daemon calls PollDataPath() on every loop turn while this is true.
   bool Polling() const { return dp_.polling(); }
   void PollDataPath() { dp_.Poll(); }
+  // The missed kicks so far, after the look (the daemon logs them).
+  uint64_t RecheckDataPath() {
+    dp_.Recheck();
+    return dp_.counters().missed_kicks;
+  }
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
 

@@ -111,6 +111,12 @@ struct DeviceShared {
   // engine completion freed room for waiting WQEs): the daemon's loop
   // visits only devices that are polling or have work, and takes these in.
   std::vector<unsigned> woken;
+  // Devices whose data path went idle, with when to look at their
+  // doorbells once more (DataPath::Recheck): a guest whose memory barrier
+  // did not hold (a TCG guest with one vCPU, say) may have published a
+  // producer index without the kick it owed.
+  std::vector<std::pair<uint64_t, unsigned>> rechecks;
+  uint64_t recheck_ns = 1'000'000;
 };
 
 // Whether a 16-byte GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d),
