@@ -57,6 +57,7 @@ void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, bool, uin
   r.acked = true;
   acked_bytes += r.len;
   qp.last_progress_ns = now;
+  qp.backoff = 0;
   if (!r.lost) qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);  // a lost one left already
   r.lost = false;
   SendWqe& w = qp.sq_at(r.wqe);

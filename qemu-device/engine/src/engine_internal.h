@@ -177,6 +177,11 @@ class QpImpl final : public Qp {
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
   uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
   uint64_t last_post_ns = 0;      // last time the owner posted a WR
+  // RTO backoff of the connection: timeouts of its oldest PSN in a row with
+  // nothing acknowledged in between (a stalled or dead peer). Packets back
+  // off only as far as this: under random loss, ACKs keep coming and a
+  // packet lost twice is resent after one RTO, not four.
+  uint8_t backoff = 0;
   bool stalled = false;           // counted in EngineStats::stalled_qps (audit.cc)
   uint32_t cum_seen = 0;  // highest cumulative ACK processed
   bool drained_reported = false;
@@ -343,6 +348,7 @@ class EngineCore {
   // requester.cc
   bool req_progress(QpImpl& qp, uint64_t now);
   bool req_resend(QpImpl& qp, uint64_t now);
+  uint32_t read_run(QpImpl& qp, uint32_t psn, uint64_t cwnd);
   bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w);
   bool req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
   bool req_uc_progress(QpImpl& qp, uint64_t now);

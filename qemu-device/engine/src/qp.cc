@@ -377,6 +377,7 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.srtt = qp.rttvar = 0;
   qp.cc.reset(cfg_.cc, qp.seg);
   qp.resend.clear();
+  qp.backoff = 0;
 }
 
 void EngineCore::reset_qp(QpImpl& qp) {
@@ -409,6 +410,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.srtt = qp.rttvar = 0;
   qp.cc = CongestionControl{};
   qp.resend.clear();
+  qp.backoff = 0;
   qp.paths = PathSelector{PathAlgo::OBS, 1, 1};
   qp.seg = 4096;
   qp.epsn = 0;

@@ -102,6 +102,7 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
       }
       qp.pending_rd.push_back(p);
       qp.pending_rd.back().payload = nullptr;
+      qp.pending_rd.back().held_since_us = now_us();
       return;
     }
     default:
@@ -145,6 +146,11 @@ void EngineCore::resp_advance(QpImpl& qp) {
     if (it == qp.pending_rd.end()) break;
     wire::Packet q = *it;
     qp.pending_rd.erase(it);
+    // The answer's echoed timestamp leaves out the time it was held here:
+    // the requester's RTT sample is then the network's, not the wait for
+    // a lost earlier PSN (which would inflate its RTO at every loss, and
+    // the next wait with it).
+    q.base.ts += now_us() - q.held_since_us;
     bool is_read = q.base.op == wire::Op::READ_REQ;
     bool ok = is_read ? resp_read(qp, q) : resp_atomic(qp, q);
     if (!ok) return;
@@ -421,11 +427,33 @@ void EngineCore::resp_reread(QpImpl& qp, const wire::Packet& p) {
                              [&](uint32_t x, const QpImpl::ReadDone& r) { return seq_lt(x, r.psn); });
   bool ok = it != qp.reads_done.begin();
   if (ok) {
-    const QpImpl::ReadDone& r = *--it;
-    const uint32_t k = psn - r.psn;
-    const uint64_t skip = uint64_t(k) * r.seg;
-    ok = k < r.npsn && e.seg == r.seg && e.rkey == r.rkey && skip <= r.len &&
-         e.va == r.va + skip && e.msg_off == r.msg_off + skip && e.len <= r.len - skip;
+    --it;
+    const uint32_t k = psn - it->psn;
+    const uint64_t skip = uint64_t(k) * it->seg;
+    ok = k < it->npsn && e.seg == it->seg && e.rkey == it->rkey && skip <= it->len &&
+         e.va == it->va + skip && e.msg_off == it->msg_off + skip;
+    // A re-request may ask for the lost PSNs of several requests this
+    // responder executed apart, or of some not executed yet (the
+    // requester asks for a run of them at once): it is answered as far as
+    // the READs it spans follow each other without a gap (PSNs, address,
+    // message offset, key).
+    uint64_t covered = ok ? it->len - skip : 0;
+    for (auto prev = it, next = std::next(it); ok && covered < e.len && next != qp.reads_done.end();
+         prev = next++) {
+      if (next->psn != prev->psn + prev->npsn || next->va != prev->va + prev->len ||
+          next->msg_off != prev->msg_off + prev->len || next->rkey != prev->rkey || next->seg != prev->seg)
+        break;
+      covered += next->len;
+    }
+    // Beyond that, it gets only what the READs it spans covered (never
+    // more than the peer asked for before); the rest is asked for again.
+    if (ok && e.len > covered) {
+      wire::Packet q = p;
+      q.rreq.len = uint32_t(covered);
+      stats_.dup_pkts++;
+      resp_read(qp, q);
+      return;
+    }
   }
   if (!ok) {
     stats_.bad_reread++;

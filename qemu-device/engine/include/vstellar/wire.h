@@ -159,6 +159,9 @@ struct Packet {
   AckExt ack;
   const uint8_t* payload = nullptr;
   size_t payload_len = 0;
+  // Not on the wire: when a responder began holding this request (a READ
+  // or atomic waiting for earlier PSNs), in its clock's microseconds.
+  uint32_t held_since_us = 0;
   Packet() : data() {}
 };
 
