@@ -82,6 +82,9 @@ WORKLOAD (client side; the server follows the client's choice)
     --duration S      seconds to run (2)
     --warmup S        seconds at the start left out of the totals (0.2)
     --interval-ms M   goodput reporting interval (100)
+    --stall-ms M      a gap this long without a completion while WRs are
+                      outstanding, after warm-up, is a stall: exit status 4
+                      (1000)
 
 IMPAIRMENT (emulated on receive, before the engine)
     --loss-rate R     drop probability on the lossy link (0)
@@ -106,7 +109,10 @@ JSON
 
 EXIT STATUS
     0 success; 1 setup failure (ports, control connection, handshake);
-    2 bad command line; 3 some work request completed with an error.
+    2 bad command line; 3 some work request completed with an error;
+    4 the engine stalled: after warm-up, --stall-ms passed with WRs
+    outstanding and none completed, or posted != completed at the end
+    (JSON: stalls, longest_gap_ms).
 
 EXAMPLES
     vstellar-harness --op write --size 64K --duration 2
@@ -198,6 +204,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     else if (a == "--duration") { o.duration = atof(v); ok = o.duration > 0; }
     else if (a == "--warmup") { o.warmup = atof(v); ok = o.warmup >= 0; }
     else if (a == "--interval-ms") o.interval_ms = uint32_t(num(1, 100000));
+    else if (a == "--stall-ms") o.stall_ms = uint32_t(num(1, 3600000));
     else if (a == "--loss-rate") { o.loss_rate = atof(v); ok = o.loss_rate >= 0 && o.loss_rate <= 1; }
     else if (a == "--loss-links") o.loss_links = uint32_t(num(1, 65536));
     else if (a == "--loss-link") o.loss_link = int(num(0, 65535));

@@ -433,6 +433,7 @@ int client_impl(const Options& o, std::string& json) {
   const uint64_t warm = t0 + uint64_t(std::min(o.warmup, o.duration / 2) * 1e9);
   Series series(t0, o.interval_ms);
   uint64_t bytes = 0, msgs = 0, errors = 0, posted = 0, done = 0;
+  uint64_t stalls = 0, longest_gap = 0;
   std::string first_error;
   std::vector<uint64_t> lat;
   uint32_t seg = o.eng.mtu;
@@ -538,13 +539,27 @@ int client_impl(const Options& o, std::string& json) {
       for (uint32_t k = 0; k < o.depth; k++) post(qp);
     bool stopping = false;
     uint64_t drain_end = end + 3'000'000'000ull;
+    uint64_t last_done = now_ns();
+    bool in_gap = false;
     while (posted > done) {
       uint64_t now = now_ns();
+      // A stall: after warm-up, no completion for stall_ms while WRs
+      // are outstanding (counted once per gap).
+      const uint64_t gap = now - last_done;
+      if (now >= warm) longest_gap = std::max(longest_gap, gap);
+      if (now >= warm && gap >= uint64_t(o.stall_ms) * 1'000'000ull && !in_gap) {
+        in_gap = true;
+        stalls++;
+      }
       if (!stopping && now >= end) stopping = true;
       if (now > drain_end) break;
       s.node->run_once(1'000'000);
       int n = e.poll_cq(s.scq, wc, 64);
       now = now_ns();
+      if (n > 0) {
+        last_done = now;
+        in_gap = false;
+      }
       for (int i = 0; i < n; i++) {
         done++;
         if (wc[i].status != WcStatus::SUCCESS) {
@@ -571,7 +586,8 @@ int client_impl(const Options& o, std::string& json) {
               first_error.c_str(), s.node->emu_dropped);
   json += fmt(",\"cpu_s\":%.3f,\"wall_s\":%.3f", cpu_seconds() - cpu0, double(now_ns() - t0) / 1e9);
   // Every posted WR completed (successfully or not) before the drain deadline?
-  json += fmt(",\"posted\":%lu,\"completed\":%lu", posted, done);
+  json += fmt(",\"posted\":%lu,\"completed\":%lu,\"stalls\":%lu,\"longest_gap_ms\":%.1f", posted, done,
+              stalls, double(longest_gap) / 1e6);
   if (o.mode == "lat") {
     std::sort(lat.begin(), lat.end());
     auto pct = [&](double q) { return lat.empty() ? 0.0 : double(lat[size_t(q * double(lat.size() - 1))]) / 2e3; };
@@ -586,7 +602,8 @@ int client_impl(const Options& o, std::string& json) {
   }
   json += ",\"engine\":" + stats_json(e.stats(), o.path_detail);
   json += ",\"link\":" + link_json(s.node->link().stats()) + "}";
-  return errors ? 3 : 0;
+  if (errors) return 3;
+  return stalls || posted != done ? 4 : 0;
 }
 
 }  // namespace

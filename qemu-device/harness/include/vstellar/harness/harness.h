@@ -36,6 +36,7 @@ struct Options {
   uint32_t depth = 16;
   double duration = 2.0;
   uint32_t interval_ms = 100;
+  uint32_t stall_ms = 1000;  // no completion this long with WRs outstanding: a stall (exit 4)
   double warmup = 0.2;  // seconds excluded from the totals
   double loss_rate = 0;
   uint32_t loss_links = 60;
