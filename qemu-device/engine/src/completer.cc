@@ -51,10 +51,15 @@ void EngineCore::comp_rtt(QpImpl& qp, uint64_t r) {
   }
 }
 
-void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, bool, uint64_t& acked_bytes) {
+// echo_us: the timestamp the answer echoes (the transmission it answers;
+// for an ACK, the newest packet it covers). A packet that timed out and is
+// answered for a transmission older than its resend was not lost: the
+// timeout was spurious (EngineStats::spurious_timeouts).
+void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t echo_us, uint64_t& acked_bytes) {
   PktRec& r = qp.rec(psn);
   if (r.acked) return;
   r.acked = true;
+  if (r.retries > 0 && int32_t(echo_us - uint32_t(r.sent_ns / 1000)) < 0) stats_.spurious_timeouts++;
   acked_bytes += r.len;
   qp.last_progress_ns = now;
   qp.backoff = 0;
@@ -79,7 +84,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   // arrives, so the ACK skips them.
   uint32_t from = seq_lt(qp.cum_seen, qp.snd_una) ? qp.snd_una : qp.cum_seen;
   for (uint32_t psn = from; seq_lt(psn, a.cum_psn); psn++)
-    if (qp.rec(psn).kind == PktKind::DATA) comp_pkt_done(qp, psn, now, false, acked);
+    if (qp.rec(psn).kind == PktKind::DATA) comp_pkt_done(qp, psn, now, a.echo_ts, acked);
   if (seq_lt(qp.cum_seen, a.cum_psn)) qp.cum_seen = a.cum_psn;
   // Selective part.
   for (unsigned wi = 0; wi < a.sack_words; wi++) {
@@ -89,7 +94,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
       bits &= bits - 1;
       uint32_t psn = a.sack_base + wi * 64 + b;
       if (in_window(qp, psn) && qp.rec(psn).kind == PktKind::DATA)
-        comp_pkt_done(qp, psn, now, false, acked);
+        comp_pkt_done(qp, psn, now, a.echo_ts, acked);
     }
   }
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
@@ -183,7 +188,7 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   const uint64_t rtt = echo_rtt(p.base.ts);
   uint16_t path = r.path;
   uint64_t acked = 0;
-  comp_pkt_done(qp, psn, now, true, acked);
+  comp_pkt_done(qp, psn, now, p.base.ts, acked);
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
   qp.paths.on_ack(path, rtt);
@@ -210,7 +215,7 @@ void EngineCore::comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t no
     return;
   }
   uint64_t acked = 0;
-  comp_pkt_done(qp, psn, now, true, acked);
+  comp_pkt_done(qp, psn, now, p.base.ts, acked);
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_retire(qp);
 }

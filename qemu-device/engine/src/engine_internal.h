@@ -380,7 +380,7 @@ class EngineCore {
   // READ data flows to the requester: its CE marks are this QP's own signal.
   void comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now, bool ce);
   void comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now);
-  void comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, bool rtt_sample, uint64_t& acked_bytes);
+  void comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t echo_us, uint64_t& acked_bytes);
   void comp_fail_wqe(QpImpl& qp, uint64_t wqe, WcStatus st);
   void comp_retire(QpImpl& qp);
   void comp_rtt(QpImpl& qp, uint64_t rtt_ns);

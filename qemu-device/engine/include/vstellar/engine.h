@@ -104,6 +104,9 @@ struct PathCounters {
 struct EngineStats {
   uint64_t tx_pkts = 0, rx_pkts = 0, tx_bytes = 0, rx_bytes = 0;
   uint64_t data_pkts_sent = 0, retx_pkts = 0, timeouts = 0;
+  // Timeouts of packets that were not lost: answered for a transmission
+  // older than their resend (a late ACK or response).
+  uint64_t spurious_timeouts = 0;
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
   uint64_t path_probes = 0;      // copies of data packets sent to probe a path set aside
   uint64_t acks_sent = 0, acks_rcvd = 0, naks_sent = 0, naks_rcvd = 0, rnr_naks_sent = 0;
