@@ -3,7 +3,8 @@
 #   make demo    two guests run ib_write_bw against each other (README)
 #   make test    build everything, then run every test (unit, host, guest)
 #   make bench   run the benchmarks; JSON and PNG land in out/bench/
-#   make fuzz    run each fuzz target FUZZ_SECONDS (600); crashes in out/fuzz/
+#   make fuzz    run each fuzz target FUZZ_SECONDS (1800); crashes in out/fuzz/
+#   make soak    100,000 simulated scenarios, then a 30-minute two-guest soak
 #   make deps    install the Debian packages the rest needs (run first by all)
 #   make deb     Debian packages for bookworm in build/deb/ (docs/packages.md)
 #
@@ -18,12 +19,12 @@ BUILD := build
 OUT := out
 NINJA_JOBS ?= $(shell nproc)
 
-.PHONY: all deps host guest kmod deb demo test test-unit test-guest bench fuzz clean distclean-cache help
+.PHONY: all deps host guest kmod deb demo test test-unit test-guest bench fuzz soak clean distclean-cache help
 
 all: deps host guest
 
 help:
-	@sed -n '3,9p' Makefile | sed 's/^# *//'
+	@sed -n '3,10p' Makefile | sed 's/^# *//'
 
 deps:
 	@tools/install-deps.sh
@@ -87,6 +88,15 @@ test: all deb
 	@tools/fabric/vsfabric-cli cleanup > /dev/null
 	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
 
+# Long runs, not in make test (docs/testing.md): the property test over
+# SOAK_SCENARIOS seeded scenarios (a failing one prints the command that
+# replays it), then tools/soak/guest-soak for SOAK_MINUTES.
+SOAK_SCENARIOS ?= 100000
+SOAK_MINUTES ?= 30
+soak: all
+	@VSTELLAR_SCENARIOS=$(SOAK_SCENARIOS) $(BUILD)/tests/engine/vstellar_engine_tests --gtest_filter='Scenarios.*'
+	@SOAK_MINUTES=$(SOAK_MINUTES) tools/soak/guest-soak
+
 test-unit: all
 	@ctest --test-dir $(BUILD) --output-on-failure -LE guest $(CTEST_ARGS)
 
@@ -100,7 +110,7 @@ bench: all
 
 # libFuzzer targets (tests/fuzz), built with clang in $(BUILD)/fuzz; each
 # grows its corpus and keeps what it finds in $(OUT)/fuzz/<target>/.
-FUZZ_SECONDS ?= 600
+FUZZ_SECONDS ?= 1800
 fuzz: deps
 	@FUZZ_BUILD=$(BUILD)/fuzz FUZZ_OUT=$(OUT)/fuzz tools/fuzz.sh all $(FUZZ_SECONDS)
 
