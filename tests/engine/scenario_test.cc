@@ -298,12 +298,18 @@ class ScenarioRun {
     return op == WrOpcode::SEND || op == WrOpcode::SEND_WITH_IMM || op == WrOpcode::RDMA_WRITE_WITH_IMM;
   }
 
+  // One side of a QP pair: its engine, its QP and the peer QP.
+  struct End {
+    Engine& e;
+    Qp* qp;
+    Qp* peer;
+  };
+  End end_of(QpCase& qc, int side) { return side ? End{*b_.eng, qc.b, qc.a} : End{*a_.eng, qc.a, qc.b}; }
+
   void connect(QpCase& qc) {
     const uint32_t access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
     for (int side = 0; side < 2; side++) {
-      Engine& e = side ? *b_.eng : *a_.eng;
-      Qp* qp = side ? qc.b : qc.a;
-      Qp* peer = side ? qc.a : qc.b;
+      auto [e, qp, peer] = end_of(qc, side);
       QpAttr at;
       at.qp_state = QpState::INIT;
       at.port_num = 1;
@@ -327,9 +333,7 @@ class ScenarioRun {
     }
     // sq_psn of each side is the rq_psn its peer expects.
     for (int side = 0; side < 2; side++) {
-      Engine& e = side ? *b_.eng : *a_.eng;
-      Qp* qp = side ? qc.b : qc.a;
-      Qp* peer = side ? qc.a : qc.b;
+      auto [e, qp, peer] = end_of(qc, side);
       QpAttr at;
       at.qp_state = QpState::RTS;
       at.sq_psn = psn_[peer];

@@ -136,42 +136,37 @@ class VstellarDeviceTest(unittest.TestCase):
         finally:
             b.close()
 
-    def test_unshared_guest_ram_is_refused(self):
+    def refused(self, *qemu_args):
+        """QEMU with the device and qemu_args, which must refuse to start:
+        its output."""
         b = Backend().start()
         try:
             argv = [self.art.qemu, "-M", "pc", "-m", "256", "-nodefaults", "-display", "none",
-                    "-chardev", f"socket,id=vst,path={b.sock}",
+                    *qemu_args, "-chardev", f"socket,id=vst,path={b.sock}",
                     "-device", "vhost-user-vstellar-pci,chardev=vst"]
             for d in self.art.firmware_dirs:
                 argv += ["-L", d]
             r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
             self.assertNotEqual(r.returncode, 0)
-            self.assertIn("memory-backend-memfd", r.stdout)
-            self.assertIn("share=on", r.stdout)
-            # libvirt users get the domain XML that makes it so
-            self.assertIn("<source type='memfd'/><access mode='shared'/>", r.stdout)
+            return r
         finally:
             b.close()
+
+    def test_unshared_guest_ram_is_refused(self):
+        r = self.refused()
+        self.assertIn("memory-backend-memfd", r.stdout)
+        self.assertIn("share=on", r.stdout)
+        # libvirt users get the domain XML that makes it so
+        self.assertIn("<source type='memfd'/><access mode='shared'/>", r.stdout)
 
     def test_tcg_without_parallel_vcpus_is_refused(self):
         # TCG drops a guest's memory barriers unless it translates for
         # parallel vCPUs; the doorbell protocol needs them (issue 23).
-        b = Backend().start()
-        try:
-            argv = [self.art.qemu, "-M", "pc", "-m", "256", "-nodefaults", "-display", "none",
-                    "-accel", "tcg", "-smp", "1",
-                    "-object", "memory-backend-memfd,id=mem,size=256M,share=on",
-                    "-machine", "memory-backend=mem",
-                    "-chardev", f"socket,id=vst,path={b.sock}",
-                    "-device", "vhost-user-vstellar-pci,chardev=vst"]
-            for d in self.art.firmware_dirs:
-                argv += ["-L", d]
-            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
-            self.assertNotEqual(r.returncode, 0)
-            self.assertIn("maxcpus", r.stdout)
-            self.assertIn("thread=multi", r.stdout)
-        finally:
-            b.close()
+        r = self.refused("-accel", "tcg", "-smp", "1",
+                         "-object", "memory-backend-memfd,id=mem,size=256M,share=on",
+                         "-machine", "memory-backend=mem")
+        self.assertIn("maxcpus", r.stdout)
+        self.assertIn("thread=multi", r.stdout)
 
     def test_backend_loss_does_not_hang_the_guest(self):
         b = Backend().start()
