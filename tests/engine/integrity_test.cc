@@ -95,21 +95,25 @@ TEST(Integrity, AnotherKeyOrNoKeyGetsNothingThrough) {
   }
 }
 
-// Datagrams (UD, GSI) carry the fabric-wide datagram MAC.
-TEST(Integrity, DatagramsAreSignedToo) {
-  PairOptions o = Keyed();
-  o.connect = false;
-  Pair t(o);
+// A UD QP on each side of `t`, ready, and a SEND of 64 bytes from A's to B's.
+struct UdQps {
+  Qp* ua = nullptr;
+  Qp* ub = nullptr;
+  Sge ss;
+  SendWr w;
+};
+
+void MakeUd(Pair& t, UdQps& u) {
   QpInitAttr ia;
   ia.send_cq = t.a.scq;
   ia.recv_cq = t.a.rcq;
   ia.qp_type = QpType::UD;
-  Qp* ua = t.a.eng->create_qp(t.a.pd, ia);
+  u.ua = t.a.eng->create_qp(t.a.pd, ia);
   ia.send_cq = t.b.scq;
   ia.recv_cq = t.b.rcq;
-  Qp* ub = t.b.eng->create_qp(t.b.pd, ia);
-  ASSERT_TRUE(ua && ub);
-  for (auto [s, q] : {std::pair{&t.a, ua}, std::pair{&t.b, ub}}) {
+  u.ub = t.b.eng->create_qp(t.b.pd, ia);
+  ASSERT_TRUE(u.ua && u.ub);
+  for (auto [s, q] : {std::pair{&t.a, u.ua}, std::pair{&t.b, u.ub}}) {
     QpAttr at;
     at.qp_state = QpState::INIT;
     at.port_num = 1;
@@ -121,22 +125,15 @@ TEST(Integrity, DatagramsAreSignedToo) {
     at.sq_psn = 0;
     ASSERT_EQ(s->eng->modify_qp(q, at, QP_STATE | QP_SQ_PSN), 0);
   }
-  Sge rs{t.b.addr(0), 1024, t.b.mr->lkey()};
-  RecvWr r;
-  r.wr_id = 1;
-  r.sg_list = &rs;
-  r.num_sge = 1;
-  ASSERT_EQ(t.b.eng->post_recv(ub, r), 0);
-  fill_random(t.a.buf.data(), 64, 6);
-  Sge ss{t.a.addr(0), 64, t.a.mr->lkey()};
-  SendWr w;
+  u.ss = Sge{t.a.addr(0), 64, t.a.mr->lkey()};
+  SendWr& w = u.w;
   w.wr_id = 2;
   w.opcode = WrOpcode::SEND;
-  w.sg_list = &ss;
+  w.sg_list = &u.ss;
   w.num_sge = 1;
   w.send_flags = SEND_SIGNALED;
   w.ud.peer = Endpoint{kIpB, 4791};
-  w.ud.remote_qpn = ub->qpn();
+  w.ud.remote_qpn = u.ub->qpn();
   w.ud.remote_qkey = 0x11;
   w.ud.sgid[10] = w.ud.sgid[11] = 0xff;
   w.ud.dgid = w.ud.sgid;
@@ -144,12 +141,146 @@ TEST(Integrity, DatagramsAreSignedToo) {
     w.ud.sgid[12 + i] = uint8_t(kIpA >> (24 - 8 * i));
     w.ud.dgid[12 + i] = uint8_t(kIpB >> (24 - 8 * i));
   }
-  ASSERT_EQ(t.a.eng->post_send(ua, w), 0);
+}
+
+void PostUdRecv(Pair& t, Qp* q, uint64_t wr_id) {
+  Sge rs{t.b.addr(wr_id * 1024), 1024, t.b.mr->lkey()};
+  RecvWr r;
+  r.wr_id = wr_id;
+  r.sg_list = &rs;
+  r.num_sge = 1;
+  ASSERT_EQ(t.b.eng->post_recv(q, r), 0);
+}
+
+// The opcode of a sealed packet, behind its trailer.
+wire::Op SealedOp(const std::vector<uint8_t>& bytes) {
+  return bytes.size() > PacketMac::kTrailerLen + 1 ? wire::Op(bytes[PacketMac::kTrailerLen + 1]) : wire::Op(0);
+}
+
+// Datagrams (UD, GSI) carry the fabric-wide datagram MAC.
+TEST(Integrity, DatagramsAreSignedToo) {
+  PairOptions o = Keyed();
+  o.connect = false;
+  Pair t(o);
+  UdQps u;
+  MakeUd(t, u);
+  PostUdRecv(t, u.ub, 0);
+  fill_random(t.a.buf.data(), 64, 6);
+  ASSERT_EQ(t.a.eng->post_send(u.ua, u.w), 0);
   auto wc = t.wait(t.b, t.b.rcq, 1);
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
   EXPECT_EQ(std::memcmp(t.b.buf.data() + 40, t.a.buf.data(), 64), 0);
   EXPECT_EQ(t.b.eng->stats().bad_mac, 0u);
+}
+
+// Issue 24 #4: a sealed packet captured and sent again verified as well as
+// the first time. A READ request replayed 10 s later was executed again
+// (the responder re-reads a READ it executed); now its counter is one B has
+// seen, and nothing goes back.
+TEST(Integrity, ReplayedReadRequestIsDropped) {
+  Pair t(Keyed());
+  std::vector<uint8_t> captured;
+  uint32_t responses = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    if (from == kIpA && SealedOp(bytes) == wire::Op::READ_REQ && captured.empty()) captured = bytes;
+    if (from == kIpB && SealedOp(bytes) == wire::Op::READ_RESP) responses++;
+    return true;
+  };
+  fill_random(t.b.buf.data(), 8192, 7);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 8192, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  ASSERT_FALSE(captured.empty());
+  const uint32_t answered = responses;
+  t.net.run_for(10'000'000'000ull);
+  t.net.inject(kIpA, kIpB, captured);
+  t.net.run_for(2'000'000);
+  EXPECT_EQ(responses, answered) << "the replayed READ was executed again";
+  EXPECT_EQ(t.b.eng->stats().replayed, 1u);
+  EXPECT_EQ(t.b.eng->stats().bad_mac, 0u);
+}
+
+// ... and a replayed datagram is not delivered a second time.
+TEST(Integrity, ReplayedDatagramIsDropped) {
+  PairOptions o = Keyed();
+  o.connect = false;
+  Pair t(o);
+  UdQps u;
+  MakeUd(t, u);
+  PostUdRecv(t, u.ub, 0);
+  PostUdRecv(t, u.ub, 1);
+  std::vector<uint8_t> captured;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    if (from == kIpA && SealedOp(bytes) == wire::Op::UD_SEND) captured = bytes;
+    return true;
+  };
+  ASSERT_EQ(t.a.eng->post_send(u.ua, u.w), 0);
+  ASSERT_EQ(t.wait(t.b, t.b.rcq, 1).size(), 1u);
+  ASSERT_FALSE(captured.empty());
+  t.net.run_for(10'000'000'000ull);
+  t.net.inject(kIpA, kIpB, captured);
+  t.net.run_for(2'000'000);
+  Wc wc;
+  EXPECT_EQ(t.b.eng->poll_cq(t.b.rcq, &wc, 1), 0) << "the replayed datagram was delivered again";
+  EXPECT_EQ(t.b.eng->stats().replayed, 1u);
+  // The sender's next datagram still gets through.
+  ASSERT_EQ(t.a.eng->post_send(u.ua, u.w), 0);
+  EXPECT_EQ(t.wait(t.b, t.b.rcq, 1).size(), 1u);
+}
+
+// Packets reordered within the window all get through; what the network
+// duplicated, and only that, is refused as a replay.
+TEST(Integrity, ReorderedAndDuplicatedPacketsGetThroughOnce) {
+  PairOptions o = Keyed();
+  o.cfg.ack_every = 4;
+  Pair t(o);
+  t.net.impairment.reorder = 0.2;
+  t.net.impairment.jitter_ns = 20'000;
+  t.net.impairment.dup = 0.05;
+  WriteAndCheck(t, 8, 512 << 10);
+  fill_random(t.b.buf.data() + 600000, 300'000, 9);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 9, 200000, 300'000, 600000), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data() + 200000, t.b.buf.data() + 600000, 300'000), 0);
+  const uint64_t replayed = t.a.eng->stats().replayed + t.b.eng->stats().replayed;
+  EXPECT_GT(t.net.stats.reordered, 0u);
+  EXPECT_GT(replayed, 0u);
+  EXPECT_EQ(replayed, t.net.stats.duplicated);
+  EXPECT_EQ(t.a.eng->stats().bad_mac + t.b.eng->stats().bad_mac, 0u);
+}
+
+TEST(Integrity, ReplayWindowSlides) {
+  ReplayWindow w;
+  EXPECT_TRUE(w.Admit(5000));
+  EXPECT_FALSE(w.Admit(5000));
+  EXPECT_TRUE(w.Admit(5000 - 1023));
+  EXPECT_FALSE(w.Admit(5000 - 1023));
+  EXPECT_FALSE(w.Admit(5000 - 1024)) << "older than the window";
+  EXPECT_TRUE(w.Admit(5002));
+  EXPECT_TRUE(w.Admit(5001));
+  EXPECT_FALSE(w.Admit(5001));
+  EXPECT_TRUE(w.Admit(5000 + 1023));  // slides: [5000, 6023]
+  EXPECT_FALSE(w.Admit(5001));
+  EXPECT_TRUE(w.Admit(5003));
+  EXPECT_FALSE(w.Admit(4999));
+  EXPECT_TRUE(w.Admit(1'000'000));  // a jump past the window
+  EXPECT_FALSE(w.Admit(6023));
+  EXPECT_TRUE(w.Admit(999'999));
+  EXPECT_FALSE(w.Admit(999'999));
+}
+
+TEST(Integrity, DatagramSendersAreBoundedAndEvictedOldestFirst) {
+  DatagramReplay r;
+  for (uint32_t q = 0; q < DatagramReplay::kMaxSources; q++) ASSERT_TRUE(r.Admit(kIpA, q, 1, 100));
+  EXPECT_FALSE(r.Admit(kIpA, 0, 1, 100));  // heard again: now the most recent
+  EXPECT_TRUE(r.Admit(kIpA, 5, 2, 100)) << "another engine's salt is another sender";
+  EXPECT_EQ(r.sources(), DatagramReplay::kMaxSources);
+  EXPECT_FALSE(r.Admit(kIpA, 0, 1, 100)) << "the most recent sender was evicted";
+  EXPECT_TRUE(r.Admit(kIpA, 1, 1, 100)) << "the least recent sender is forgotten";
 }
 
 }  // namespace

@@ -141,5 +141,68 @@ TEST(QpSecurity, QpnsAreUnpredictable) {
   EXPECT_EQ(std::set<uint32_t>(qa.begin(), qa.end()).size(), qa.size());
 }
 
+// Issue 24 #3: a forged fatal NAK whose cumulative PSN equals its NAK PSN
+// passed for any outstanding PSN. Here a READ is still unanswered when
+// the forged NAK names the WRITE behind it: no responder could have
+// expected that WRITE's PSN yet, so the NAK is ignored.
+TEST(QpSecurity, ForgedFatalNakBeyondTheOldestOutstandingPsnIsIgnored) {
+  Pair t;
+  fill_random(t.b.buf.data(), 8192, 4);
+  bool hold = true;  // B's answers are held back while the NAK is forged
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>&) { return !(hold && from == kIpB); };
+  const uint32_t psn = impl(t.a.qp)->snd_nxt;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 4096, 0), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 2, 4096, 4096, 4096), 0);
+  t.net.run_for(20'000);
+  ASSERT_EQ(impl(t.a.qp)->snd_nxt, psn + 2);
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  b.dst_qpn = t.a.qp->qpn();
+  b.src_qpn = t.b.qp->qpn();
+  b.psn = psn + 1;
+  wire::AckExt a;
+  a.syndrome = wire::Syndrome::NAK_REM_ACCESS;
+  a.nak_psn = a.cum_psn = a.sack_base = psn + 1;
+  std::vector<uint8_t> v(wire::kMaxHeaderLen + 128);
+  v.resize(wire::encode(b, a, v.data()));
+  t.net.inject(kIpB, kIpA, v);
+  t.net.run_for(20'000);
+  EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+  EXPECT_EQ(t.a.eng->stats().bad_ack, 1u);
+  hold = false;
+  auto wc = t.wait(t.a, t.a.scq, 2);
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wc[1].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 4096), 0);
+  EXPECT_EQ(t.a.qp->state(), QpState::RTS);
+}
+
+// ... and a real one still fails its WR: a bad rkey right behind a WRITE
+// and a READ whose answers the NAK may overtake.
+TEST(QpSecurity, RealRemoteAccessNakStillFailsTheWr) {
+  Pair t;
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 3 * 4096, 0), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 2, 0, 4096, 0), 0);
+  Sge sg{t.a.addr(0), 4096, t.a.mr->lkey()};
+  SendWr wr;
+  wr.wr_id = 3;
+  wr.opcode = WrOpcode::RDMA_WRITE;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = &sg;
+  wr.num_sge = 1;
+  wr.remote_addr = t.b.addr(0);
+  wr.rkey = t.b.mr->rkey() ^ 0x100;  // no such key
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
+  auto wc = t.wait(t.a, t.a.scq, 3);
+  ASSERT_EQ(wc.size(), 3u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wc[1].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wc[2].wr_id, 3u);
+  EXPECT_EQ(wc[2].status, WcStatus::REM_ACCESS_ERR);
+  EXPECT_EQ(t.a.qp->state(), QpState::ERR);
+  EXPECT_EQ(t.a.eng->stats().bad_ack, 0u);
+}
+
 }  // namespace
 }  // namespace vstellar::test

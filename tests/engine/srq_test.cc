@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "engine_internal.h"  // white box: the QPs' receive state
 #include "sim_pair.h"
 
 namespace vstellar::test {
@@ -229,6 +230,47 @@ TEST(Srq, ResizeKeepsPostedWqesInOrder) {
   }
   ASSERT_EQ(e.modify_srq(t.srq, 5), 0);
   EXPECT_EQ(e.resize_srq(t.srq, 4), EINVAL) << "the armed limit must stay below max_wr";
+}
+
+// Issue 24 #2: one SEND whose rsn was head + 4095 moved every WQE of the
+// shared SRQ into its QP (the only bound was the PSN window), and the other
+// QPs got RNR from then on. A receive no earlier PSN could have led up to
+// is not taken now.
+TEST(Srq, ASendFarAheadInRsnDoesNotDrainTheSharedSrq) {
+  SrqPair s(2, SrqInitAttr{16, 1, 0});
+  for (unsigned i = 0; i < 8; i++) ASSERT_EQ(s.post_srq(100 + i, i * kMsg), 0);
+  const QpImpl& victim = impl(*s.b_qps[0]);
+  auto hostile = [&](uint32_t ahead, uint32_t rsn_ahead) {
+    wire::Base b;
+    b.op = wire::Op::SEND;
+    b.flags = wire::F_FIRST | wire::F_LAST;
+    b.dst_qpn = s.b_qps[0]->qpn();
+    b.src_qpn = s.a_qps[0]->qpn();
+    b.psn = victim.epsn + ahead;
+    b.payload_len = 64;
+    wire::DataExt e;
+    e.msg_len = 64;
+    e.rsn = uint32_t(victim.rq_head) + rsn_ahead;
+    std::vector<uint8_t> v(wire::kMaxHeaderLen + 64, 0xAB);
+    v.resize(wire::encode(b, e, v.data()) + 64);
+    s.p.net.inject(kIpA, kIpB, v);
+    s.p.net.run_for(100'000);
+  };
+  hostile(1, 4095);
+  hostile(100, 4095);
+  EXPECT_EQ(s.srq->room(), 8u) << "a far-ahead rsn took SRQ WQEs";
+  // One PSN ahead per message ahead is possible: that many and no more.
+  hostile(2, 2);
+  EXPECT_LE(victim.rq_tail - victim.rq_head, 3u);
+  // The honest QP on the same SRQ still receives.
+  ASSERT_EQ(s.send(1, 9), 0);
+  auto wcs = s.p.wait(s.p.b, s.p.b.rcq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(wcs[0].qp_num, s.b_qps[1]->qpn());
+  auto sent = s.p.wait(s.p.a, s.p.a.scq, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::SUCCESS);
 }
 
 }  // namespace

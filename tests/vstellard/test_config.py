@@ -65,6 +65,30 @@ class ConfigFile(unittest.TestCase):
             p.wait(timeout=30)
             p.stderr.close()
 
+    def test_require_integrity_refuses_to_start_without_a_key(self):
+        r = subprocess.run([VSTELLARD, "--require-integrity", "--socket", self.sock],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr, "vstellard: --require-integrity: no --integrity-key configured\n")
+        self.assertFalse(os.path.exists(self.sock))
+        # From a file too, with the key on a later line.
+        key = os.path.join(self.dir.name, "fabric.key")
+        with open(key, "w", encoding="utf-8") as f:
+            f.write("ab" * 32 + "\n")
+        path = self.conf(f"require-integrity = yes\nintegrity-key = {key}\n")
+        p = subprocess.Popen([VSTELLARD, "--config", path, "--socket", self.sock],
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            line = p.stderr.readline()
+            self.assertTrue(line.startswith(f"vstellard: listening on {self.sock}"), line)
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+            p.stderr.close()
+        r = subprocess.run([VSTELLARD, "--config", self.conf("require-integrity = yes\n"), "--socket", self.sock],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -847,6 +847,69 @@ TEST_F(DataPath, ProducerIndexBeyondTheRingStopsOnlyThatQp) {
   EXPECT_FALSE(StatsOf(0).fatal);
 }
 
+// Issue 24 #1: a peer that fails many of a guest's connections at once
+// (one bad-rkey WRITE each) raised more QP errors than the driver had event
+// buffers and the device queue had room for, and the next one made the
+// whole device FATAL, so the guest's connection to a third guest died too.
+// Each QP's event now waits its turn; the device and its other QPs go on.
+TEST_F(DataPath, PeerFailingManyQpsAtOnceDoesNotMakeTheDeviceFatal) {
+  StartDaemon();
+  TwoGuests();  // a_ attacks b_
+  Guest& A = *a_;
+  Guest& B = *b_;
+  auto fc = std::make_unique<Frontend>();
+  std::string err;
+  ASSERT_TRUE(fc->Connect(sock_, &err)) << err;
+  ASSERT_TRUE(fc->StartQueues(&err)) << err;
+  Guest C{*fc};
+  C.Setup();
+  GQp bc = B.CreateQp(), cb = C.CreateQp();
+  B.Connect(bc, cb.qpn);
+  C.Connect(cb, bc.qpn);
+  // The test driver has 8 event buffers; the device used to hold 64 more.
+  constexpr int kQps = 100;
+  ASSERT_EQ(A.ResizeCq(0x3c0000, 8).status(), 0);  // room for every error CQE
+  std::vector<GQp> qa, qb;
+  for (int i = 0; i < kQps; i++) {
+    qa.push_back(A.CreateQp());
+    qb.push_back(B.CreateQp());
+  }
+  for (int i = 0; i < kQps; i++) {
+    A.Connect(qa[i], qb[i].qpn);
+    B.Connect(qb[i], qa[i].qpn);
+  }
+  for (int i = 0; i < kQps; i++) {
+    auto w = Wqe(VSTELLAR_WR_RDMA_WRITE, i);
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = B.rkey ^ 0x100;
+    A.PostSend(qa[i], w, {A.Sge(0, 64)});
+  }
+  for (int i = 0; i < kQps; i++) {
+    auto e = A.Poll();
+    ASSERT_TRUE(e) << i;
+    EXPECT_EQ(e->status, uint8_t(vstellar::WcStatus::REM_ACCESS_ERR));
+  }
+  for (int i = 0; i < kQps; i++) EXPECT_EQ(B.QpState(qb[i].qpn), VSTELLAR_QPS_ERR);
+  EXPECT_FALSE(StatsOf(1).fatal);
+  EXPECT_FALSE(StatsOf(0).fatal);
+  EXPECT_EQ(StatsOf(1).events_dropped, 0u);
+  // The victim's other connection works.
+  EXPECT_EQ(B.QpState(bc.qpn), VSTELLAR_QPS_RTS);
+  C.PostRecv(cb, 1, {C.Sge(0, 64)});
+  B.PostSend(bc, Wqe(VSTELLAR_WR_SEND, 2), {B.Sge(0, 64)});
+  auto sb = B.Poll(), rc = C.Poll();
+  ASSERT_TRUE(sb && rc);
+  EXPECT_EQ(sb->status, 0);
+  EXPECT_EQ(rc->status, 0);
+  // Every failed QP's event reaches the driver once buffers come back.
+  std::set<uint32_t> told;
+  for (int round = 0; round < 50 && told.size() < size_t(kQps); round++)
+    for (const vstellar_event& e : fb_->Events(100))
+      if (le16toh(e.type) == VSTELLAR_EV_QP_ACCESS_ERR) told.insert(le32toh(e.object));
+  for (int i = 0; i < kQps; i++) EXPECT_TRUE(told.count(qb[i].qpn)) << i;
+  EXPECT_NE(d_->StatsJson().find("\"events_dropped\":0"), std::string::npos);
+}
+
 // Issue 13 #1: the doorbell scan took every WQE a QP announced before it
 // looked at the next QP (up to 1,024 QPs x 4,096 WQEs in one loop turn).
 // Now each queue gives at most --wqe-budget WQEs per turn and the scan

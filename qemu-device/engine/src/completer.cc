@@ -105,9 +105,12 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   if (a.syndrome != wire::Syndrome::ACK) {
     stats_.naks_rcvd++;
     // A responder NAKs fatally only the PSN it expects next, its cumulative
-    // one (resp_error_now): any other fatal NAK is not from it.
+    // one (resp_error_now), and it can expect that PSN only once everything
+    // before it arrived; so once the cumulative part is applied, that PSN
+    // must be the oldest one still outstanding here. A forged NAK that
+    // names any later outstanding PSN as both cum and nak fails this.
     const bool fatal = a.syndrome != wire::Syndrome::RNR_NAK;
-    if (!in_window(qp, a.nak_psn) || (fatal && a.nak_psn != a.cum_psn)) {
+    if (!in_window(qp, a.nak_psn) || (fatal && (a.nak_psn != a.cum_psn || a.nak_psn != qp.snd_una))) {
       if (fatal) stats_.bad_ack++;
       comp_retire(qp);
       return;

@@ -120,7 +120,7 @@ bool EngineCore::ud_progress(QpImpl& qp) {
     std::memcpy(e.dgid, w.ud.dgid.data(), 16);
     uint8_t hdr[wire::kMaxHeaderLen];
     const size_t hl = wire::encode(b, e, hdr);
-    xmit_to(w.ud.peer, b.path, hdr, hl, spans, n, len, false, &ud_mac_key_);
+    xmit_to(w.ud.peer, b.path, hdr, hl, spans, n, len, false);
     stats_.ud_sent++;
     w.done = true;
   }

@@ -59,6 +59,7 @@ EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
     if (!PacketMac::Init()) std::abort();
     mac_ = PacketMac(PacketMac::RandomSalt());
     ud_mac_key_ = PacketMac::DatagramKey(cfg_.integrity_key);
+    ud_mac_tx_ = {ud_mac_key_, PacketMac::FirstCounter()};
   }
 }
 
@@ -164,13 +165,13 @@ void EngineCore::emit(Cq* cq, const Wc& wc) {
 }
 
 void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
-                     const HostSpan* pl, size_t nspans, size_t plen, bool retx, const MacKey* key) {
+                     const HostSpan* pl, size_t nspans, size_t plen, bool retx, MacSender* tx) {
   if (cfg_.integrity) {
     // The trailer goes in front of the header; the link copies both.
     uint8_t buf[PacketMac::kTrailerLen + wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
     if (hlen > sizeof(buf) - PacketMac::kTrailerLen) return;
     std::memcpy(buf + PacketMac::kTrailerLen, hdr, hlen);
-    mac_.Sign(key ? *key : ud_mac_key_, hdr, hlen, pl, nspans, buf);
+    mac_.Sign(tx ? *tx : ud_mac_tx_, hdr, hlen, pl, nspans, buf);
     link_.send(path, dst, buf, PacketMac::kTrailerLen + hlen, pl, nspans);
     hlen += PacketMac::kTrailerLen;
   } else {
@@ -206,15 +207,25 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     stats_.bad_parse++;
     return;
   }
-  auto authentic = [&](const MacKey& key) {
-    if (!cfg_.integrity || PacketMac::Verify(key, signed_pkt, signed_len)) return true;
-    stats_.bad_mac++;
+  // A packet that verifies is taken once (integrity.h): `admit` decides
+  // from its counter.
+  auto authentic = [&](const MacKey& key, auto admit) {
+    if (!cfg_.integrity) return true;
+    if (!PacketMac::Verify(key, signed_pkt, signed_len)) {
+      stats_.bad_mac++;
+      return false;
+    }
+    if (admit(PacketMac::Salt(signed_pkt), PacketMac::Counter(signed_pkt))) return true;
+    stats_.replayed++;
     return false;
   };
   if (p.base.path < stats_.paths.size()) stats_.paths[p.base.path].rx_pkts++;
   if (ce) stats_.ce_marks++;
   if (wire::is_ud(p.base.op)) {
-    if (authentic(ud_mac_key_)) ud_receive(p, from);
+    if (authentic(ud_mac_key_, [&](uint32_t salt, uint64_t c) {
+          return ud_seen_.Admit(from.ip, p.base.src_qpn, salt, c);
+        }))
+      ud_receive(p, from);
     return;
   }
   QpImpl* qp = find_qp(p.base.dst_qpn);
@@ -227,7 +238,7 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     stats_.bad_peer++;
     return;
   }
-  if (!authentic(qp->mac_rx)) return;
+  if (!authentic(qp->mac_rx, [&](uint32_t, uint64_t c) { return qp->mac_rx_seen.Admit(c); })) return;
   // An ACK, a NAK or a response may let it send (or arm a timer).
   activate(*qp);
   if (qp->is_uc()) {  // requests only: a UC responder answers nothing

@@ -238,8 +238,11 @@ class QpImpl final : public Qp {
   std::vector<Gid> local_gids;  // GSI: the GIDs it answers QP 1 for (Engine::set_gsi_gids)
   uint32_t ud_next_path = 0;    // datagrams go round-robin over the paths
 
-  // Integrity mode: the MAC keys of this connection, each way (set at RTR).
-  MacKey mac_tx{}, mac_rx{};
+  // Integrity mode: the MAC keys of this connection, each way (set at RTR),
+  // this side's packet counter and the peer's counters seen.
+  MacSender mac_tx;
+  MacKey mac_rx{};
+  ReplayWindow mac_rx_seen;
 
   uint32_t window() const { return uint32_t(recs.size()); }
   PktRec& rec(uint32_t psn) { return recs[psn & (recs.size() - 1)]; }
@@ -412,10 +415,10 @@ class EngineCore {
             size_t nspans, size_t plen, bool retx) {
     xmit_to(qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);
   }
-  // `key`: the MAC key of this packet in integrity mode (the QP's, or the
-  // datagram key when null).
+  // `tx`: the MAC key and counter of this packet in integrity mode (the
+  // QP's, or the datagrams' when null).
   void xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
-               const HostSpan* pl, size_t nspans, size_t plen, bool retx, const MacKey* key = nullptr);
+               const HostSpan* pl, size_t nspans, size_t plen, bool retx, MacSender* tx = nullptr);
   uint32_t now_us() { return uint32_t(clock_.now_ns() / 1000); }
 
   EngineConfig cfg_;
@@ -435,9 +438,12 @@ class EngineCore {
   std::deque<QuarantinedQpn> qpn_quarantine_;  // oldest first
   std::unordered_set<uint32_t> quarantined_qpns_;
   IdRandom key_random_;
-  // Integrity mode (integrity.h): the packet signer and the datagram key.
+  // Integrity mode (integrity.h): the packet signer, the datagram key and
+  // counter, and the datagram senders' counters seen.
   PacketMac mac_{0};
   MacKey ud_mac_key_{};
+  MacSender ud_mac_tx_;
+  DatagramReplay ud_seen_;
   std::vector<std::unique_ptr<Pd>> pds_;
   std::unordered_map<uint32_t, std::unique_ptr<Mr>> mrs_;  // by key index (key >> 8)
   std::unordered_map<uint32_t, std::unique_ptr<Mw>> mws_;  // by key index, never one of an MR's

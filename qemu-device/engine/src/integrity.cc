@@ -3,6 +3,8 @@
 
 #include <sodium.h>
 
+#include <time.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +51,12 @@ bool PacketMac::Init() { return sodium_init() >= 0; }
 
 uint32_t PacketMac::RandomSalt() { return randombytes_random(); }
 
+uint64_t PacketMac::FirstCounter() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
 MacKey PacketMac::ConnectionKey(const MacKey& shared, uint32_t from_qpn, uint32_t to_qpn) {
   uint8_t label[28] = "vstellar-mac-rc-v1";  // 19 bytes with its NUL, then the QPNs
   PutBe32(label + 20, from_qpn);
@@ -61,15 +69,27 @@ MacKey PacketMac::DatagramKey(const MacKey& shared) {
   return Derive(shared, label, sizeof(label) - 1);
 }
 
-void PacketMac::Sign(const MacKey& key, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload,
-                     size_t nspans, uint8_t* out) {
+void PacketMac::Sign(MacSender& tx, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload,
+                     size_t nspans, uint8_t* out) const {
   PutBe32(out, salt_);
-  const uint64_t c = counter_++;
+  const uint64_t c = tx.next++;
   for (int i = 0; i < 8; i++) out[4 + i] = uint8_t(c >> (56 - 8 * i));
-  Tagger t(key, out);
+  Tagger t(tx.key, out);
   t.Update(hdr, hdr_len);
   for (size_t i = 0; i < nspans; i++) t.Update(payload[i].ptr, payload[i].len);
   t.Final(out + kNonceLen);
+}
+
+uint32_t PacketMac::Salt(const uint8_t* trailer) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v = v << 8 | trailer[i];
+  return v;
+}
+
+uint64_t PacketMac::Counter(const uint8_t* trailer) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | trailer[4 + i];
+  return v;
 }
 
 bool PacketMac::Verify(const MacKey& key, const uint8_t* pkt, size_t len) {
@@ -79,6 +99,41 @@ bool PacketMac::Verify(const MacKey& key, const uint8_t* pkt, size_t len) {
   uint8_t tag[kTagLen];
   t.Final(tag);
   return crypto_verify_16(tag, pkt + kNonceLen) == 0;
+}
+
+bool ReplayWindow::Admit(uint64_t c) {
+  if (!any_ || c > top_) {
+    // Slots the window slides over belong to counters not seen yet.
+    const uint64_t from = any_ ? top_ + 1 : c;
+    if (!any_ || c - from >= kBits) {
+      std::memset(bits_, 0, sizeof(bits_));
+    } else {
+      for (uint64_t x = from; x < c; x++) set(x, false);
+    }
+    any_ = true;
+    top_ = c;
+    set(c, true);
+    return true;
+  }
+  if (top_ - c >= kBits || bit(c)) return false;
+  set(c, true);
+  return true;
+}
+
+bool DatagramReplay::Admit(uint32_t ip, uint32_t qpn, uint32_t salt, uint64_t counter) {
+  const Key k{ip, qpn, salt};
+  auto it = by_key_.find(k);
+  if (it == by_key_.end()) {
+    if (lru_.size() >= kMaxSources) {
+      by_key_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+    lru_.push_front(Source{k, {}});
+    it = by_key_.emplace(k, lru_.begin()).first;
+  } else if (it->second != lru_.begin()) {
+    lru_.splice(lru_.begin(), lru_, it->second);
+  }
+  return it->second->seen.Admit(counter);
 }
 
 bool ReadIntegrityKey(const std::string& path, std::array<uint8_t, 32>* key, std::string* err) {

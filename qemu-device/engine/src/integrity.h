@@ -8,22 +8,42 @@
 // Built on libsodium, not by hand. Each connection direction has its own
 // key, derived from the shared key and the two QPNs with keyed BLAKE2b
 // (datagrams share one key). Each packet gets a fresh one-time Poly1305 key
-// from ChaCha20 under that key and a 96-bit nonce (the sender's random
-// 32-bit salt and 64-bit packet counter, never repeated), which is how
-// ChaCha20-Poly1305 authenticates its associated data; the packet is not
-// encrypted. The 28-byte trailer (nonce, tag) goes in front of the
-// header, so the payload is MACed where it lies, with no copy.
+// from ChaCha20 under that key and a 96-bit nonce (the sending engine's
+// random 32-bit salt and a 64-bit counter), which is how ChaCha20-Poly1305
+// authenticates its associated data; the packet is not encrypted. The
+// 28-byte trailer (nonce, tag) goes in front of the header, so the payload
+// is MACed where it lies, with no copy.
+//
+// Replay (issue 24 #4): a MAC alone lets anyone who captured a packet send
+// it again, a READ request or a datagram included. So the counter belongs
+// to the key it is used with (one per connection direction, one per
+// engine for datagrams) and only grows, and the receiver keeps the
+// counters it saw in a sliding window (ReplayWindow, the scheme of IPsec's
+// anti-replay, RFC 4303 3.4.3): a counter seen before, or older than the
+// window, is dropped. Counters start at the wall clock's nanoseconds, so
+// a QP or engine made later, even with a key an earlier one used (the same
+// QPN pair), neither repeats a nonce nor looks older to its peer's window.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <list>
+#include <unordered_map>
 
 #include "vstellar/memory.h"
 
 namespace vstellar {
 
 using MacKey = std::array<uint8_t, 32>;
+
+// The sending side of one key: the key and the counter its next packet
+// gets. The counter is never reset, also when the QP is reset and
+// connected again.
+struct MacSender {
+  MacKey key{};
+  uint64_t next = 0;
+};
 
 class PacketMac {
  public:
@@ -34,21 +54,76 @@ class PacketMac {
   // False if libsodium cannot start (no usable random source).
   static bool Init();
   static uint32_t RandomSalt();
+  // Where a new key's counter starts: nanoseconds of the wall clock (one
+  // engine sends far fewer than one packet per nanosecond).
+  static uint64_t FirstCounter();
   // The key of packets from QP `from_qpn` to QP `to_qpn` (RC), or of
   // datagrams (UD, GSI).
   static MacKey ConnectionKey(const MacKey& shared, uint32_t from_qpn, uint32_t to_qpn);
   static MacKey DatagramKey(const MacKey& shared);
 
   explicit PacketMac(uint32_t salt) : salt_(salt) {}
-  // Writes the trailer for header + payload into out[0, kTrailerLen).
-  void Sign(const MacKey& key, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload, size_t nspans,
-            uint8_t* out);
+  // Writes the trailer for header + payload into out[0, kTrailerLen), with
+  // the sender's next counter (which it advances).
+  void Sign(MacSender& tx, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload, size_t nspans,
+            uint8_t* out) const;
   // Whether trailer (at the front of pkt) authenticates pkt[kTrailerLen, len).
   static bool Verify(const MacKey& key, const uint8_t* pkt, size_t len);
+  // The nonce's parts, from a trailer.
+  static uint32_t Salt(const uint8_t* trailer);
+  static uint64_t Counter(const uint8_t* trailer);
 
  private:
   uint32_t salt_;
-  uint64_t counter_ = 0;
+};
+
+// The counters of one sender seen so far: the highest, and which of the
+// kBits below it. Fed only packets whose MAC verified, so a forger cannot
+// move it.
+class ReplayWindow {
+ public:
+  static constexpr uint64_t kBits = 1024;
+  // Whether counter `c` is new, and if so, it is seen from now on.
+  bool Admit(uint64_t c);
+
+ private:
+  bool bit(uint64_t c) const { return (bits_[(c % kBits) / 64] >> (c % 64)) & 1; }
+  void set(uint64_t c, bool v) {
+    uint64_t& w = bits_[(c % kBits) / 64];
+    if (v) w |= 1ull << (c % 64);
+    else w &= ~(1ull << (c % 64));
+  }
+  bool any_ = false;
+  uint64_t top_ = 0;
+  uint64_t bits_[kBits / 64] = {};
+};
+
+// One window per datagram sender: its address, QPN and the salt of its
+// engine (several engines of one daemon send from the same address, and
+// QP 1 is every daemon's). A bounded table; the sender heard from least
+// recently leaves first.
+class DatagramReplay {
+ public:
+  static constexpr size_t kMaxSources = 1024;
+  bool Admit(uint32_t ip, uint32_t qpn, uint32_t salt, uint64_t counter);
+  size_t sources() const { return lru_.size(); }
+
+ private:
+  struct Key {
+    uint32_t ip, qpn, salt;
+    bool operator==(const Key& o) const { return ip == o.ip && qpn == o.qpn && salt == o.salt; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()((uint64_t(k.ip) << 32 | k.qpn) ^ uint64_t(k.salt) * 0x9e3779b97f4a7c15ull);
+    }
+  };
+  struct Source {
+    Key key;
+    ReplayWindow seen;
+  };
+  std::list<Source> lru_;  // most recently heard first
+  std::unordered_map<Key, std::list<Source>::iterator, KeyHash> by_key_;
 };
 
 }  // namespace vstellar

@@ -140,6 +140,7 @@ QpImpl* EngineCore::create_qp(Pd* pd, const QpInitAttr& init) {
   if (!qpn) return nullptr;
   auto qp = std::make_unique<QpImpl>();
   qp->qpn_ = qpn;
+  if (cfg_.integrity) qp->mac_tx.next = PacketMac::FirstCounter();
   qp->pd_ = pd;
   qp->type_ = init.qp_type;
   qp->send_cq = init.send_cq;
@@ -334,8 +335,12 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
   }
   if (cur == QpState::INIT && next == QpState::RTR) {
     if (cfg_.integrity) {  // the peer is known from here on (integrity.h)
-      qp->mac_tx = PacketMac::ConnectionKey(cfg_.integrity_key, qp->qpn_, s.dest_qp_num);
-      qp->mac_rx = PacketMac::ConnectionKey(cfg_.integrity_key, s.dest_qp_num, qp->qpn_);
+      qp->mac_tx.key = PacketMac::ConnectionKey(cfg_.integrity_key, qp->qpn_, s.dest_qp_num);
+      const MacKey rx = PacketMac::ConnectionKey(cfg_.integrity_key, s.dest_qp_num, qp->qpn_);
+      // The same peer again (a reconnect after RESET) keeps counting where
+      // it was, so what it sent before stays refused.
+      if (rx != qp->mac_rx) qp->mac_rx_seen = ReplayWindow{};
+      qp->mac_rx = rx;
     }
     // The responder starts here: expect rq_psn first.
     uint32_t path_bytes = mtu_bytes(s.path_mtu);

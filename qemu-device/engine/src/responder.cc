@@ -179,9 +179,12 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
       return;
     }
-    // On an SRQ, a peer may not hoard its WQEs with an rsn far ahead: its
-    // messages in flight are bounded by the PSN window.
-    if (qp.srq && k >= qp.window()) {
+    // A message ahead of this one that has not completed still has its
+    // last PSN in [epsn, psn), one PSN each at least, so k > psn - epsn
+    // names a receive no sender could have reached yet. Checked on every
+    // QP, not only on an SRQ's: it is also the bound on the WQEs one packet
+    // may take from a shared SRQ (issue 24 #2).
+    if (k > psn - qp.epsn) {
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
       return;
     }

@@ -880,7 +880,8 @@ std::string Daemon::StatsJson() {
                   "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
                   "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u,"
                   "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"memory\":%llu,\"memory_peak\":%llu,"
-                  "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"missed_kicks\":%llu,\"closed\":%s}",
+                  "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"missed_kicks\":%llu,\"events\":%llu,"
+                  "\"events_dropped\":%llu,\"events_merged\":%llu,\"closed\":%s}",
                   i ? "," : "", d.id, (unsigned long long)p.guest_bytes, (unsigned long long)p.blocks_pinned,
                   (unsigned long long)p.bytes_pinned, (unsigned long long)p.misses, (unsigned long long)p.hits,
                   (unsigned long long)p.faults, (unsigned long long)p.lock_errors,
@@ -889,6 +890,8 @@ std::string Daemon::StatsJson() {
                   (unsigned long long)d.wqes, (unsigned long long)d.bad_wqes, (unsigned long long)d.cqes,
                   (unsigned long long)d.memory, (unsigned long long)d.memory_peak,
                   (unsigned long long)d.memory_refused, d.cq_notify_backlog, (unsigned long long)d.missed_kicks,
+                  (unsigned long long)d.events, (unsigned long long)d.events_dropped,
+                  (unsigned long long)d.events_merged,
                   d.closed ? "true" : "false");
     out += b;
   }

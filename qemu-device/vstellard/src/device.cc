@@ -230,14 +230,15 @@ void Device::PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32
   e.object = htole32(object);
   e.ucontext = htole32(ucontext);
   e.info = htole32(info);
-  if (events_.size() >= 64) {
+  if (!events_waiting_.emplace(type, object, ucontext).second) {
+    events_merged_++;
+    return;
+  }
+  // Six kinds of event can name a QP; the slack covers objects just destroyed.
+  const size_t backlog = 64 + 8 * (obj_.qps.size() + obj_.cqs.size() + obj_.srqs.size());
+  if (events_.size() >= backlog && type != VSTELLAR_EV_DEVICE_FATAL) {
+    events_waiting_.erase({type, object, ucontext});
     events_dropped_++;
-    if (!fatal_) {
-      // An event lost is a state the driver cannot trust.
-      fatal_ = true;
-      auto& cf = session_.mutable_device().config;
-      cf.device_status = htole32(le32toh(cf.device_status) | VSTELLAR_DEV_S_FATAL);
-    }
     return;
   }
   events_.push_back(e);
@@ -246,7 +247,9 @@ void Device::PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32
 
 void Device::FlushEvents() {
   while (!events_.empty()) {
-    if (!PushToQueue(VSTELLAR_VQ_EVENT, &events_.front(), sizeof(vstellar_event))) return;
+    const vstellar_event& e = events_.front();
+    if (!PushToQueue(VSTELLAR_VQ_EVENT, &e, sizeof(vstellar_event))) return;
+    events_waiting_.erase({le16toh(e.type), le32toh(e.object), le32toh(e.ucontext)});
     events_.pop_front();
     events_n_++;
   }
@@ -326,6 +329,7 @@ void Device::ResetState() {
   cmds_.DestroyAll();
   if (!sh_.engine) return;
   events_.clear();
+  events_waiting_.clear();
   for (auto& d : cq_notifies_) d.clear();
   cq_notify_waiting_.clear();
   fatal_ = false;
@@ -343,6 +347,7 @@ DeviceStats Device::stats() const {
   s.last_status = last_status_;
   s.events = events_n_;
   s.events_dropped = events_dropped_;
+  s.events_merged = events_merged_;
   s.cq_notifies = cq_notify_n_;
   s.fatal = fatal_;
   s.ucontexts = uint32_t(obj_.uctx.size());

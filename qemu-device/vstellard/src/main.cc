@@ -21,6 +21,9 @@
 namespace {
 
 vstellard::Daemon* g_daemon = nullptr;
+// --require-integrity: checked once every option is in, wherever the key
+// comes from (command line or --config).
+bool g_require_integrity = false;
 
 void OnSignal(int sig) {
   if (!g_daemon) return;
@@ -64,6 +67,8 @@ int Usage(const char* argv0, int rc) {
                "                         (default 5000)\n"
                "  --integrity-key FILE   integrity mode: a keyed MAC on every packet, with the\n"
                "                         key in FILE (64 hex digits); every peer needs it\n"
+               "  --require-integrity    refuse to start without --integrity-key, so that no\n"
+               "                         unsealed packet is ever sent or taken\n"
                "  --allow-unsealed-memory  accept guest memory that cannot be sealed against\n"
                "                         shrinking (memory-backend-file); its owner could\n"
                "                         then crash the daemon by truncating the file\n"
@@ -106,7 +111,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
+       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -132,6 +137,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"memory-limit", required_argument, nullptr, kMemLimit},
                            {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
                            {"integrity-key", required_argument, nullptr, kIntegrityKey},
+                           {"require-integrity", no_argument, nullptr, kRequireIntegrity},
                            {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                            {"help", no_argument, nullptr, kHelp},
                            {nullptr, 0, nullptr, 0}};
@@ -234,6 +240,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       if (!vstellar::ReadIntegrityKey(arg, &o.integrity_key, why)) return false;
       o.integrity = true;
       return true;
+    case kRequireIntegrity: g_require_integrity = true; return true;
     case kMemLimit: if (!size()) return false; o.memory_limit = v; return true;
     case kDevMemLimit: if (!size()) return false; o.device_memory_limit = v; return true;
   }
@@ -305,6 +312,10 @@ int main(int argc, char** argv) {
     }
   }
   if (o.socket.empty() || optind != argc) return Usage(argv[0], 2);
+  if (g_require_integrity && !o.integrity) {
+    std::fprintf(stderr, "vstellard: --require-integrity: no --integrity-key configured\n");
+    return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   // A device holds about a dozen descriptors (its socket, two memfds, a
   // kick and a call eventfd per queue): take all the hard limit allows.

@@ -117,6 +117,7 @@ struct EngineStats {
   uint64_t early_errors = 0;
   uint64_t bad_reread = 0;  // duplicate READs that match no READ executed
   uint64_t bad_mac = 0;     // integrity mode: packets whose MAC did not verify
+  uint64_t replayed = 0;    // integrity mode: packets seen before, or older than the replay window
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
   uint64_t ud_sent = 0, ud_rcvd = 0;

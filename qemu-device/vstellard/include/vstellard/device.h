@@ -22,6 +22,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <set>
+#include <tuple>
 #include <unordered_set>
 #include <string>
 #include <vector>
@@ -44,7 +46,7 @@ struct DeviceStats {
   PvdmaStats pvdma;
   uint64_t commands = 0, commands_failed = 0;
   uint16_t last_status = 0;
-  uint64_t events = 0, events_dropped = 0, cq_notifies = 0;
+  uint64_t events = 0, events_dropped = 0, events_merged = 0, cq_notifies = 0;
   uint32_t cq_notify_backlog = 0;  // notifications waiting for the guest to take them
   bool fatal = false;
   uint32_t ucontexts = 0, pds = 0, cqs = 0, qps = 0, mrs = 0;
@@ -134,7 +136,15 @@ class Device : private DataPathEvents {
   uint32_t control_left_ = 0;     // commands this turn may still execute
   bool control_pending_ = false;  // the control queue may hold more
 
+  // Events the driver has not taken yet. A burst of them (a peer that
+  // fails a hundred of this guest's connections at once, issue 24 #1) must
+  // neither be lost wholesale nor cost the device: one identical to an
+  // event still waiting is merged into it, the backlog holds a few per live
+  // object (so every QP's error fits), and what still does not fit is
+  // dropped and counted. Only the device's own fault makes it FATAL.
   std::deque<vstellar_event> events_;
+  std::set<std::tuple<uint16_t, uint32_t, uint32_t>> events_waiting_;  // (type, object, ucontext)
+  uint64_t events_merged_ = 0;
   // Notifications the guest has not taken from its CQ notification queues
   // yet, at most one per CQ (a CQ already waiting is not queued again: the
   // driver polls the whole CQ on one), so a guest that never takes them
