@@ -343,6 +343,7 @@ bool Daemon::Start(std::string* err) {
     return false;
   }
   memory_ = std::make_shared<MemoryBudget>(o_.memory_limit);
+  device_config_.max_guest_memory = o_.guest_memory_limit;
   virtio_vstellar_config& dc = device_config_.config;
   for (auto [want, field, name] : {std::tuple{o_.device_max.ucontext, &dc.max_ucontext, "ucontext"},
                                    std::tuple{o_.device_max.pd, &dc.max_pd, "pd"},

@@ -344,6 +344,7 @@ Outcome Session::SetMemTable(Message& m) {
   if (m.fds.size() != n) return Fail("SET_MEM_TABLE: " + std::to_string(m.fds.size()) + " fds for " + std::to_string(n) + " regions");
 
   std::vector<MemRegion> table;
+  uint64_t total = 0;
   for (uint32_t i = 0; i < n; i++) {
     MemRegionDesc d;
     std::memcpy(&d, m.payload.data() + hdr + i * sizeof(d), sizeof(d));
@@ -360,6 +361,11 @@ Outcome Session::SetMemTable(Message& m) {
     if (!S_ISREG(st.st_mode)) return Fail(where + "fd is not a memory file");
     if (d.mmap_offset + d.memory_size > static_cast<uint64_t>(st.st_size))
       return Fail(where + "extends past the end of its file");
+    // A sparse file can be of any size: its size proves nothing.
+    if (d.memory_size > cfg_.max_guest_memory - total)
+      return Fail(where + "the table declares more than the " + std::to_string(cfg_.max_guest_memory) +
+                  " bytes of guest memory a device may have (--guest-memory-limit)");
+    total += d.memory_size;
     for (const MemRegion& o : table) {
       if (d.guest_phys_addr < o.gpa + o.size && o.gpa < d.guest_phys_addr + d.memory_size)
         return Fail(where + "overlaps another region's guest-physical range");

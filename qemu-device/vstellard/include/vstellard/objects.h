@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -110,8 +111,11 @@ struct MwObj {
 
 struct ObjectTables {
   // What this device's objects hold of host memory (first, so that it
-  // outlives every object's MemoryCharge).
-  MemoryBudget memory;
+  // outlives every object's MemoryCharge). Shared: guest memory regions
+  // charge their PVDMA block tables to it, and an MR may keep a region
+  // (with its charge) beyond the device's tables.
+  std::shared_ptr<MemoryBudget> budget = std::make_shared<MemoryBudget>();
+  MemoryBudget& memory = *budget;
   // A fresh handle for a user context, PD, CQ, MR or SRQ: never 0 and
   // never one in use, also after the 32-bit counter wrapped (issue 13:
   // a wrapped counter overwrote a live object's entry).

@@ -164,6 +164,12 @@ struct DeviceConfig {
   virtio_vstellar_config config{};
   uint64_t device_features = 0;  // bits 0..23
   uint32_t max_queues = VSTELLAR_MAX_VQS;
+  // Guest memory one memory table may declare, all regions together
+  // (vstellard --guest-memory-limit). What the daemon keeps per region
+  // grows with its size (PVDMA's block table), and a frontend can declare
+  // any size on a sparse file, so it must be bounded before any of it is
+  // allocated. The default is max_mr_size: no MR could be larger.
+  uint64_t max_guest_memory = uint64_t{1} << 40;
   static DeviceConfig Default();
 };
 
