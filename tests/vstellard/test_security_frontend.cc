@@ -2,6 +2,7 @@
 // whatever connects to the socket) or a guest sizes what the daemon keeps:
 //   #1 a memory-table region on a huge sparse memfd made PVDMA's block
 //      table throw std::bad_alloc, which nothing caught (SIGABRT);
+//   #3 SET_VRING_ADDR moved a running ring;
 // Session and Pvdma alone, as the daemon calls them, and an in-process
 // daemon with test frontends (daemon_test.h).
 #include <gtest/gtest.h>
@@ -48,6 +49,16 @@ std::vector<uint8_t> MemTablePayload(const std::vector<MemRegionDesc>& d) {
   std::memcpy(p.data(), &n, 4);
   for (uint32_t i = 0; i < n; i++) std::memcpy(p.data() + 8 + i * 32, &d[i], 32);
   return p;
+}
+
+template <typename T>
+Message MsgOf(Request r, const T& v, std::vector<int> fds = {}) {
+  Message m;
+  m.hdr = Header{uint32_t(r), kFlagVersion, uint32_t(sizeof(v))};
+  m.payload.resize(sizeof(v));
+  std::memcpy(m.payload.data(), &v, sizeof(v));
+  for (int fd : fds) m.fds.emplace_back(dup(fd));
+  return m;
 }
 
 class FrontendSecurity : public DaemonTest {};
@@ -136,6 +147,46 @@ TEST_F(FrontendSecurity, HugeSparseRegionIsRefusedAndTheDaemonServesOn) {
   const std::vector<DeviceStats> st = d_->Stats();
   ASSERT_EQ(st.size(), 1u);
   EXPECT_GE(st[0].memory, Pvdma::RegionFootprint(0, good->mem_size()));
+}
+
+// Issue 24 #3: the size, base and address of a ring are the frontend's to
+// change only while the ring is stopped; SET_VRING_ADDR was taken on a
+// running one, so the device went on with a ring moved under it.
+TEST_F(FrontendSecurity, RunningRingCannotBeReconfigured) {
+  Session s{DeviceConfig::Default()};
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features())).ok());
+  ASSERT_TRUE(s.Handle(Message{Header{uint32_t(Request::kSetOwner), kFlagVersion, 0}, {}, {}}).ok());
+  const int ram = SparseMemfd(1 << 20);
+  ASSERT_TRUE(s.Handle(MemTable({{0, 1 << 20, 0x7f0000000000, 0}}, {ram})).ok());
+  const uint64_t base = 0x7f0000010000;
+  const VringAddr addr{0, 0, base, base + 0x8000, base + 0x4000, 0};
+  VringAddr moved = addr;
+  moved.desc_user_addr += 0x20000;
+  moved.used_user_addr += 0x20000;
+  moved.avail_user_addr += 0x20000;
+  auto layout_refused = [&](const char* when) {
+    EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringAddr, moved)).ok()) << "SET_VRING_ADDR " << when;
+    EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringNum, VringState{0, 128})).ok()) << "SET_VRING_NUM " << when;
+    EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringBase, VringState{0, 9})).ok()) << "SET_VRING_BASE " << when;
+    EXPECT_EQ(s.vring(0).desc, addr.desc_user_addr);
+    EXPECT_EQ(s.vring(0).num, 256u);
+  };
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetVringNum, VringState{0, 256})).ok());
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetVringAddr, addr)).ok());
+  const int kick = SparseMemfd(8);  // any fd does for the session
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetVringKick, uint64_t{0}, {kick})).ok());
+  layout_refused("after its kick");
+  // Stopped: the layout may change again; enabled, it may not.
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kGetVringBase, VringState{0, 0})).ok());
+  EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringAddr, addr)).ok());
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetVringEnable, VringState{0, 1})).ok());
+  layout_refused("while enabled");
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kGetVringBase, VringState{0, 0})).ok());
+  EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringNum, VringState{0, 128})).ok());
+  EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringBase, VringState{0, 9})).ok());
+  EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringAddr, moved)).ok());
+  close(kick);
+  close(ram);
 }
 
 }  // namespace

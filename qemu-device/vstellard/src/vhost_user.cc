@@ -250,7 +250,7 @@ Outcome Session::HandleOne(Message& m) {
       if (!IsPow2(s.num) || s.num > kMaxVringSize)
         return Fail("vring " + std::to_string(s.index) + ": size " + std::to_string(s.num) +
                     " is not a power of two up to 32768");
-      if (vrings_[s.index].started) return Fail("SET_VRING_NUM on a running vring");
+      if (vrings_[s.index].running()) return Fail("SET_VRING_NUM on a running vring");
       vrings_[s.index].num = s.num;
       vrings_[s.index].addr_set = false;
       break;
@@ -268,7 +268,7 @@ Outcome Session::HandleOne(Message& m) {
       if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
         return Fail(err);
       if (s.num > 0xffff) return Fail("SET_VRING_BASE: index " + std::to_string(s.num) + " over 16 bits");
-      if (vrings_[s.index].started) return Fail("SET_VRING_BASE on a running vring");
+      if (vrings_[s.index].running()) return Fail("SET_VRING_BASE on a running vring");
       vrings_[s.index].base = static_cast<uint16_t>(s.num);
       break;
     }
@@ -412,6 +412,9 @@ Outcome Session::SetVringAddr(const VringAddr& a) {
   const std::string where = "SET_VRING_ADDR " + std::to_string(a.index) + ": ";
   if (a.flags != 0) return Fail(where + "flags (dirty logging) not supported");
   if (v.num == 0) return Fail(where + "before SET_VRING_NUM");
+  // The device reads the ring where it was: moving it under the running
+  // device would make it read and write wherever the old addresses now are.
+  if (v.running()) return Fail(where + "on a running vring (stop it with GET_VRING_BASE first)");
   if ((a.desc_user_addr & 15) || (a.avail_user_addr & 1) || (a.used_user_addr & 3))
     return Fail(where + "misaligned ring");
   if (!FindByQemuVa(a.desc_user_addr, 16ull * v.num) || !FindByQemuVa(a.avail_user_addr, 6 + 2ull * v.num) ||

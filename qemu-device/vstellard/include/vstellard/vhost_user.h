@@ -157,6 +157,10 @@ struct Vring {
   bool enabled = false;
   bool started = false;  // got a kick fd
   Fd kick, call, err;
+  // From its kick or SET_VRING_ENABLE until GET_VRING_BASE stops it: its
+  // layout (SET_VRING_NUM, _ADDR, _BASE) is fixed meanwhile, as the
+  // vhost-user spec has the frontend change it only on a stopped ring.
+  bool running() const { return started || enabled; }
 };
 
 // What the device reports: its config space and offered device features.
