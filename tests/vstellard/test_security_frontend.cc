@@ -2,6 +2,7 @@
 // whatever connects to the socket) or a guest sizes what the daemon keeps:
 //   #1 a memory-table region on a huge sparse memfd made PVDMA's block
 //      table throw std::bad_alloc, which nothing caught (SIGABRT);
+//   #2 RESIZE_SRQ grew the engine's ring uncharged;
 //   #3 SET_VRING_ADDR moved a running ring;
 // Session and Pvdma alone, as the daemon calls them, and an in-process
 // daemon with test frontends (daemon_test.h).
@@ -9,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -62,6 +64,31 @@ Message MsgOf(Request r, const T& v, std::vector<int> fds = {}) {
 }
 
 class FrontendSecurity : public DaemonTest {};
+
+// A guest's commands against a daemon, for what its objects are charged.
+class GuestQuotas : public DaemonTest {
+ protected:
+  uint64_t Memory() {
+    const std::vector<DeviceStats> st = d_->Stats();
+    EXPECT_EQ(st.size(), 1u);
+    return st.empty() ? 0 : st[0].memory;
+  }
+  template <typename R>
+  static R As(const CmdResult& r) {
+    R v{};
+    std::memcpy(&v, r.body.data(), std::min(r.body.size(), sizeof(v)));
+    return v;
+  }
+  // A body followed by its page list.
+  static std::vector<uint8_t> WithPages(const void* body, size_t n, uint64_t gpa, uint32_t pages) {
+    std::vector<uint8_t> b(static_cast<const uint8_t*>(body), static_cast<const uint8_t*>(body) + n);
+    for (uint32_t i = 0; i < pages; i++) {
+      const uint64_t p = htole64(gpa + 4096ull * i);
+      b.insert(b.end(), reinterpret_cast<const uint8_t*>(&p), reinterpret_cast<const uint8_t*>(&p) + 8);
+    }
+    return b;
+  }
+};
 
 // Issue 24 #1: "within its file" holds for any size on a sparse file, so
 // the size a frontend declares must be bounded by itself.
@@ -187,6 +214,68 @@ TEST_F(FrontendSecurity, RunningRingCannotBeReconfigured) {
   EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringAddr, moved)).ok());
   close(kick);
   close(ram);
+}
+
+// Issue 24 #2: CREATE_SRQ of one WQE was charged about 1 KiB, and
+// RESIZE_SRQ to 4,096 WQEs then added some 1.4 MiB (the engine's ring and
+// the wr_id map) that nothing charged. Now the difference is charged before
+// the ring grows, a resize over the device's limit fails with NO_RESOURCES
+// (as every create over it does) and leaves the SRQ as it was, and DESTROY
+// gives back what the SRQ holds after its resizes.
+TEST_F(GuestQuotas, ResizeSrqIsChargedBeforeTheRingGrows) {
+  DaemonOptions o;
+  o.device_memory_limit = 1ull << 20;
+  StartDaemon(o);
+  auto f = Connect();
+  CmdResult r = f->Command(VSTELLAR_CMD_ALLOC_UCONTEXT, 0, nullptr, 0, sizeof(vstellar_resp_alloc_ucontext));
+  ASSERT_EQ(r.status(), VSTELLAR_STATUS_OK);
+  const uint32_t uctx = le32toh(As<vstellar_resp_alloc_ucontext>(r).ucontext);
+  r = f->Command(VSTELLAR_CMD_ALLOC_PD, uctx, nullptr, 0, sizeof(vstellar_resp_alloc_pd));
+  ASSERT_EQ(r.status(), VSTELLAR_STATUS_OK);
+  const uint32_t pdn = As<vstellar_resp_alloc_pd>(r).pdn;
+  const uint64_t none = Memory();
+
+  vstellar_cmd_create_srq c{};
+  c.pdn = pdn;
+  c.log_wqe = 0;
+  c.log_stride = 6;
+  c.page_shift = 12;
+  c.max_sge = htole32(1);
+  c.num_pages = htole32(1);
+  std::vector<uint8_t> body = WithPages(&c, sizeof(c), Frontend::kFreeGpa, 1);
+  r = f->Command(VSTELLAR_CMD_CREATE_SRQ, uctx, body.data(), body.size(), sizeof(vstellar_resp_create_srq));
+  ASSERT_EQ(r.status(), VSTELLAR_STATUS_OK);
+  const uint32_t srqn = As<vstellar_resp_create_srq>(r).srqn;
+  const uint64_t one = Memory();
+  EXPECT_GT(one, none);
+
+  auto resize = [&](uint8_t log) {
+    const uint32_t pages = std::max(1u, (64u << log) / 4096u);
+    vstellar_cmd_resize_srq z{};
+    z.srqn = srqn;
+    z.log_wqe = log;
+    z.page_shift = 12;
+    z.num_pages = htole32(pages);
+    std::vector<uint8_t> b = WithPages(&z, sizeof(z), Frontend::kFreeGpa + 0x100000, pages);
+    return f->Command(VSTELLAR_CMD_RESIZE_SRQ, uctx, b.data(), b.size(), 0).status();
+  };
+  EXPECT_EQ(resize(12), VSTELLAR_STATUS_NO_RESOURCES) << "4,096 WQEs are over the device's 1 MiB";
+  EXPECT_EQ(Memory(), one);
+  vstellar_cmd_handle q{};
+  q.handle = srqn;
+  r = f->Command(VSTELLAR_CMD_QUERY_SRQ, uctx, &q, sizeof(q), sizeof(vstellar_resp_query_srq));
+  ASSERT_EQ(r.status(), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(le32toh(As<vstellar_resp_query_srq>(r).max_wr), 1u) << "a refused resize changed the SRQ";
+
+  ASSERT_EQ(resize(8), VSTELLAR_STATUS_OK);
+  const uint64_t grown = Memory();
+  EXPECT_GE(grown - one, 255u * (32 + sizeof(vstellar::Sge))) << "256 WQEs charged as one";
+  ASSERT_EQ(resize(2), VSTELLAR_STATUS_OK);
+  EXPECT_LT(Memory(), grown) << "a smaller SRQ still holds the larger charge";
+  EXPECT_GT(Memory(), none);
+
+  EXPECT_EQ(f->Command(VSTELLAR_CMD_DESTROY_SRQ, uctx, &q, sizeof(q), 0).status(), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(Memory(), none);
 }
 
 }  // namespace

@@ -68,6 +68,12 @@ Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectT
   obj_.memory.set_limit(sh_.device_memory_limit);
 }
 
+// An SRQ's host memory: the engine's ring, our page list and wr_id map (an
+// entry per WQE held).
+uint64_t Commands::SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const {
+  return sizeof(SrqObj) + 8ull * pages + 32ull * init.max_wr + sh_.engine->srq_footprint(init);
+}
+
 // Charges an object's host memory to this device and to the daemon before
 // anything is allocated for it (memory_budget.h).
 uint16_t Commands::Charge(uint64_t bytes, MemoryCharge* charge) {
@@ -863,10 +869,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   init.max_wr = 1u << cmd.log_wqe;
   init.max_sge = max_sge;
   init.limit = limit;
-  // The engine's ring, and our wr_id map (an entry per WQE held).
-  if (uint16_t s = Charge(sizeof(SrqObj) + 8ull * n + 32ull * init.max_wr + sh_.engine->srq_footprint(init),
-                          &o.charge))
-    return s;
+  if (uint16_t s = Charge(SrqBytes(n, init), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.srq = sh_.engine->create_srq(pd->second.pd, init);
@@ -929,7 +932,18 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   ring.offset = off;
   ring.log_n = cmd.log_wqe;
   ring.log_stride = log_stride;
-  return dp_.ResizeSrq(it->first, ring);
+  // The new size is charged before the engine grows its ring; what it
+  // shrinks is given back only once it has.
+  vstellar::SrqInitAttr init;
+  init.max_wr = 1u << cmd.log_wqe;
+  init.max_sge = it->second.max_sge;
+  init.limit = it->second.srq->limit();
+  MemoryCharge& charge = it->second.charge;
+  const uint64_t before = charge.bytes(), after = SrqBytes(n, init);
+  if (after > before && !charge.Resize(obj_.memory, *sh_.memory, after)) return VSTELLAR_STATUS_NO_RESOURCES;
+  const uint16_t s = dp_.ResizeSrq(it->first, ring);
+  charge.Resize(obj_.memory, *sh_.memory, s == VSTELLAR_STATUS_OK ? after : before);  // never grows here
+  return s;
 }
 
 template <>
