@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <memory>
 
 #include "vstellard/translate.h"
@@ -122,7 +123,11 @@ void Commands::DestroyAll() {
 void Commands::DestroyQp(uint32_t qpn) {
   auto it = obj_.qps.find(qpn);
   if (it == obj_.qps.end()) return;
-  sh_.engine->destroy_qp(it->second.qp);
+  sh_.engine->destroy_qp(it->second.qp);  // leaves its groups
+  for (auto g = obj_.mcast.begin(); g != obj_.mcast.end();) {
+    g->second.erase(qpn);
+    g = g->second.empty() ? obj_.mcast.erase(g) : std::next(g);
+  }
   FreeSlot(it->second.owner, it->second.slot);
   obj_.qps.erase(it);
 }
@@ -1058,9 +1063,23 @@ uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
   if (it->second.type != VSTELLAR_QPT_UD) return VSTELLAR_STATUS_BAD_FIELD;
   vstellar::Gid mgid;
   std::memcpy(mgid.data(), cmd.mgid, sizeof(cmd.mgid));
+  const uint32_t qpn = it->first;
+  auto mine = obj_.mcast.find(mgid);
+  if (attach && !(mine != obj_.mcast.end() && mine->second.count(qpn))) {
+    if (mine == obj_.mcast.end() ? obj_.mcast.size() >= sh_.mcast_groups_per_device
+                                 : mine->second.size() >= sh_.mcast_qps_per_group)
+      return VSTELLAR_STATUS_LIMIT;
+  }
   vstellar::Engine& e = *sh_.engine;
   switch (attach ? e.attach_mcast(it->second.qp, mgid) : e.detach_mcast(it->second.qp, mgid)) {
-    case 0: return VSTELLAR_STATUS_OK;
+    case 0:
+      if (attach) {
+        obj_.mcast[mgid].insert(qpn);
+      } else if (mine != obj_.mcast.end()) {
+        mine->second.erase(qpn);
+        if (mine->second.empty()) obj_.mcast.erase(mine);
+      }
+      return VSTELLAR_STATUS_OK;
     case ENOSPC: return VSTELLAR_STATUS_LIMIT;
     case EIO: return VSTELLAR_STATUS_NO_RESOURCES;  // the link could not join the group
     default: return VSTELLAR_STATUS_BAD_FIELD;  // not a group, or (detach) not attached

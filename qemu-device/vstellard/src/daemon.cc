@@ -295,6 +295,8 @@ bool Daemon::Worker::Start(std::string* err) {
   shared_.require_sealed_memory = o.require_sealed_memory;
   shared_.memory = d_.memory_;
   shared_.device_memory_limit = o.device_memory_limit;
+  shared_.mcast_groups_per_device = o.mcast_groups_per_device;
+  shared_.mcast_qps_per_group = o.mcast_qps_per_group;
   shared_.device_config = d_.device_config_;
   shared_.gids = d_.gids_;
   SetHooks();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -137,6 +138,10 @@ struct ObjectTables {
   std::map<uint32_t, SrqObj> srqs;  // by handle (the guest's SRQN)
   std::map<uint32_t, MwObj> mws;
   std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
+  // Multicast groups this device's QPs are attached to, and which QPs: the
+  // engine's groups and slots are shared by every device of its worker,
+  // so each device gets a quota of them (DeviceShared::mcast_*).
+  std::map<vstellar::Gid, std::set<uint32_t>> mcast;
 };
 
 }  // namespace vstellard
