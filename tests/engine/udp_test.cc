@@ -3,6 +3,9 @@
 // source ports, and recovery from emulated loss on one link.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "sim_pair.h"
 #include "vstellar/harness/harness.h"
 
@@ -267,6 +270,53 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
     EXPECT_FALSE(got[k].qpns.empty()) << k;
     for (uint32_t q : got[k].qpns) EXPECT_EQ(q % 3, k) << q;
   }
+}
+
+// Issue 24 #4: the kernel takes at most net.ipv4.igmp_max_memberships (20)
+// groups on one socket, and the link had one: after 20 joins of all its
+// devices together every ATTACH_MCAST failed. The link opens another
+// socket when the open ones are full, and a datagram to any group arrives
+// once, however many sockets there are.
+TEST(Udp, GroupsSpreadOverSocketsBeyondTheKernelsPerSocketLimit) {
+  struct Count final : RxSink {
+    size_t n = 0;
+    void on_datagram(const uint8_t*, size_t, const Endpoint&, uint16_t, bool) override { n++; }
+  };
+  unsigned per_socket = 20;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/igmp_max_memberships", "r")) {
+    if (std::fscanf(f, "%u", &per_socket) != 1) per_socket = 20;
+    std::fclose(f);
+  }
+  const unsigned groups = std::min(2 * per_socket + 10, 200u);
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 30000);
+  UdpLinkConfig c;
+  c.base_port = base;
+  c.num_paths = 1;
+  c.mcast_port = uint16_t(base + 200);
+  UdpLink rx(c);
+  ASSERT_TRUE(rx.ok()) << rx.error();
+  auto group = [](unsigned i) { return 0xe6180000u | i; };  // 230.24.0.0/16
+  for (unsigned i = 0; i < groups; i++) ASSERT_TRUE(rx.join_group(group(i), true)) << "join " << i;
+  // A group left frees its socket's membership for the next.
+  ASSERT_TRUE(rx.join_group(group(0), false));
+  ASSERT_TRUE(rx.join_group(group(groups), true));
+  UdpLinkConfig sc;
+  sc.base_port = uint16_t(base + 100);
+  sc.num_paths = 1;
+  sc.mcast_port = c.mcast_port;  // sends to groups leave from 127.0.0.1
+  UdpLink tx(sc);
+  ASSERT_TRUE(tx.ok()) << tx.error();
+  Count got;
+  const uint8_t hdr[24] = {1, 3};
+  for (unsigned i : {1u, groups - 1, groups}) {
+    tx.send(0, Endpoint{group(i), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);
+    tx.flush();
+  }
+  tx.send(0, Endpoint{group(0), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);  // left: not ours
+  tx.flush();
+  for (int round = 0; round < 100 && got.n < 3; round++) rx.poll(1'000'000, got);
+  for (int round = 0; round < 20; round++) rx.poll(1'000'000, got);  // duplicates would come now
+  EXPECT_EQ(got.n, 3u) << "one datagram to each of 3 joined groups";
 }
 
 }  // namespace

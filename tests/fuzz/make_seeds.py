@@ -136,8 +136,12 @@ def vmsg(req, payload=b"", flags=VERSION):
     return struct.pack("<III", req, flags, len(payload)) + payload
 
 
-def chunk(data, nfds=0, doorbell=False):
-    return struct.pack("<BH", nfds | (4 if doorbell else 0), len(data)) + data
+def chunk(data, nfds=0, doorbell=False, sparse_log=None):
+    # sparse_log: the memfds are sparse, of 2^sparse_log bytes (20 + 3k)
+    ctl = nfds | (4 if doorbell else 0)
+    if sparse_log is not None:
+        ctl |= 8 | ((sparse_log - 20) // 3) << 4
+    return struct.pack("<BH", ctl, len(data)) + data
 
 
 def vhost_user():
@@ -155,6 +159,13 @@ def vhost_user():
             vmsg(GET_VRING_BASE, struct.pack("<II", 0, 0)))
     write("vhost_user", "memory_and_ring",
           chunk(hello) + chunk(vmsg(SET_MEM_TABLE, table), nfds=1) + chunk(ring))
+    # A frontend that lies: one region of 2^59 bytes on a sparse memfd
+    # (issue 24 #1), then three of 32 TiB.
+    huge = struct.pack("<II", 1, 0) + struct.pack("<QQQQ", 0, 1 << 59, 0x7f0000000000, 0)
+    write("vhost_user", "huge_region", chunk(hello) + chunk(vmsg(SET_MEM_TABLE, huge), nfds=1, sparse_log=59))
+    six = struct.pack("<II", 3, 0) + b"".join(
+        struct.pack("<QQQQ", i << 45, 1 << 45, (i + 1) << 46, 0) for i in range(3))
+    write("vhost_user", "huge_regions", chunk(hello) + chunk(vmsg(SET_MEM_TABLE, six), nfds=3, sparse_log=50))
     kick = vmsg(SET_VRING_KICK, u64(0))
     write("vhost_user", "kick_fd", chunk(hello) + chunk(kick, nfds=1))
     write("vhost_user", "config", chunk(hello + vmsg(GET_QUEUE_NUM) +

@@ -2193,6 +2193,54 @@ void DataPath::MulticastGroupsThroughTheDaemon() {
 }
 
 TEST_F(DataPath, MulticastGroupsThroughTheDaemon) { MulticastGroupsThroughTheDaemon(); }
+
+// Issue 24 #4: groups and a group's QP slots are the engine's, shared by
+// every device; one guest could take them all (the kernel's 20 memberships
+// of the group socket, the engine's 64 QPs of a group), and then every
+// other guest's ATTACH_MCAST failed. Each device now has a quota of groups
+// and of its QPs in one group; over it, LIMIT, and the others attach as
+// before. Detaching and destroying give the quota back.
+TEST_F(DataPath, MulticastIsQuotedPerDevice) {
+  StartDaemon(50, {}, [](DaemonOptions& o) {
+    o.mcast_groups_per_device = 4;
+    o.mcast_qps_per_group = 3;
+  });
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  uint16_t st = 0;
+  std::vector<GQp> qa;
+  for (int i = 0; i < 4; i++) qa.push_back(A.CreateQp(2, VSTELLAR_QPT_UD, &st));
+  GQp qb = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  auto mcast = [](Guest& G, uint16_t op, uint32_t qpn, uint8_t group) {
+    vstellar_cmd_mcast m{};
+    m.qpn = qpn;
+    m.mgid[10] = m.mgid[11] = 0xff;
+    m.mgid[12] = 230;
+    m.mgid[13] = 24;
+    m.mgid[15] = group;
+    return G.Cmd(op, &m, sizeof(m), 0).status();
+  };
+  auto attach = [&](Guest& G, uint32_t qpn, uint8_t group) { return mcast(G, VSTELLAR_CMD_ATTACH_MCAST, qpn, group); };
+  // Groups: A's fifth is refused, B still joins it; attaching again is no new join.
+  for (uint8_t g = 0; g < 4; g++) EXPECT_EQ(attach(A, qa[0].qpn, g), VSTELLAR_STATUS_OK) << "group " << int(g);
+  EXPECT_EQ(attach(A, qa[0].qpn, 3), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(attach(A, qa[1].qpn, 4), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(attach(B, qb.qpn, 4), VSTELLAR_STATUS_OK);
+  // Slots of one group: A's fourth QP in group 0 is refused, B's is taken.
+  EXPECT_EQ(attach(A, qa[1].qpn, 0), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(attach(A, qa[2].qpn, 0), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(attach(A, qa[3].qpn, 0), VSTELLAR_STATUS_LIMIT);
+  EXPECT_EQ(attach(B, qb.qpn, 0), VSTELLAR_STATUS_OK);
+  // What a detach or a destroyed QP frees is A's again.
+  EXPECT_EQ(mcast(A, VSTELLAR_CMD_DETACH_MCAST, qa[0].qpn, 3), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(attach(A, qa[1].qpn, 4), VSTELLAR_STATUS_OK);
+  vstellar_cmd_handle h{};
+  h.handle = qa[2].qpn;
+  ASSERT_EQ(A.Cmd(VSTELLAR_CMD_DESTROY_QP, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_OK);
+  EXPECT_EQ(attach(A, qa[3].qpn, 0), VSTELLAR_STATUS_OK);
+}
 TEST_F(DataPathOnTwoThreads, MulticastGroupsThroughTheDaemon) { MulticastGroupsThroughTheDaemon(); }
 
 // RESIZE_SRQ: the WQEs posted in the old ring are taken first, later ones

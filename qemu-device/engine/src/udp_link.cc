@@ -191,21 +191,27 @@ UdpLink::~UdpLink() {
     // Cancel the multishot receive and wait for it to end: a request still in
     // flight holds its socket, and the ring's teardown is asynchronous, so
     // without this the ports would stay bound for a moment after we exit.
-    if (rx_armed_ || mc_armed_) {
-      for (uint64_t tag : {kRxTag, kMcRxTag}) {
+    auto mc_armed = [&] {
+      return std::any_of(mc_.begin(), mc_.end(), [](const McSocket& m) { return m.armed; });
+    };
+    if (rx_armed_ || mc_armed()) {
+      std::vector<uint64_t> tags = {kRxTag};
+      for (size_t i = 0; i < mc_.size(); i++) tags.push_back(kMcRxTag | i);
+      for (uint64_t tag : tags) {
         io_uring_sqe* s = sqe();
         io_uring_prep_cancel64(s, tag, 0);
         io_uring_sqe_set_data64(s, 3ull << 32);
       }
       io_uring_submit(&ring_);
       uint64_t deadline_loops = 100;
-      while ((rx_armed_ || mc_armed_) && deadline_loops--) {
+      while ((rx_armed_ || mc_armed()) && deadline_loops--) {
         __kernel_timespec ts{0, 1'000'000};
         io_uring_cqe* c;
         if (io_uring_wait_cqe_timeout(&ring_, &c, &ts) != 0) continue;
         uint64_t d = io_uring_cqe_get_data64(c);
         if (d == kRxTag && !(c->flags & IORING_CQE_F_MORE)) rx_armed_ = false;
-        if (d == kMcRxTag && !(c->flags & IORING_CQE_F_MORE)) mc_armed_ = false;
+        if ((d >> 32) == (kMcRxTag >> 32) && uint32_t(d) < mc_.size() && !(c->flags & IORING_CQE_F_MORE))
+          mc_[uint32_t(d)].armed = false;
         if ((d >> 32) == 1) {
           tx_inflight_--;
         }
@@ -215,7 +221,7 @@ UdpLink::~UdpLink() {
     io_uring_queue_exit(&ring_);
   }
   for (int fd : fds_) close(fd);
-  if (mc_fd_ >= 0) close(mc_fd_);
+  for (const McSocket& m : mc_) close(m.fd);
   if (event_fd_ >= 0) close(event_fd_);
   if (br_) munmap(br_, br_bytes_);
   free(rx_mem_);
@@ -240,23 +246,40 @@ void UdpLink::arm_recv() {
   rx_armed_ = true;
 }
 
-void UdpLink::arm_mc_recv() {
+void UdpLink::arm_mc_recv(size_t i) {
   io_uring_sqe* s = sqe();
-  io_uring_prep_recvmsg_multishot(s, mc_fd_, &rx_msg_, 0);
+  io_uring_prep_recvmsg_multishot(s, mc_[i].fd, &rx_msg_, 0);
   s->flags |= IOSQE_BUFFER_SELECT;
   s->buf_group = kBufGroup;
-  io_uring_sqe_set_data64(s, kMcRxTag);
-  mc_armed_ = true;
+  io_uring_sqe_set_data64(s, kMcRxTag | i);
+  mc_[i].armed = true;
 }
 
-// The wildcard socket on mcast_port that group datagrams arrive on. A
+bool UdpLink::mc_arm_missing() {
+  bool any = false;
+  for (size_t i = 0; i < mc_.size(); i++)
+    if (!mc_[i].armed) {
+      arm_mc_recv(i);
+      any = true;
+    }
+  return any;
+}
+
+// One more wildcard socket on mcast_port that group datagrams arrive on. A
 // socket bound to our unicast address (the base port's) never sees them.
 bool UdpLink::open_mc() {
-  if (mc_fd_ >= 0) return true;
+  if (mc_.size() >= kMaxMcSockets) return false;
   int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  int on = 1;
+  int on = 1, off = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  // Only the groups joined on this socket: by default a socket bound to the
+  // port gets every group any socket of the host joined, so with several
+  // of ours each datagram would arrive once per socket.
+  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof(off)) != 0) {
+    close(fd);
+    return false;
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -267,18 +290,40 @@ bool UdpLink::open_mc() {
   }
   setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
   set_buf(fd, SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
-  mc_fd_ = fd;
-  arm_mc_recv();
+  mc_.push_back(McSocket{fd, false, false});
+  arm_mc_recv(mc_.size() - 1);
   io_uring_submit(&ring_);
   return true;
 }
 
 bool UdpLink::join_group(uint32_t group, bool join) {
-  if (!ok() || !cfg_.mcast_port || (join && !open_mc()) || mc_fd_ < 0) return false;
+  if (!ok() || !cfg_.mcast_port) return false;
   ip_mreq m{};
   m.imr_multiaddr.s_addr = htonl(group);
   m.imr_interface.s_addr = htonl(cfg_.local_ip);
-  return setsockopt(mc_fd_, IPPROTO_IP, join ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &m, sizeof(m)) == 0;
+  auto at = mc_group_.find(group);
+  if (!join) {
+    if (at == mc_group_.end()) return false;
+    McSocket& s = mc_[at->second];
+    const bool ok = setsockopt(s.fd, IPPROTO_IP, IP_DROP_MEMBERSHIP, &m, sizeof(m)) == 0;
+    s.full = false;
+    mc_group_.erase(at);
+    return ok;
+  }
+  if (at != mc_group_.end()) return true;
+  // The first socket that takes one more membership; ENOBUFS is its
+  // per-socket limit, so the next one (or a new one) is tried.
+  for (size_t i = 0;; i++) {
+    if (i == mc_.size() && !open_mc()) return false;
+    McSocket& s = mc_[i];
+    if (s.full) continue;
+    if (setsockopt(s.fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)) == 0) {
+      mc_group_[group] = i;
+      return true;
+    }
+    if (errno != ENOBUFS) return false;
+    s.full = true;
+  }
 }
 
 void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
@@ -474,8 +519,12 @@ void UdpLink::reap(RxSink* sink, size_t& delivered) {
         continue;
       }
       if (!(local[i].flags & IORING_CQE_F_MORE)) {
-        if (local[i].data == kMcRxTag) mc_armed_ = false;
-        else rx_armed_ = false;
+        const uint64_t d = local[i].data;
+        if ((d >> 32) == (kMcRxTag >> 32)) {
+          if (uint32_t(d) < mc_.size()) mc_[uint32_t(d)].armed = false;
+        } else {
+          rx_armed_ = false;
+        }
       }
       if (local[i].res < 0) {
         if (local[i].res == -ENOBUFS) stats_.rx_nobufs++;
@@ -542,7 +591,7 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   }
   reap(&sink, delivered);
   if (!rx_armed_) arm_recv();
-  if (mc_fd_ >= 0 && !mc_armed_) arm_mc_recv();
+  mc_arm_missing();
   if (delivered == 0 && timeout_ns > 0) {
     __kernel_timespec ts;
     ts.tv_sec = int64_t(timeout_ns / 1'000'000'000ull);
@@ -554,11 +603,9 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   } else if (io_uring_sq_ready(&ring_)) {
     io_uring_submit(&ring_);
   }
-  if (!rx_armed_ || (mc_fd_ >= 0 && !mc_armed_)) {
-    if (!rx_armed_) arm_recv();
-    if (mc_fd_ >= 0 && !mc_armed_) arm_mc_recv();
-    io_uring_submit(&ring_);
-  }
+  const bool rearm_rx = !rx_armed_;
+  if (rearm_rx) arm_recv();
+  if (mc_arm_missing() || rearm_rx) io_uring_submit(&ring_);
   return delivered;
 }
 

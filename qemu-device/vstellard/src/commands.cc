@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <memory>
 
 #include "vstellard/translate.h"
@@ -68,6 +69,12 @@ Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectT
   obj_.memory.set_limit(sh_.device_memory_limit);
 }
 
+// An SRQ's host memory: the engine's ring, our page list and wr_id map (an
+// entry per WQE held).
+uint64_t Commands::SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const {
+  return sizeof(SrqObj) + 8ull * pages + 32ull * init.max_wr + sh_.engine->srq_footprint(init);
+}
+
 // Charges an object's host memory to this device and to the daemon before
 // anything is allocated for it (memory_budget.h).
 uint16_t Commands::Charge(uint64_t bytes, MemoryCharge* charge) {
@@ -116,7 +123,11 @@ void Commands::DestroyAll() {
 void Commands::DestroyQp(uint32_t qpn) {
   auto it = obj_.qps.find(qpn);
   if (it == obj_.qps.end()) return;
-  sh_.engine->destroy_qp(it->second.qp);
+  sh_.engine->destroy_qp(it->second.qp);  // leaves its groups
+  for (auto g = obj_.mcast.begin(); g != obj_.mcast.end();) {
+    g->second.erase(qpn);
+    g = g->second.empty() ? obj_.mcast.erase(g) : std::next(g);
+  }
   FreeSlot(it->second.owner, it->second.slot);
   obj_.qps.erase(it);
 }
@@ -863,10 +874,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   init.max_wr = 1u << cmd.log_wqe;
   init.max_sge = max_sge;
   init.limit = limit;
-  // The engine's ring, and our wr_id map (an entry per WQE held).
-  if (uint16_t s = Charge(sizeof(SrqObj) + 8ull * n + 32ull * init.max_wr + sh_.engine->srq_footprint(init),
-                          &o.charge))
-    return s;
+  if (uint16_t s = Charge(SrqBytes(n, init), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.srq = sh_.engine->create_srq(pd->second.pd, init);
@@ -929,7 +937,18 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   ring.offset = off;
   ring.log_n = cmd.log_wqe;
   ring.log_stride = log_stride;
-  return dp_.ResizeSrq(it->first, ring);
+  // The new size is charged before the engine grows its ring; what it
+  // shrinks is given back only once it has.
+  vstellar::SrqInitAttr init;
+  init.max_wr = 1u << cmd.log_wqe;
+  init.max_sge = it->second.max_sge;
+  init.limit = it->second.srq->limit();
+  MemoryCharge& charge = it->second.charge;
+  const uint64_t before = charge.bytes(), after = SrqBytes(n, init);
+  if (after > before && !charge.Resize(obj_.memory, *sh_.memory, after)) return VSTELLAR_STATUS_NO_RESOURCES;
+  const uint16_t s = dp_.ResizeSrq(it->first, ring);
+  charge.Resize(obj_.memory, *sh_.memory, s == VSTELLAR_STATUS_OK ? after : before);  // never grows here
+  return s;
 }
 
 template <>
@@ -1044,9 +1063,23 @@ uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
   if (it->second.type != VSTELLAR_QPT_UD) return VSTELLAR_STATUS_BAD_FIELD;
   vstellar::Gid mgid;
   std::memcpy(mgid.data(), cmd.mgid, sizeof(cmd.mgid));
+  const uint32_t qpn = it->first;
+  auto mine = obj_.mcast.find(mgid);
+  if (attach && !(mine != obj_.mcast.end() && mine->second.count(qpn))) {
+    if (mine == obj_.mcast.end() ? obj_.mcast.size() >= sh_.mcast_groups_per_device
+                                 : mine->second.size() >= sh_.mcast_qps_per_group)
+      return VSTELLAR_STATUS_LIMIT;
+  }
   vstellar::Engine& e = *sh_.engine;
   switch (attach ? e.attach_mcast(it->second.qp, mgid) : e.detach_mcast(it->second.qp, mgid)) {
-    case 0: return VSTELLAR_STATUS_OK;
+    case 0:
+      if (attach) {
+        obj_.mcast[mgid].insert(qpn);
+      } else if (mine != obj_.mcast.end()) {
+        mine->second.erase(qpn);
+        if (mine->second.empty()) obj_.mcast.erase(mine);
+      }
+      return VSTELLAR_STATUS_OK;
     case ENOSPC: return VSTELLAR_STATUS_LIMIT;
     case EIO: return VSTELLAR_STATUS_NO_RESOURCES;  // the link could not join the group
     default: return VSTELLAR_STATUS_BAD_FIELD;  // not a group, or (detach) not attached

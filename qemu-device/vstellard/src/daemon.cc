@@ -296,6 +296,8 @@ bool Daemon::Worker::Start(std::string* err) {
   shared_.require_sealed_memory = o.require_sealed_memory;
   shared_.memory = d_.memory_;
   shared_.device_memory_limit = o.device_memory_limit;
+  shared_.mcast_groups_per_device = o.mcast_groups_per_device;
+  shared_.mcast_qps_per_group = o.mcast_qps_per_group;
   shared_.device_config = d_.device_config_;
   shared_.gids = d_.gids_;
   SetHooks();
@@ -344,6 +346,7 @@ bool Daemon::Start(std::string* err) {
     return false;
   }
   memory_ = std::make_shared<MemoryBudget>(o_.memory_limit);
+  device_config_.max_guest_memory = o_.guest_memory_limit;
   virtio_vstellar_config& dc = device_config_.config;
   for (auto [want, field, name] : {std::tuple{o_.device_max.ucontext, &dc.max_ucontext, "ucontext"},
                                    std::tuple{o_.device_max.pd, &dc.max_pd, "pd"},

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <new>
 
 namespace vstellard {
 
@@ -20,6 +22,7 @@ Device::Device(unsigned id, DeviceShared& shared)
       cmds_(shared, session_, pvdma_, obj_, dp_),
       control_left_(shared.control_budget) {
   pvdma_.set_require_sealed(shared.require_sealed_memory);
+  pvdma_.set_budgets(obj_.budget, shared.memory);
   // A node GUID of its own: EUI-64 (locally administered) from the host's
   // IPv4 address and the device number, so no two devices of a fabric share
   // one (ibv_devinfo, rdma_cm and the GID table tell devices apart by it).
@@ -36,7 +39,20 @@ Device::~Device() {
 
 // ------------------------------------------------------------------ vhost-user
 
+// The boundary of vhost-user requests: an allocation that fails while one
+// is handled ends that connection (the daemon logs why), never the daemon.
 Outcome Device::OnMessage(Message&& m) {
+  const uint32_t request = m.hdr.request;
+  try {
+    return HandleMessage(std::move(m));
+  } catch (const std::bad_alloc&) {
+    Outcome out;
+    out.error = "out of memory while handling request " + std::to_string(request);
+    return out;
+  }
+}
+
+Outcome Device::HandleMessage(Message&& m) {
   const auto req = static_cast<Request>(m.hdr.request);
   uint32_t index = 0;
   if (m.payload.size() >= 4) std::memcpy(&index, m.payload.data(), 4);
@@ -49,7 +65,15 @@ Outcome Device::OnMessage(Message&& m) {
   switch (req) {
     case Request::kSetMemTable: {
       std::string err;
-      if (!pvdma_.Attach(session_.regions(), &err)) out.error = err;
+      if (!pvdma_.Attach(session_.regions(), &err)) {
+        out.error = err;
+        // The session acked the table already; the frontend must hear
+        // that it was refused after all.
+        if (out.reply && out.reply->size() == sizeof(Header) + sizeof(uint64_t)) {
+          const uint64_t refused = 1;
+          std::memcpy(out.reply->data() + sizeof(Header), &refused, sizeof(refused));
+        }
+      }
       dp_.ForgetDbPages();  // the doorbell region may have moved
       break;
     }
@@ -172,7 +196,7 @@ void Device::ProcessControl() {
       const uint32_t resp_len = info ? info->resp_len : 0;
       if (c.writable_len < sizeof(vstellar_resp_hdr) + resp_len) status = VSTELLAR_STATUS_BAD_LENGTH;
       else if (fatal_) status = VSTELLAR_STATUS_DEVICE_FATAL;
-      else status = cmds_.Execute(req, &resp);
+      else status = ExecuteCommand(req, &resp);
     }
     if (status != VSTELLAR_STATUS_OK) resp.clear();
     commands_++;
@@ -195,6 +219,21 @@ void Device::ProcessControl() {
     vq.Push(c.head, written);
   }
   vq.Notify();
+}
+
+// The boundary of control commands: an allocation that fails inside one
+// fails that command (NO_RESOURCES) and is logged; the daemon goes on.
+uint16_t Device::ExecuteCommand(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp) {
+  try {
+    return cmds_.Execute(req, resp);
+  } catch (const std::bad_alloc&) {
+    vstellar_cmd_hdr h{};
+    std::memcpy(&h, req.data(), std::min(req.size(), sizeof(h)));
+    std::fprintf(stderr, "vstellard: device %u: out of memory in control command %u; it fails with NO_RESOURCES\n",
+                 id_, unsigned(le16toh(h.opcode)));
+    resp->clear();
+    return VSTELLAR_STATUS_NO_RESOURCES;
+  }
 }
 
 // The event and CQ notification queues: the driver posts writable buffers,

@@ -76,6 +76,8 @@ int Usage(const char* argv0, int rc) {
                "                         hold in the daemon (default 4G; K, M, G suffixes)\n"
                "  --device-memory-limit SIZE  the same for each device (default 1G); over\n"
                "                         either, creating an object fails with ENOMEM\n"
+               "  --guest-memory-limit SIZE  guest memory one device's memory table may\n"
+               "                         declare (default 1024G); a larger one is refused\n"
                "  --device-max K=N[,K=N...]  objects one device may hold, K one of ucontext,\n"
                "                         pd, qp, cq, mr (defaults 64, 1024, 1024, 1024, 4096;\n"
                "                         only lower); over it a create fails with LIMIT\n"
@@ -111,7 +113,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
+       kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -139,6 +141,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"integrity-key", required_argument, nullptr, kIntegrityKey},
                            {"require-integrity", no_argument, nullptr, kRequireIntegrity},
                            {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
+                           {"guest-memory-limit", required_argument, nullptr, kGuestMemLimit},
                            {"help", no_argument, nullptr, kHelp},
                            {nullptr, 0, nullptr, 0}};
 
@@ -243,6 +246,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
     case kRequireIntegrity: g_require_integrity = true; return true;
     case kMemLimit: if (!size()) return false; o.memory_limit = v; return true;
     case kDevMemLimit: if (!size()) return false; o.device_memory_limit = v; return true;
+    case kGuestMemLimit: if (!size()) return false; o.guest_memory_limit = v; return true;
   }
   *why = "not an option";
   return false;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 namespace vstellard {
 
@@ -66,6 +67,11 @@ bool Covers(int fd, uint64_t offset, uint64_t size, std::string* why) {
 }
 }  // namespace
 
+uint64_t Pvdma::RegionFootprint(uint64_t gpa, uint64_t size) {
+  const uint64_t blocks = size ? ((gpa + size - 1) >> kBlockShift) - (gpa >> kBlockShift) + 1 : 0;
+  return sizeof(Region) + blocks * sizeof(uint8_t*);
+}
+
 bool Pvdma::FileCovers(const Region& r) const { return r.sealed || Covers(r.fd.get(), r.offset, r.size, nullptr); }
 
 bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
@@ -121,7 +127,25 @@ bool Pvdma::Attach(const std::vector<MemRegion>& table, std::string* err) {
     r->counters = pins_;
     r->first_block = m.gpa >> kBlockShift;
     const uint64_t last_block = (m.gpa + m.size - 1) >> kBlockShift;
-    r->blocks.assign(last_block - r->first_block + 1, nullptr);
+    // The table grows with the size the frontend declared: charged first,
+    // and an allocation that fails refuses this table, not the daemon.
+    const uint64_t footprint = RegionFootprint(m.gpa, m.size);
+    if (device_budget_ && daemon_budget_) {
+      r->device_budget = device_budget_;
+      r->daemon_budget = daemon_budget_;
+      if (!r->charge.Take(*r->device_budget, *r->daemon_budget, footprint)) {
+        *err = "pvdma: region at gpa " + std::to_string(m.gpa) + " refused: its block table (" +
+               std::to_string(footprint) + " bytes) is over the device's or the daemon's memory limit";
+        return false;
+      }
+    }
+    try {
+      r->blocks.assign(last_block - r->first_block + 1, nullptr);
+    } catch (const std::bad_alloc&) {
+      *err = "pvdma: region at gpa " + std::to_string(m.gpa) + " refused: no memory for its block table (" +
+             std::to_string(footprint) + " bytes)";
+      return false;
+    }
     next.push_back(std::move(r));
     total += m.size;
   }

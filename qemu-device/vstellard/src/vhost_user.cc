@@ -250,7 +250,7 @@ Outcome Session::HandleOne(Message& m) {
       if (!IsPow2(s.num) || s.num > kMaxVringSize)
         return Fail("vring " + std::to_string(s.index) + ": size " + std::to_string(s.num) +
                     " is not a power of two up to 32768");
-      if (vrings_[s.index].started) return Fail("SET_VRING_NUM on a running vring");
+      if (vrings_[s.index].running()) return Fail("SET_VRING_NUM on a running vring");
       vrings_[s.index].num = s.num;
       vrings_[s.index].addr_set = false;
       break;
@@ -268,7 +268,7 @@ Outcome Session::HandleOne(Message& m) {
       if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
         return Fail(err);
       if (s.num > 0xffff) return Fail("SET_VRING_BASE: index " + std::to_string(s.num) + " over 16 bits");
-      if (vrings_[s.index].started) return Fail("SET_VRING_BASE on a running vring");
+      if (vrings_[s.index].running()) return Fail("SET_VRING_BASE on a running vring");
       vrings_[s.index].base = static_cast<uint16_t>(s.num);
       break;
     }
@@ -344,6 +344,7 @@ Outcome Session::SetMemTable(Message& m) {
   if (m.fds.size() != n) return Fail("SET_MEM_TABLE: " + std::to_string(m.fds.size()) + " fds for " + std::to_string(n) + " regions");
 
   std::vector<MemRegion> table;
+  uint64_t total = 0;
   for (uint32_t i = 0; i < n; i++) {
     MemRegionDesc d;
     std::memcpy(&d, m.payload.data() + hdr + i * sizeof(d), sizeof(d));
@@ -360,6 +361,11 @@ Outcome Session::SetMemTable(Message& m) {
     if (!S_ISREG(st.st_mode)) return Fail(where + "fd is not a memory file");
     if (d.mmap_offset + d.memory_size > static_cast<uint64_t>(st.st_size))
       return Fail(where + "extends past the end of its file");
+    // A sparse file can be of any size: its size proves nothing.
+    if (d.memory_size > cfg_.max_guest_memory - total)
+      return Fail(where + "the table declares more than the " + std::to_string(cfg_.max_guest_memory) +
+                  " bytes of guest memory a device may have (--guest-memory-limit)");
+    total += d.memory_size;
     for (const MemRegion& o : table) {
       if (d.guest_phys_addr < o.gpa + o.size && o.gpa < d.guest_phys_addr + d.memory_size)
         return Fail(where + "overlaps another region's guest-physical range");
@@ -406,6 +412,9 @@ Outcome Session::SetVringAddr(const VringAddr& a) {
   const std::string where = "SET_VRING_ADDR " + std::to_string(a.index) + ": ";
   if (a.flags != 0) return Fail(where + "flags (dirty logging) not supported");
   if (v.num == 0) return Fail(where + "before SET_VRING_NUM");
+  // The device reads the ring where it was: moving it under the running
+  // device would make it read and write wherever the old addresses now are.
+  if (v.running()) return Fail(where + "on a running vring (stop it with GET_VRING_BASE first)");
   if ((a.desc_user_addr & 15) || (a.avail_user_addr & 1) || (a.used_user_addr & 3))
     return Fail(where + "misaligned ring");
   if (!FindByQemuVa(a.desc_user_addr, 16ull * v.num) || !FindByQemuVa(a.avail_user_addr, 6 + 2ull * v.num) ||

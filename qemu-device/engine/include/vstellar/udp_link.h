@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -141,7 +142,7 @@ class UdpLink final : public Link {
   void resend_unsegmented(const TxSlot& t);
   void tx_complete(uint32_t idx, int32_t res, uint32_t flags);
   void arm_recv();
-  void arm_mc_recv();
+  void arm_mc_recv(size_t i);
   bool open_mc();
   void handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& delivered);
   void reap(RxSink* sink, size_t& delivered);
@@ -165,9 +166,19 @@ class UdpLink final : public Link {
   size_t rx_buf_len_ = 0;
   msghdr rx_msg_{};
   bool rx_armed_ = false;
-  // multicast socket (opened at the first join) and its multishot receive
-  int mc_fd_ = -1;
-  bool mc_armed_ = false;
+  // Multicast sockets, each with its multishot receive: the first opened
+  // at the first join, another whenever the kernel refuses one more
+  // membership on every open one (net.ipv4.igmp_max_memberships, 20 by
+  // default, is per socket). Each group is joined on one of them.
+  struct McSocket {
+    int fd = -1;
+    bool armed = false;
+    bool full = false;  // the kernel refused it one more group
+  };
+  std::vector<McSocket> mc_;
+  std::map<uint32_t, size_t> mc_group_;  // group -> index in mc_
+  static constexpr size_t kMaxMcSockets = 64;
+  bool mc_arm_missing();  // arms each socket whose receive ended; true if any
   // stashed receive completions seen while flush() waited for sends
   struct Stashed { int32_t res; uint32_t flags; };
   std::vector<Stashed> stash_;

@@ -44,6 +44,7 @@ class Commands {
 
   uint16_t CheckUctx(uint32_t uctx) const;
   uint16_t Charge(uint64_t bytes, MemoryCharge* charge);
+  uint64_t SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const;
   uint16_t ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::vector<uint64_t>* out) const;
   uint16_t AddDbContext(uint32_t key, uint32_t* page);
   bool DatagramsOn() const;

@@ -58,6 +58,12 @@ struct DaemonOptions {
   // devices together, and each device.
   uint64_t memory_limit = uint64_t{4} << 30;
   uint64_t device_memory_limit = uint64_t{1} << 30;
+  // Guest memory one device's memory table may declare
+  // (DeviceConfig::max_guest_memory); a larger table is refused.
+  uint64_t guest_memory_limit = uint64_t{1} << 40;
+  // Multicast quotas of each device (DeviceShared::mcast_*).
+  uint32_t mcast_groups_per_device = 16;
+  uint32_t mcast_qps_per_group = 8;
   // Objects one device may hold (0: the default, DeviceConfig::Default());
   // a limit above the default is refused by Start(). Over it, creating one
   // more fails with VSTELLAR_STATUS_LIMIT.

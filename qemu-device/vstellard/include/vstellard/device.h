@@ -116,7 +116,9 @@ class Device : private DataPathEvents {
   void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) override;
   bool DeviceFatal() const override { return fatal_; }
 
+  Outcome HandleMessage(Message&& m);
   void ProcessControl();
+  uint16_t ExecuteCommand(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp);
   void FlushEvents();
   void FlushCqNotifies();
   bool PushToQueue(uint32_t q, const void* data, uint32_t len);

@@ -103,6 +103,12 @@ struct DeviceShared {
   // worker thread), and the limit each device's own budget
   // (ObjectTables::memory) gets.
   std::shared_ptr<MemoryBudget> memory = std::make_shared<MemoryBudget>(uint64_t{4} << 30);
+  // Multicast a device may use of its engine's (DeviceLimits::kMaxMcast*:
+  // 256 groups, 64 QPs in each): groups it has QPs in, and its QPs in one
+  // group. Over either, ATTACH_MCAST fails with LIMIT, so no guest can
+  // take every group or every slot of a group from the others.
+  uint32_t mcast_groups_per_device = 16;
+  uint32_t mcast_qps_per_group = 8;
   uint64_t device_memory_limit = uint64_t{1} << 30;
   // What every new device reports and enforces (its config space: object
   // counts, queue sizes); the daemon's --device-max lowers the counts.

@@ -85,6 +85,26 @@ class MemoryCharge {
     bytes_ = bytes;
     return true;
   }
+  // Makes the charge `bytes` (an object that grows or shrinks): only the
+  // difference is charged or given back. Growing may fail (false, the
+  // charge unchanged); shrinking never does.
+  bool Resize(MemoryBudget& device, MemoryBudget& daemon, uint64_t bytes) {
+    if (!bytes_) return Take(device, daemon, bytes);
+    if (bytes <= bytes_) {
+      device_->Refund(bytes_ - bytes);
+      daemon_->Refund(bytes_ - bytes);
+      bytes_ = bytes;
+      return true;
+    }
+    const uint64_t more = bytes - bytes_;
+    if (!device_->TryCharge(more)) return false;
+    if (!daemon_->TryCharge(more)) {
+      device_->Refund(more);
+      return false;
+    }
+    bytes_ = bytes;
+    return true;
+  }
   uint64_t bytes() const { return bytes_; }
 
  private:

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -110,8 +112,11 @@ struct MwObj {
 
 struct ObjectTables {
   // What this device's objects hold of host memory (first, so that it
-  // outlives every object's MemoryCharge).
-  MemoryBudget memory;
+  // outlives every object's MemoryCharge). Shared: guest memory regions
+  // charge their PVDMA block tables to it, and an MR may keep a region
+  // (with its charge) beyond the device's tables.
+  std::shared_ptr<MemoryBudget> budget = std::make_shared<MemoryBudget>();
+  MemoryBudget& memory = *budget;
   // A fresh handle for a user context, PD, CQ, MR or SRQ: never 0 and
   // never one in use, also after the 32-bit counter wrapped (issue 13:
   // a wrapped counter overwrote a live object's entry).
@@ -133,6 +138,10 @@ struct ObjectTables {
   std::map<uint32_t, SrqObj> srqs;  // by handle (the guest's SRQN)
   std::map<uint32_t, MwObj> mws;
   std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
+  // Multicast groups this device's QPs are attached to, and which QPs: the
+  // engine's groups and slots are shared by every device of its worker,
+  // so each device gets a quota of them (DeviceShared::mcast_*).
+  std::map<vstellar::Gid, std::set<uint32_t>> mcast;
 };
 
 }  // namespace vstellard

@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "vstellard/memory_budget.h"
 #include "vstellard/vhost_user.h"
 
 namespace vstellard {
@@ -87,6 +88,15 @@ class Pvdma {
   // such a file, shrunk by its owner after a block was mapped, would make
   // an access fault (SIGBUS) in the daemon.
   void set_require_sealed(bool on) { require_sealed_ = on; }
+  // Where each region's block table is charged (memory_budget.h): the
+  // device's budget and the daemon's. Without them nothing is charged.
+  // Shared, since a region held by an MR may outlive the device's tables.
+  void set_budgets(std::shared_ptr<MemoryBudget> device, std::shared_ptr<MemoryBudget> daemon) {
+    device_budget_ = std::move(device);
+    daemon_budget_ = std::move(daemon);
+  }
+  // Host memory the daemon keeps for a region of `size` bytes at `gpa`.
+  static uint64_t RegionFootprint(uint64_t gpa, uint64_t size);
   // A process-unique id (never reused): translation caches key on it.
   uint64_t id() const { return id_; }
 
@@ -94,7 +104,8 @@ class Pvdma {
   // Eager: maps and locks every region now. A region identical to one of
   // the previous table (same file, offset, guest range) keeps its blocks;
   // the others of the previous table are released (see above). Refuses a
-  // table with a region its file does not cover (the table is unchanged).
+  // table with a region its file does not cover, or whose block table
+  // cannot be charged or allocated (the table is unchanged).
   bool Attach(const std::vector<MemRegion>& regions, std::string* err);
 
   // Keeps the region holding gpa mapped (and its fd open) while the handle
@@ -145,6 +156,9 @@ class Pvdma {
     std::vector<std::pair<void*, size_t>> maps;  // what to munmap when released
     uint64_t blocks_mapped = 0, bytes_mapped = 0;
     std::shared_ptr<PinCounters> counters;
+    // Its block table's charge; the budgets live as long as the charge.
+    std::shared_ptr<MemoryBudget> device_budget, daemon_budget;
+    MemoryCharge charge;
     Region() = default;
     Region(const Region&) = delete;
     Region& operator=(const Region&) = delete;
@@ -161,6 +175,7 @@ class Pvdma {
   uint64_t id_;
   uint64_t generation_ = 0;
   std::shared_ptr<PinCounters> pins_ = std::make_shared<PinCounters>();
+  std::shared_ptr<MemoryBudget> device_budget_, daemon_budget_;
   std::vector<std::shared_ptr<Region>> regions_;
   Region* last_ = nullptr;  // one-entry lookup cache
   std::atomic<uint64_t> regions_n_{0}, guest_bytes_{0}, misses_{0}, hits_{0}, faults_{0}, map_errors_{0},

@@ -157,6 +157,10 @@ struct Vring {
   bool enabled = false;
   bool started = false;  // got a kick fd
   Fd kick, call, err;
+  // From its kick or SET_VRING_ENABLE until GET_VRING_BASE stops it: its
+  // layout (SET_VRING_NUM, _ADDR, _BASE) is fixed meanwhile, as the
+  // vhost-user spec has the frontend change it only on a stopped ring.
+  bool running() const { return started || enabled; }
 };
 
 // What the device reports: its config space and offered device features.
@@ -164,6 +168,12 @@ struct DeviceConfig {
   virtio_vstellar_config config{};
   uint64_t device_features = 0;  // bits 0..23
   uint32_t max_queues = VSTELLAR_MAX_VQS;
+  // Guest memory one memory table may declare, all regions together
+  // (vstellard --guest-memory-limit). What the daemon keeps per region
+  // grows with its size (PVDMA's block table), and a frontend can declare
+  // any size on a sparse file, so it must be bounded before any of it is
+  // allocated. The default is max_mr_size: no MR could be larger.
+  uint64_t max_guest_memory = uint64_t{1} << 40;
   static DeviceConfig Default();
 };
 
