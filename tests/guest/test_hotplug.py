@@ -169,7 +169,16 @@ def proc_usage(pid):
         st = dict(line.split(":", 1) for line in f)
     with open(f"/proc/{pid}/maps") as f:
         maps = len(f.readlines())
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "maps": maps,
+    # What each fd is (socket, eventfd, memfd, ...), so that a count that
+    # differs names the kind of fd left behind.
+    kinds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            k = re.sub(r"[:\[].*", "", os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        kinds[k] = kinds.get(k, 0) + 1
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "fd_kinds": kinds, "maps": maps,
             "vm_kb": int(st["VmSize"].split()[0]), "rss_anon_kb": int(st["RssAnon"].split()[0])}
 
 

@@ -585,8 +585,8 @@ void Daemon::Worker::Run() {
           const uint64_t before = it->second.dev->stats().missed_kicks;
           const uint64_t missed = it->second.dev->RecheckDataPath();
           if (missed != before && (missed & (missed - 1)) == 0)  // 1, 2, 4, ...: not a flood
-            Log("device %u: %llu WQEs came without their doorbell kick (the guest's memory barriers did not "
-                "hold: a TCG guest needs -smp N,maxcpus>=2); found by the look after going idle",
+            Log("device %u: %llu WQEs found by the look after going idle before a kick came for them "
+                "(kicks late on a loaded host, or lost: a TCG guest needs -smp N,maxcpus>=2)",
                 r.second, (unsigned long long)missed);
         }
         for (const auto& r : later) shared_.rechecks.push_back(r);

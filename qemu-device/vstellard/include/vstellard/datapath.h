@@ -39,8 +39,9 @@ struct DataPathCounters {
   uint64_t cq_resizes = 0;  // RESIZE_CQ commands that moved a CQ
   uint64_t db_kicks = 0;      // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
-  // WQEs found by the look after going idle (DataPath::Recheck) with no
-  // kick: the guest published a producer index but did not kick.
+  // WQEs found by the look after going idle (DataPath::Recheck) before a
+  // kick came for them: the kick was late (a descheduled vCPU between its
+  // index store and its kick) or lost (a guest whose barrier did not hold).
   uint64_t missed_kicks = 0;
 };
 

@@ -58,7 +58,7 @@ struct DeviceStats {
   uint64_t cq_overflows = 0;
   uint64_t db_kicks = 0;    // kick-queue wake-ups
   uint64_t idle_entries = 0;  // times the data path set need_kick and slept
-  uint64_t missed_kicks = 0;  // WQEs that came without their kick (DataPath::Recheck)
+  uint64_t missed_kicks = 0;  // WQEs found before their kick came, late or lost (DataPath::Recheck)
   bool polling = false;
   bool closed = false;        // the frontend went away: these are its last counters
 };
