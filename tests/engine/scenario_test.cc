@@ -555,6 +555,9 @@ TEST(Scenarios, EveryWorkRequestEnds) {
                     << " build/tests/engine/vstellar_engine_tests --gtest_filter=Scenarios.*";
       break;
     }
+    if ((seed - first + 1) % 1000 == 0)
+      std::fprintf(stderr, "scenarios: %llu of %llu passed\n", (unsigned long long)(seed - first + 1),
+                   (unsigned long long)n);
   }
   std::printf("scenarios: %llu run from seed %llu, %llu failed\n", (unsigned long long)n,
               (unsigned long long)first, (unsigned long long)failed);
