@@ -57,10 +57,14 @@ void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint
   }
   stats.sent++;
   if (impairment.refuse > 0) {
-    uint32_t& left = refusing_[from];
-    if (left == 0 && uni() < impairment.refuse) left = std::max<uint32_t>(1, impairment.refuse_run);
-    if (left > 0) {
-      left--;
+    Refusing& r = refusing_[from];
+    if (now_ >= r.until) r.left = 0;
+    if (r.left == 0 && uni() < impairment.refuse) {
+      r.left = std::max<uint32_t>(1, impairment.refuse_run);
+      r.until = now_ + impairment.refuse_ns;
+    }
+    if (r.left > 0) {
+      r.left--;
       stats.refused++;
       stats.dropped++;
       return;

@@ -59,10 +59,12 @@ struct SimImpairment {
   int dead_path = -1;               // path id whose packets all vanish
   double ce_rate = 0;               // random CE marks
   // The sender's link refuses sends (a full io_uring, ENOBUFS): with this
-  // probability a send starts a run of refuse_run sends from that node
-  // that never leave it.
+  // probability a send starts a run of at most refuse_run sends from that
+  // node that never leave it, within refuse_ns (a full ring is a moment,
+  // not a number of sends: an idle sender's next send gets through).
   double refuse = 0;
   uint32_t refuse_run = 16;
+  uint64_t refuse_ns = 50'000;
   // ECMP stage: packets from node N on path p go through N's uplink
   // hash(N, p, ecmp_seed) % uplinks, each shaped by `uplink` and shared by
   // every connection from N (0 uplinks: no such stage); as on a switch,
@@ -174,7 +176,11 @@ class SimNet : public Clock {
   std::map<uint32_t, Queue> down_;        // per destination
   std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes
   std::map<uint32_t, uint64_t> frozen_until_;          // node -> end of its descheduling
-  std::map<uint32_t, uint32_t> refusing_;              // node -> sends its link still refuses
+  struct Refusing {
+    uint32_t left = 0;   // sends its link still refuses
+    uint64_t until = 0;  // and not after this time
+  };
+  std::map<uint32_t, Refusing> refusing_;
   bool frozen(uint32_t node) const {
     auto it = frozen_until_.find(node);
     return it != frozen_until_.end() && it->second > now_;
