@@ -312,10 +312,13 @@ struct Guest {
   uint8_t* Buf(uint64_t off) { return f.mem() + kMrGpa + off; }
 
   // RESIZE_CQ to a ring of 1 << log CQEs at gpa (contiguous pages), as the
-  // provider does it: a zeroed ring, then poll it from index 0.
+  // provider does it: a zeroed ring, then poll it from index 0. Only what
+  // lies in guest memory is zeroed: a ring the device must refuse (log 21:
+  // 64 MiB) may not fit, and past the end of the frontend's mapping is
+  // whatever the process has there (the heap).
   CmdResult ResizeCq(uint64_t gpa, uint32_t log, uint32_t cqn = 0) {
     const uint32_t pages = uint32_t(std::max<uint64_t>(1, (32ull << log) / 4096));
-    std::memset(f.mem() + gpa, 0, 4096ull * pages);
+    if (gpa < f.mem_size()) std::memset(f.mem() + gpa, 0, std::min<uint64_t>(4096ull * pages, f.mem_size() - gpa));
     vstellar_cmd_resize_cq c{};
     c.cqn = cqn ? cqn : cq;
     c.log_cqe = log;
