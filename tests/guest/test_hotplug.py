@@ -360,8 +360,14 @@ class HotplugTest(unittest.TestCase):
             st = [l for l in busy if l.startswith(f"busy-{who}-exit")]
             self.assertEqual(len(st), 1, busy)
             self.assertNotEqual(st[0], f"busy-{who}-exit 0", busy)
-        self.assertRegex("\n".join(busy), r"Failed to get cq_event", busy)  # the server
-        self.assertRegex("\n".join(busy), r"poll CQ failed|Failed to poll CQ", busy)  # the polling client
+        # The polling client fails in ibv_poll_cq; the server (-e) in
+        # ibv_get_cq_event, or in the ibv_poll_cq that follows each event
+        # if the unplug comes between the two: both are the error a gone
+        # device owes them.
+        text = "\n".join(busy)
+        polls = len(re.findall(r"poll CQ failed|Failed to poll CQ", text))
+        self.assertGreaterEqual(polls, 1, busy)  # the client
+        self.assertTrue("Failed to get cq_event" in text or polls >= 2, busy)  # the server
         self.assertRegex(self.busy["log"], r"device 0: destroyed")
         self.assertEqual(self.busy["after"]["fds"], self.busy["before"]["fds"], self.busy)
         after = self.sections.get("after", [])
