@@ -168,7 +168,8 @@ def proc_usage(pid):
     with open(f"/proc/{pid}/status") as f:
         st = dict(line.split(":", 1) for line in f)
     with open(f"/proc/{pid}/maps") as f:
-        maps = len(f.readlines())
+        lines = f.readlines()
+    maps = len(lines)
     # What each fd is (socket, eventfd, memfd, ...), so that a count that
     # differs names the kind of fd left behind.
     kinds = {}
@@ -178,7 +179,14 @@ def proc_usage(pid):
         except OSError:
             continue
         kinds[k] = kinds.get(k, 0) + 1
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "fd_kinds": kinds, "maps": maps,
+    # Each mapping's size and name, so that growth names what grew.
+    regions = {}
+    for line in lines:
+        f = line.split()
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        name = f[5] if len(f) > 5 else "[anon]"
+        regions[name] = regions.get(name, 0) + (hi - lo) // 1024
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "fd_kinds": kinds, "maps": maps, "map_kb": regions,
             "vm_kb": int(st["VmSize"].split()[0]), "rss_anon_kb": int(st["RssAnon"].split()[0])}
 
 
@@ -346,9 +354,14 @@ class HotplugTest(unittest.TestCase):
         self.assertEqual(len(re.findall(r"device \d+: destroyed \(frontend closed\)", log)), CYCLES + 1)
         before, after = self.usage["before"], self.usage["after"]
         self.assertEqual(after["fds"], before["fds"], self.usage)
-        # A device left mapped would keep the guest's 1 GiB of RAM mapped.
+        # A device left mapped would keep the guest's 1 GiB of RAM mapped:
+        # that is what VmSize is checked for. Below an eighth of it, VmSize
+        # is malloc's heap, which device churn may grow by tens of MiB with
+        # nothing leaked (seen: 19 MiB in 2 of 9 runs, with RssAnon +0.7 MiB
+        # and no fd or mapping left); RssAnon, fds and mappings are the
+        # tight checks.
         self.assertLessEqual(after["maps"] - before["maps"], 8, self.usage)
-        self.assertLessEqual(after["vm_kb"] - before["vm_kb"], 16 * 1024, self.usage)
+        self.assertLessEqual(after["vm_kb"] - before["vm_kb"], 128 * 1024, self.usage)
         # malloc's arenas may keep a little; a device's tables are far more
         self.assertLessEqual(after["rss_anon_kb"] - before["rss_anon_kb"], 1024, self.usage)
 
