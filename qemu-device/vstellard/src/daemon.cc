@@ -571,25 +571,22 @@ void Daemon::Worker::Run() {
       // more (after this turn's kicks, so a kick that came is no miss).
       if (!shared_.rechecks.empty()) {
         const uint64_t now = clock_.now_ns();
-        std::vector<std::pair<uint64_t, unsigned>> later;
         std::vector<std::pair<uint64_t, unsigned>> due;
-        due.swap(shared_.rechecks);
+        due.swap(shared_.rechecks);  // a recheck adds none: those not due go back
         for (const auto& r : due) {
           auto it = conns_.find(r.second);
           if (it == conns_.end()) continue;
           if (r.first > now) {
-            later.push_back(r);
+            shared_.rechecks.push_back(r);
             continue;
           }
           Visit(r.second);
-          const uint64_t before = it->second.dev->stats().missed_kicks;
           const uint64_t missed = it->second.dev->RecheckDataPath();
-          if (missed != before && (missed & (missed - 1)) == 0)  // 1, 2, 4, ...: not a flood
+          if (missed && (missed & (missed - 1)) == 0)  // 1, 2, 4, ...: not a flood
             Log("device %u: %llu WQEs found by the look after going idle before a kick came for them "
                 "(kicks late on a loaded host, or lost: a TCG guest needs -smp N,maxcpus>=2)",
                 r.second, (unsigned long long)missed);
         }
-        for (const auto& r : later) shared_.rechecks.push_back(r);
       }
       CloseStalled();
       for (unsigned id : visit_) {

@@ -216,13 +216,14 @@ void DataPath::Poll() {
   sh_.rechecks.push_back({now + sh_.recheck_ns, id_});
 }
 
-void DataPath::Recheck() {
-  if (polling_) return;  // a kick came meanwhile
-  if (!ScanDoorbells()) return;
+bool DataPath::Recheck() {
+  if (polling_) return false;  // a kick came meanwhile
+  if (!ScanDoorbells()) return false;
   n_.missed_kicks++;
   SetNeedKick(0);
   StartPolling();
   last_work_ns_ = NowNs();
+  return true;
 }
 
 void DataPath::QpToErr(QpObj& q, uint16_t event, uint32_t info) {

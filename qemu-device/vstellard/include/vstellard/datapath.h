@@ -60,7 +60,8 @@ class DataPath {
   // Once, DeviceShared::recheck_ns after going idle: the doorbells again.
   // Work found then came without its kick (missed_kicks): it is taken and
   // the data path polls again, so such a guest loses a moment, not a WQE.
-  void Recheck();
+  // True if it found work.
+  bool Recheck();
   // The device was reset: stop polling.
   void Stop() { polling_ = false; }
 

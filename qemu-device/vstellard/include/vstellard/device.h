@@ -97,11 +97,9 @@ class Device : private DataPathEvents {
   // daemon calls PollDataPath() on every loop turn while this is true.
   bool Polling() const { return dp_.polling(); }
   void PollDataPath() { dp_.Poll(); }
-  // The missed kicks so far, after the look (the daemon logs them).
-  uint64_t RecheckDataPath() {
-    dp_.Recheck();
-    return dp_.counters().missed_kicks;
-  }
+  // The look after going idle: the missed kicks so far if it found work
+  // (the daemon logs them), else 0.
+  uint64_t RecheckDataPath() { return dp_.Recheck() ? dp_.counters().missed_kicks : 0; }
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
 
