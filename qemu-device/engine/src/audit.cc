@@ -13,12 +13,6 @@
 
 namespace vstellar {
 
-namespace {
-
-bool sends(QpState s) { return s == QpState::RTS || s == QpState::SQD; }
-
-}  // namespace
-
 // Whether a live timer is armed for qp (after dropping stale ones).
 bool EngineCore::timer_armed(QpImpl& qp) {
   drop_stale_timers(qp);

@@ -255,7 +255,7 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     case wire::Op::ACK:
     case wire::Op::READ_RESP:
     case wire::Op::ATOMIC_RESP:
-      if (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD) {
+      if (!sends(qp->state_)) {
         stats_.bad_state++;
         return;
       }
@@ -290,7 +290,7 @@ void EngineCore::drop_stale_timers(QpImpl& qp) {
 // (EngineCore::activate): not sending, nothing left in its SQ to start or
 // send, no timer armed, and (UD, UC) nothing left to retire.
 bool EngineCore::idle_qp(QpImpl& qp) {
-  if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return true;
+  if (!sends(qp.state_)) return true;
   if (qp.sq_next != qp.sq_tail) return false;
   if ((qp.is_ud() || qp.is_uc()) && qp.sq_head != qp.sq_next) return false;
   drop_stale_timers(qp);
@@ -306,7 +306,7 @@ bool EngineCore::progress() {
   for (size_t i = 0; i < active_qps_.size(); i++) {
     QpImpl* qp = active_qps_[i];
     if (!qp) continue;
-    if (qp->state_ == QpState::RTS || qp->state_ == QpState::SQD) {
+    if (sends(qp->state_)) {
       if (qp->is_ud()) {
         if (ud_progress(*qp)) more = true;
       } else if (qp->is_uc()) {
@@ -365,7 +365,7 @@ uint64_t EngineCore::next_deadline() {
   for (QpImpl* qp : ack_list_)
     if (qp->ack_pending) d = std::min(d, qp->last_ack_ns + cfg_.ack_delay_ns);
   for (QpImpl* qp : active_qps_) {
-    if (!qp || (qp->state_ != QpState::RTS && qp->state_ != QpState::SQD)) continue;
+    if (!qp || !sends(qp->state_)) continue;
     drop_stale_timers(*qp);
     if (!qp->timers.empty()) d = std::min(d, qp->timers.top().deadline);
   }

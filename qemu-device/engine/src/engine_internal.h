@@ -28,6 +28,10 @@ inline bool is_rd_atomic(WrOpcode op) {
          op == WrOpcode::ATOMIC_FETCH_AND_ADD;
 }
 
+// RTS and SQD: the states in which a QP's requester runs (SQD finishes
+// what it started).
+inline bool sends(QpState s) { return s == QpState::RTS || s == QpState::SQD; }
+
 inline bool is_atomic(WrOpcode op) {
   return op == WrOpcode::ATOMIC_CMP_AND_SWP || op == WrOpcode::ATOMIC_FETCH_AND_ADD;
 }

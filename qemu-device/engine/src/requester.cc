@@ -94,7 +94,7 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
   uint32_t budget = cfg_.tx_budget;
   if (!req_resend(qp, now)) return false;  // lost packets first
   while (budget > 0) {
-    if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
+    if (!sends(qp.state_)) return false;
     if (qp.sq_next == qp.sq_tail) return false;
     uint64_t idx = qp.sq_next;
     SendWqe& w = qp.sq_at(idx);
@@ -308,7 +308,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
 bool EngineCore::req_uc_progress(QpImpl& qp, uint64_t now) {
   uint32_t budget = cfg_.tx_budget;
   while (budget > 0) {
-    if (qp.state_ != QpState::RTS && qp.state_ != QpState::SQD) return false;
+    if (!sends(qp.state_)) return false;
     if (qp.sq_next == qp.sq_tail) return false;
     const uint64_t idx = qp.sq_next;
     SendWqe& w = qp.sq_at(idx);
