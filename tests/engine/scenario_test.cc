@@ -238,7 +238,6 @@ class ScenarioRun {
         if (o.op == WrOpcode::ATOMIC_FETCH_AND_ADD || o.op == WrOpcode::ATOMIC_CMP_AND_SWP)
           std::memset(b_.buf.data() + o.roff, 0, 8);
     b_before_ = b_.buf;
-    a_before_ = a_.buf;
     Srq* srq = nullptr;
     size_t total_recvs = 0;
     for (QpCase& qc : qps_)
@@ -531,7 +530,7 @@ class ScenarioRun {
   uint64_t buf_bytes_ = 0;
   uint64_t srq_base_ = 0, srq_posted_ = 0;
   std::set<uint64_t> srq_seen_;
-  std::vector<uint8_t> a_before_, b_before_;
+  std::vector<uint8_t> b_before_;  // what READs must bring back
   std::map<Qp*, uint32_t> psn_;
 };
 
