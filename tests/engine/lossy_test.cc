@@ -239,12 +239,6 @@ TEST(LossyRecovery, ManyMessagesHeavyLossLargeWindow) {
   run_mix(t, 120, 99);
 }
 
-}  // namespace
-}  // namespace vstellar::test
-
-namespace vstellar::test {
-namespace {
-
 // Issue 23: a lost READ response costs the resend of what was lost, not of
 // the rest of the READ, and a lost READ request (which holds every later
 // one at the responder) does not collapse the window or inflate the RTO.
@@ -271,6 +265,125 @@ TEST(ReadRecovery, LossCostsTheLostPacketsOnly) {
     const double sent = double(t.b.eng->stats().tx_bytes), asked = double(n) * (1 << 20);
     EXPECT_LT(sent, asked * (loss < 0.1 ? 1.3 : 2.0)) << "loss " << loss << ": the responder resent more than what was lost";
   }
+}
+
+// A lost READ request costs no timeout: the responder answers the READ
+// behind it at once (ReadReqExt::reads_before), and that answer, which came
+// over the same path for a request sent later, shows the requester what
+// was lost (EngineCore::comp_read_gaps).
+TEST(ReadRecovery, ALostReadRequestIsFoundWithoutATimeout) {
+  PairOptions o;
+  o.cfg.num_paths = 1;
+  Pair t(o);
+  fill_random(t.b.buf.data(), 256 << 10, 21);
+  int requests = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    return !(p.base.op == wire::Op::READ_REQ && requests++ == 0);
+  };
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 64 << 10, 0), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 2, 64 << 10, 64 << 10, 64 << 10), 0);
+  auto wc = t.wait(t.a, t.a.scq, 2);
+  ASSERT_EQ(wc.size(), 2u);
+  for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 128 << 10), 0);
+  EXPECT_EQ(requests, 3) << "both requests and one resend";
+  EXPECT_EQ(t.b.eng->stats().early_reads, 1u);
+  EXPECT_EQ(t.a.eng->stats().read_gap_losses, 16u) << "the 16 answers the lost request asked for";
+  EXPECT_EQ(t.a.eng->stats().timeouts, 0u);
+}
+
+// A lost READ answer costs no timeout when a later one of the same path
+// arrives: only it is asked for again.
+TEST(ReadRecovery, ALostReadAnswerIsAskedForAloneWithoutATimeout) {
+  PairOptions o;
+  o.cfg.num_paths = 1;
+  Pair t(o);
+  fill_random(t.b.buf.data(), 256 << 10, 22);
+  int answers = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpB || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    return !(p.base.op == wire::Op::READ_RESP && answers++ == 5);
+  };
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 64 << 10, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 64 << 10), 0);
+  EXPECT_EQ(answers, 17) << "16 answers and one resent";
+  EXPECT_EQ(t.a.eng->stats().read_gap_losses, 1u);
+  EXPECT_EQ(t.a.eng->stats().timeouts, 0u);
+}
+
+// A READ behind a lost WRITE must wait for it (it must see the WRITE): the
+// responder holds it and says so (Syndrome::HELD), and the requester
+// resends the WRITE at once instead of at its timeout.
+TEST(ReadRecovery, AReadHeldBehindALostWriteGetsTheWriteResentAtOnce) {
+  PairOptions o;
+  o.cfg.num_paths = 1;
+  Pair t(o);
+  fill_random(t.a.buf.data(), 8192, 23);
+  int writes = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    return !(p.base.op == wire::Op::WRITE && writes++ == 0);
+  };
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 4096, 0, 0), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 2, 4096, 4096, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.a.buf.data() + 4096, 4096), 0) << "the READ did not see the WRITE";
+  EXPECT_EQ(t.b.eng->stats().early_reads, 0u);
+  EXPECT_GE(t.b.eng->stats().held_notices_sent, 1u);
+  EXPECT_EQ(t.a.eng->stats().held_resends, 1u);
+  EXPECT_EQ(t.a.eng->stats().timeouts, 0u);
+}
+
+// Early READs never pass what they must see: a WRITE, or an atomic, to the
+// place they read, under loss and reordering.
+TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
+  PairOptions o;
+  o.cfg.num_paths = 8;
+  o.buf_size = 8 << 20;
+  Pair t(o);
+  t.net.impairment.loss = 0.1;
+  t.net.impairment.jitter_ns = 30'000;
+  uint64_t id = 0;
+  for (int round = 0; round < 30; round++) {
+    fill_random(t.a.buf.data(), 65536, 100 + round);
+    // READs of other places, a WRITE, then a READ of what it wrote, an
+    // atomic and a READ of its word, then more READs.
+    for (uint64_t k = 1; k <= 4; k++)
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, 0), 0);
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, id++, 0, 65536, 65536, 0), 0);
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, 131072, 65536, 65536, 0), 0);
+    Sge sg{t.a.addr(262144), 8, t.a.mr->lkey()};
+    SendWr fa;
+    fa.wr_id = id++;
+    fa.opcode = WrOpcode::ATOMIC_FETCH_AND_ADD;
+    fa.sg_list = &sg;
+    fa.num_sge = 1;
+    fa.remote_addr = t.b.addr(524288);
+    fa.rkey = t.b.mr->rkey();
+    fa.compare_add = 1;
+    ASSERT_EQ(t.a.eng->post_send(t.a.qp, fa), 0);
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, 262144 + 8, 8, 524288, 0), 0);
+    for (uint64_t k = 5; k <= 7; k++)
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, k == 7 ? SEND_SIGNALED : 0), 0);
+    auto wc = t.wait(t.a, t.a.scq, 1, 60'000'000'000ull);
+    ASSERT_EQ(wc.size(), 1u);
+    ASSERT_EQ(wc[0].wr_id, id - 1);
+    ASSERT_EQ(wc[0].status, WcStatus::SUCCESS);
+    ASSERT_EQ(std::memcmp(t.a.buf.data(), t.a.buf.data() + 131072, 65536), 0) << "round " << round;
+    uint64_t word;
+    std::memcpy(&word, t.a.buf.data() + 262144 + 8, 8);
+    ASSERT_EQ(word, uint64_t(round + 1)) << "round " << round << ": the READ passed the atomic";
+  }
+  EXPECT_GT(t.b.eng->stats().early_reads, 0u);
 }
 
 }  // namespace

@@ -450,7 +450,8 @@ class ScenarioRun {
       for (size_t i = 0; i < qc.ops.size(); i++) {
         const Wc& w = qc.a_wcs[i];
         ASSERT_EQ(w.wr_id, i) << "send completions out of order " << dump();
-        ASSERT_EQ(w.status, WcStatus::SUCCESS) << "op " << i << ": " << to_string(w.status) << " " << dump();
+        ASSERT_EQ(w.status, WcStatus::SUCCESS) << "op " << i << " (opcode " << int(qc.ops[i].op) << ", " << qc.ops[i].len
+                                               << " bytes) of QP " << qc.a->qpn() << ": " << to_string(w.status) << " " << dump();
       }
       if (sc_.type == QpType::RC) check_rc(qc);
       else check_unreliable(qc);
@@ -566,8 +567,9 @@ TEST(Scenarios, EveryWorkRequestEnds) {
   const uint64_t one = EnvU64("VSTELLAR_SCENARIO_SEED", 0);
   const uint64_t first = one ? one : EnvU64("VSTELLAR_SCENARIO_FIRST", 1);
   const uint64_t n = one ? 1 : EnvU64("VSTELLAR_SCENARIOS", 300);
-  uint64_t failed = 0;
+  uint64_t failed = 0, ran = 0;
   for (uint64_t seed = first; seed < first + n; seed++) {
+    ran++;
     ScenarioRun r(seed);
     r.go();
     if (::testing::Test::HasFailure()) {
@@ -575,14 +577,15 @@ TEST(Scenarios, EveryWorkRequestEnds) {
       ADD_FAILURE() << "scenario failed: " << r.scenario().describe()
                     << "\nreplay: VSTELLAR_SCENARIO_SEED=" << seed
                     << " build/tests/engine/vstellar_engine_tests --gtest_filter=Scenarios.*";
-      break;
+      break;  // one failure at a time: its seed replays it
     }
     if ((seed - first + 1) % 1000 == 0)
       std::fprintf(stderr, "scenarios: %llu of %llu passed\n", (unsigned long long)(seed - first + 1),
                    (unsigned long long)n);
   }
-  std::printf("scenarios: %llu run from seed %llu, %llu failed\n", (unsigned long long)n,
-              (unsigned long long)first, (unsigned long long)failed);
+  std::printf("scenarios: %llu of %llu run from seed %llu, %llu failed%s\n", (unsigned long long)ran,
+              (unsigned long long)n, (unsigned long long)first, (unsigned long long)failed,
+              failed ? " (the run stops at the first)" : "");
 }
 
 }  // namespace

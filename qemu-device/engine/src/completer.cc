@@ -102,6 +102,11 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   qp.paths.on_ack(a.echo_path, rtt);
   qp.cc.on_ack(acked, a.rx_count, a.ce_count, rtt, qp.snd_una, qp.snd_nxt);
 
+  if (a.syndrome == wire::Syndrome::HELD) {
+    comp_held(qp, a, now);
+    comp_retire(qp);
+    return;
+  }
   if (a.syndrome != wire::Syndrome::ACK) {
     stats_.naks_rcvd++;
     // A responder NAKs fatally only the PSN it expects next, its cumulative
@@ -157,7 +162,8 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
       case wire::Syndrome::NAK_REM_OP:
         comp_fail_wqe(qp, r.wqe, WcStatus::REM_OP_ERR);
         return;
-      case wire::Syndrome::ACK: break;
+      case wire::Syndrome::ACK:
+      case wire::Syndrome::HELD: break;  // handled above
     }
   }
   comp_retire(qp);
@@ -188,8 +194,16 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   // re-request's too, so every response is an RTT sample (no ambiguity
   // after a resend); a READ that only got through after resends must slow
   // the window like any other late packet.
-  const uint64_t rtt = echo_rtt(p.base.ts);
+  uint64_t rtt = echo_rtt(p.base.ts);
+  const uint64_t held_ns = uint64_t(p.rresp.held_us) * 1000;
+  rtt = rtt > held_ns ? rtt - held_ns : rtt ? 1 : 0;
   uint16_t path = r.path;
+  // An answer to the latest request for psn shows what its path lost
+  // before it; one to an older request (sent again since) does not.
+  if (p.base.path == r.path && p.base.ts == uint32_t(r.sent_ns / 1000)) {
+    comp_read_gaps(qp, psn);
+    comp_read_reruns(qp, psn);
+  }
   uint64_t acked = 0;
   comp_pkt_done(qp, psn, now, p.base.ts, acked);
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
@@ -197,6 +211,111 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   qp.paths.on_ack(path, rtt);
   qp.cc.on_ack(acked, 1, ce ? 1 : 0, rtt, qp.snd_una, qp.snd_nxt);
   comp_retire(qp);
+}
+
+// A HELD notice: the responder holds the request at a.nak_psn, sent at
+// a.echo_ts over a.echo_path, because cum_psn has not arrived. If the
+// latest transmission of cum_psn went over that same path no later, it
+// was lost (a path keeps order), and everything after it waits for it: it
+// goes again now, whatever the window, with the rest of its request (a
+// READ asked for as one run is asked for again as one). A notice for a
+// PSN sent again since, or over another path, proves nothing: the other
+// holds a request sent earlier, or the request is still on its way.
+void EngineCore::comp_held(QpImpl& qp, const wire::AckExt& a, uint64_t now) {
+  const uint32_t e = a.cum_psn;
+  if (!in_window(qp, e) || !in_window(qp, a.nak_psn) || !seq_lt(e, a.nak_psn)) {
+    stats_.bad_ack++;
+    return;
+  }
+  // The held request arrived: its PSNs wait for e, and their timers count
+  // from now (a hold is one loss's repair long, often longer than an RTO).
+  const PktRec& y = qp.rec(a.nak_psn);
+  if (y.path == a.echo_path && uint32_t(y.sent_ns / 1000) == a.echo_ts)
+    for (uint32_t k = 0; k < y.run && in_window(qp, a.nak_psn + k); k++) qp.rec(a.nak_psn + k).held_ns = now;
+  PktRec& r = qp.rec(e);
+  if (r.acked || qp.sq_at(r.wqe).done) return;
+  if (r.path != a.echo_path || int32_t(a.echo_ts - uint32_t(r.sent_ns / 1000)) < 0) return;
+  // The whole request went missing: every PSN it asked for.
+  const uint32_t n = std::max<uint32_t>(1, r.run);
+  for (uint32_t x = e; x != e + n && in_window(qp, x); x++) {
+    PktRec& h = qp.rec(x);
+    if (!h.acked && !h.lost) lose_for_resend(qp, x);
+  }
+  r.lost = false;  // its entry in `resend` is skipped
+  qp.inflight += r.len;
+  stats_.held_resends++;
+  req_send(qp, e, read_run(qp, e, UINT64_MAX), true, now);
+}
+
+// Fast loss detection for READ responses, without waiting for a timeout.
+// A responder answers the READ requests that reach it over one path in the
+// order they arrive (each in PSN order, a held one when its turn comes,
+// and every PSN before it was answered first), and puts the answer on the
+// path of the request; a path is one UDP 5-tuple, which the network keeps
+// in order. So when the answer to `psn` arrives, a PSN before it whose
+// request went out on the same path no later than psn's and that is still
+// unanswered was lost, and is asked for again now (req_resend, coalesced
+// by read_run). Answers on other paths, or to later requests (a re-request
+// of an older PSN), prove nothing and are skipped; what this misses (the
+// last answer before a pause, a hole far behind on a sprayed QP) is found
+// by its timer.
+//
+// The scan stops at an answered PSN of the same path sent no later (the
+// holes before it were looked for when it arrived), and after two READ
+// chunks' worth of PSNs, so that a sprayed QP pays a bounded cost for the
+// first answer of each request and about one step for the others.
+void EngineCore::comp_read_gaps(QpImpl& qp, uint32_t psn) {
+  const PktRec& q = qp.rec(psn);
+  auto evidence = [&](const PktRec& h) {
+    return h.kind == PktKind::READ && h.path == q.path && h.sent_ns <= q.sent_ns;
+  };
+  // Back to where to look from, then forward: the resends queue oldest
+  // first, so that read_run can ask for neighbours in one request.
+  uint32_t lo = psn;
+  for (uint32_t steps = 2 * cfg_.read_chunk_pkts; lo != qp.snd_una && steps > 0; steps--) {
+    const PktRec& h = qp.rec(lo - 1);
+    if (evidence(h) && h.acked) break;
+    lo--;
+  }
+  for (uint32_t x = lo; x != psn; x++) {
+    PktRec& h = qp.rec(x);
+    if (!evidence(h) || h.acked || h.lost || qp.sq_at(h.wqe).done) continue;
+    lose_for_resend(qp, x);
+    stats_.read_gap_losses++;
+  }
+}
+
+// The same for the READ re-requests in flight (QpImpl::read_reruns), which
+// ask for PSNs far behind the newest ones and so lie beyond that scan: an
+// answer to a request sent later over the same path shows that a re-request
+// still unanswered, request or answer, was lost.
+void EngineCore::comp_read_reruns(QpImpl& qp, uint32_t psn) {
+  const PktRec& q = qp.rec(psn);
+  for (auto it = qp.read_reruns.begin(); it != qp.read_reruns.end();) {
+    if (it->path != q.path || it->sent_ns >= q.sent_ns) {
+      ++it;
+      continue;
+    }
+    for (uint32_t x = it->psn; x != it->psn + it->n; x++) {
+      if (!in_window(qp, x)) continue;
+      PktRec& h = qp.rec(x);
+      if (h.kind != PktKind::READ || h.sent_ns != it->sent_ns || h.acked || h.lost || qp.sq_at(h.wqe).done)
+        continue;
+      lose_for_resend(qp, x);
+      stats_.read_gap_losses++;
+    }
+    it = qp.read_reruns.erase(it);
+  }
+}
+
+// PSN psn is lost (found without its timer): out of flight, queued for its
+// resend, its timer void (the resend arms a new one).
+void EngineCore::lose_for_resend(QpImpl& qp, uint32_t psn) {
+  PktRec& h = qp.rec(psn);
+  h.lost = true;
+  h.tx_seq++;
+  qp.inflight -= std::min<uint64_t>(qp.inflight, h.len);
+  qp.resend.push_back(psn);
 }
 
 void EngineCore::comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now) {

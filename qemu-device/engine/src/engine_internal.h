@@ -58,6 +58,7 @@ struct SendWqe {
   bool done = false;
   WcStatus status = WcStatus::SUCCESS;
   uint32_t first_psn = 0;
+  uint32_t read_fence = 0;  // READ: the PSN after the last other request before it
   uint32_t npkts = 0;      // PSNs this WQE uses
   uint32_t pkts_sent = 0;  // PSNs given a first transmission
   uint32_t pkts_done = 0;  // PSNs acknowledged (or answered, for READ/atomic)
@@ -93,7 +94,15 @@ struct PktRec {
   PktKind kind = PktKind::DATA;
   bool acked = false;
   bool lost = false;  // timed out, waiting in QpImpl::resend for room in the window
+  // In the first PSN of a request's latest transmission: how many PSNs it
+  // asked for (a READ run); 0 in the others. Requests sent in one pass
+  // share sent_ns, so a run is not told apart by its time.
+  uint16_t run = 0;
   uint64_t sent_ns = 0;
+  // The responder said it holds this request (Syndrome::HELD) at this
+  // time: its answer waits for an earlier PSN, not for the network, and
+  // its timer counts from here (req_timers).
+  uint64_t held_ns = 0;
 };
 
 struct RetxTimer {
@@ -177,6 +186,7 @@ class QpImpl final : public Qp {
 
   uint32_t snd_una = 0;  // oldest PSN not acknowledged
   uint32_t snd_nxt = 0;  // next new PSN
+  uint32_t read_fence = 0;  // the PSN after the last request that is not a READ
   std::vector<PktRec> recs;  // window-sized ring
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
   uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
@@ -197,6 +207,16 @@ class QpImpl final : public Qp {
   // data does (after a burst of losses, resending all of them at once
   // would overflow the queue that dropped them again).
   std::deque<uint32_t> resend;
+  // READ re-requests in flight, oldest first (comp_read_reruns): an
+  // answer to a later request over the same path shows what of them was
+  // lost again. At most kMaxReadReruns; the timer finds the rest.
+  struct ReadRerun {
+    uint32_t psn, n;
+    uint16_t path;
+    uint64_t sent_ns;
+  };
+  static constexpr size_t kMaxReadReruns = 64;
+  std::deque<ReadRerun> read_reruns;
   PathSelector paths{PathAlgo::OBS, 1, 1};
 
   // ---- receive queue (responder) ----
@@ -370,7 +390,10 @@ class EngineCore {
   bool resp_uc_place(QpImpl& qp, const wire::Packet& p);
   void resp_uc_drop(QpImpl& qp);
   void resp_data(QpImpl& qp, const wire::Packet& p);
-  bool resp_read(QpImpl& qp, const wire::Packet& p);
+  // first: an execution, not a re-request (resp_reread), so it is kept
+  // for re-requests (QpImpl::reads_done).
+  bool resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32_t held_us = 0);
+  bool resp_read_early(QpImpl& qp, const wire::Packet& p, uint32_t held_us = 0);
   size_t qp_footprint(const QpInitAttr& init) const;
   void resp_reread(QpImpl& qp, const wire::Packet& p);
   bool resp_error_now(QpImpl& qp, uint32_t psn);
@@ -382,10 +405,15 @@ class EngineCore {
   void resp_complete_recvs(QpImpl& qp);
   void resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local);
   void send_ack(QpImpl& qp);
+  void send_held(QpImpl& qp, const wire::Packet& p);
   // completer.cc
   void comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now);
   // READ data flows to the requester: its CE marks are this QP's own signal.
   void comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now, bool ce);
+  void comp_read_gaps(QpImpl& qp, uint32_t psn);
+  void comp_read_reruns(QpImpl& qp, uint32_t psn);
+  void lose_for_resend(QpImpl& qp, uint32_t psn);
+  void comp_held(QpImpl& qp, const wire::AckExt& a, uint64_t now);
   void comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now);
   void comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t echo_us, uint64_t& acked_bytes);
   void comp_fail_wqe(QpImpl& qp, uint64_t wqe, WcStatus st);

@@ -375,6 +375,7 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
 // Requester side of the connection, set up on RTR->RTS.
 void EngineCore::init_transport(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
+  qp.read_fence = qp.attr.sq_psn;
   qp.cum_seen = qp.attr.sq_psn;  // no ACK of this connection seen yet
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
@@ -382,6 +383,7 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.srtt = qp.rttvar = 0;
   qp.cc.reset(cfg_.cc, qp.seg);
   qp.resend.clear();
+  qp.read_reruns.clear();
   qp.backoff = 0;
 }
 
@@ -406,6 +408,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   // of this one (issue 13: a stale cum_seen left the new connection's WQEs
   // uncompleted).
   qp.snd_una = qp.snd_nxt = 0;
+  qp.read_fence = 0;
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
   qp.last_progress_ns = 0;
@@ -415,6 +418,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.srtt = qp.rttvar = 0;
   qp.cc = CongestionControl{};
   qp.resend.clear();
+  qp.read_reruns.clear();
   qp.backoff = 0;
   qp.paths = PathSelector{PathAlgo::OBS, 1, 1};
   qp.seg = 4096;

@@ -79,6 +79,10 @@ bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
   else
     w.npkts = std::max<uint32_t>(1, uint32_t((w.len + w.seg - 1) / w.seg));
   w.first_psn = qp.snd_nxt;
+  // A READ may be answered ahead of earlier READs, never ahead of anything
+  // else (ReadReqExt::reads_before).
+  if (w.op == WrOpcode::RDMA_READ) w.read_fence = qp.read_fence;
+  else if (!is_local_op(w.op)) qp.read_fence = w.first_psn + w.npkts;
   if (w.op == WrOpcode::SEND || w.op == WrOpcode::SEND_WITH_IMM || w.op == WrOpcode::SEND_WITH_INV ||
       w.op == WrOpcode::RDMA_WRITE_WITH_IMM)
     w.rsn = qp.next_rsn++;
@@ -225,7 +229,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   b.src_qpn = qp.qpn_;
   b.psn = psn;
   b.path = path;
-  b.ts = now_us();
+  b.ts = uint32_t(now / 1000);  // as sent_ns below: an answer names its request by it
   b.flags = retx ? wire::F_RETX : 0;
   uint8_t hdr[wire::kMaxHeaderLen];
   size_t hlen = 0;
@@ -265,6 +269,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
       e.len = total;
       e.msg_off = r.off;
       e.seg = uint16_t(w.seg);
+      e.reads_before = uint16_t(std::min<uint32_t>(psn - w.read_fence, UINT16_MAX));
       hlen = wire::encode(b, e, hdr);
       break;
     }
@@ -282,12 +287,18 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   }
   for (uint32_t k = 0; k < npsn; k++) {
     PktRec& x = qp.rec(psn + k);
+    x.run = k == 0 ? uint16_t(npsn) : 0;
     x.tx_seq++;
     x.path = path;
     x.sent_ns = now;
+    x.held_ns = 0;
     qp.timers.push({now + rto(qp, x.retries), psn + k, x.tx_seq, false});
   }
   xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
+  if (retx && r.kind == PktKind::READ) {
+    if (qp.read_reruns.size() == QpImpl::kMaxReadReruns) qp.read_reruns.pop_front();
+    qp.read_reruns.push_back({psn, npsn, path, now});
+  }
   if (probe < qp.paths.num_paths()) {
     b.path = probe;
     hlen = wire::encode(b, de, hdr);
@@ -384,7 +395,11 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     // packet sent before the RTT estimate grew (an initial burst, a queue
     // building up) gets the current, larger timeout.
     if (!t.rnr) {
-      uint64_t due = r.sent_ns + rto(qp, r.retries);
+      // A request the responder holds is answered once the PSN it waits
+      // for is repaired (that resend's round trip), and then as any other:
+      // two RTOs from the notice.
+      const uint64_t t_rto = rto(qp, r.retries);
+      uint64_t due = std::max(r.sent_ns + t_rto, r.held_ns ? r.held_ns + 2 * t_rto : 0);
       if (due > now) {
         qp.timers.push({due, t.psn, t.tx_seq, false});
         continue;

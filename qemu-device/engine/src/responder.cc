@@ -86,14 +86,18 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
         return;
       }
       if (d == 0) {
-        bool ok = is_read ? resp_read(qp, p) : resp_atomic(qp, p);
+        bool ok = is_read ? resp_read(qp, p, true) : resp_atomic(qp, p);
         if (!ok) return;
         uint32_t n = is_read ? std::max<uint32_t>(1, (p.rreq.len + p.rreq.seg - 1) / p.rreq.seg) : 1;
         resp_mark(qp, psn, n);
         resp_advance(qp);
         return;
       }
-      // Earlier PSNs still missing: hold the request until they arrive.
+      if (is_read && resp_read_early(qp, p)) return;
+      // Earlier PSNs still missing: hold the request until they arrive,
+      // and say so: on its path, the request for epsn went first, so it
+      // is likely lost, and the requester need not wait for a timeout.
+      send_held(qp, p);
       for (auto& q : qp.pending_rd)
         if (q.base.psn == psn) return;
       if (qp.pending_rd.size() >= kMaxPendingReads) {
@@ -146,18 +150,40 @@ void EngineCore::resp_advance(QpImpl& qp) {
     if (it == qp.pending_rd.end()) break;
     wire::Packet q = *it;
     qp.pending_rd.erase(it);
-    // The answer's echoed timestamp leaves out the time it was held here:
-    // the requester's RTT sample is then the network's, not the wait for
-    // a lost earlier PSN (which would inflate its RTO at every loss, and
-    // the next wait with it).
-    q.base.ts += now_us() - q.held_since_us;
+    // The requester's RTT sample must leave out the time the request was
+    // held here: it is the network's, not the wait for a lost earlier PSN
+    // (which would inflate its RTO at every loss, and the next wait with
+    // it). A READ answer says how long (ReadRespExt::held_us); an atomic
+    // answer's echoed timestamp is moved on by as much.
+    const uint32_t held_us = now_us() - q.held_since_us;
     bool is_read = q.base.op == wire::Op::READ_REQ;
-    bool ok = is_read ? resp_read(qp, q) : resp_atomic(qp, q);
+    if (!is_read) q.base.ts += held_us;
+    bool ok = is_read ? resp_read(qp, q, true, held_us) : resp_atomic(qp, q);
     if (!ok) return;
     uint32_t n = is_read ? std::max<uint32_t>(1, (q.rreq.len + q.rreq.seg - 1) / q.rreq.seg) : 1;
     resp_mark(qp, q.base.psn, n);
   }
-  if (qp.epsn != start) resp_complete_recvs(qp);
+  if (qp.epsn == start) return;
+  // Held READs that the new epsn lets go ahead of the gap.
+  for (size_t i = 0; i < qp.pending_rd.size();) {
+    const wire::Packet q = qp.pending_rd[i];
+    if (q.base.op == wire::Op::READ_REQ && resp_read_early(qp, q, now_us() - q.held_since_us)) {
+      qp.pending_rd.erase(qp.pending_rd.begin() + ptrdiff_t(i));
+    } else {
+      i++;
+    }
+  }
+  // Stopped at a new gap with requests still held: the newest of them
+  // tells the requester which PSN it now waits for, as when it arrived
+  // (send_held); with the window full, no new request would.
+  if (!qp.pending_rd.empty()) {
+    auto newest = std::max_element(qp.pending_rd.begin(), qp.pending_rd.end(),
+                                   [](const wire::Packet& x, const wire::Packet& y) {
+                                     return seq_lt(x.base.psn, y.base.psn);
+                                   });
+    send_held(qp, *newest);
+  }
+  resp_complete_recvs(qp);
 }
 
 void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
@@ -359,7 +385,7 @@ void EngineCore::resp_uc_drop(QpImpl& qp) {
   qp.uc_in_msg = false;
 }
 
-bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
+bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32_t held_us) {
   const wire::ReadReqExt& e = p.rreq;
   const uint32_t psn = p.base.psn;
   if (e.seg == 0 || e.len > DeviceLimits::kMaxMsgSize ||
@@ -375,14 +401,18 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
   }
   uint32_t n = std::max<uint32_t>(1, (e.len + e.seg - 1) / e.seg);
   const uint16_t path = reply_path(qp, p.base.path);
-  if (psn == qp.epsn) {  // a first execution (a reread names an older PSN)
+  if (first) {  // not a re-request (resp_reread)
     // Keep what a requester may still ask again: READs whose PSNs are
-    // within one window behind epsn.
+    // within one window behind epsn (or ahead of it: resp_read_early),
+    // in PSN order.
     while (!qp.reads_done.empty() &&
+           seq_lt(qp.reads_done.front().psn + qp.reads_done.front().npsn, qp.epsn) &&
            qp.epsn - (qp.reads_done.front().psn + qp.reads_done.front().npsn) > qp.window())
       qp.reads_done.pop_front();
-    qp.reads_done.push_back({psn, n, e.va, e.rkey, e.len, e.msg_off, e.seg});
-  }
+    auto at = std::upper_bound(qp.reads_done.begin(), qp.reads_done.end(), psn,
+                               [](uint32_t x, const QpImpl::ReadDone& r) { return seq_lt(x, r.psn); });
+    qp.reads_done.insert(at, {psn, n, e.va, e.rkey, e.len, e.msg_off, e.seg});
+    }
   for (uint32_t k = 0; k < n; k++) {
     uint64_t off = uint64_t(k) * e.seg;
     uint32_t l = uint32_t(std::min<uint64_t>(e.seg, e.len - off));
@@ -411,10 +441,29 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
     if (k + 1 == n) b.flags |= wire::F_LAST;
     wire::ReadRespExt x;
     x.msg_off = uint32_t(e.msg_off + off);
+    x.held_us = held_us;
     uint8_t hdr[wire::kMaxHeaderLen];
     size_t hl = wire::encode(b, x, hdr);
     xmit(qp, b.path, hdr, hl, spans, ns, l, false);
   }
+  return true;
+}
+
+// A READ whose missing earlier PSNs are all READs (ReadReqExt::reads_before)
+// is answered now instead of held: a READ changes nothing another READ
+// sees, so the order among READs is not observable, and a lost READ
+// request then delays its own answer only, not every READ after it. Its
+// PSNs are marked arrived, so epsn passes them once the gap is filled, and
+// it is kept for re-requests as the READs answered in order are.
+bool EngineCore::resp_read_early(QpImpl& qp, const wire::Packet& p, uint32_t held_us) {
+  const wire::ReadReqExt& e = p.rreq;
+  const uint32_t d = p.base.psn - qp.epsn;
+  if (e.seg == 0 || d > e.reads_before) return false;
+  const uint64_t n = std::max<uint64_t>(1, (uint64_t(e.len) + e.seg - 1) / e.seg);
+  if (d + n > qp.window()) return false;  // its PSNs must fit the receive bitmap
+  if (!resp_read(qp, p, true, held_us)) return false;  // an error waits for its turn (resp_error_now)
+  resp_mark(qp, p.base.psn, uint32_t(n));
+  stats_.early_reads++;
   return true;
 }
 
@@ -425,12 +474,21 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p) {
 void EngineCore::resp_reread(QpImpl& qp, const wire::Packet& p) {
   const wire::ReadReqExt& e = p.rreq;
   const uint32_t psn = p.base.psn;
-  // The last READ that starts at or before psn (the deque is in PSN order).
+  // The nearest READ that starts at or before psn and covers it (the deque
+  // is in PSN order; READs answered ahead of a gap can overlap a later
+  // answer of a longer request over the same PSNs).
   auto it = std::upper_bound(qp.reads_done.begin(), qp.reads_done.end(), psn,
                              [&](uint32_t x, const QpImpl::ReadDone& r) { return seq_lt(x, r.psn); });
-  bool ok = it != qp.reads_done.begin();
-  if (ok) {
+  bool ok = false;
+  while (it != qp.reads_done.begin()) {
     --it;
+    if (psn - it->psn >= qp.window()) break;
+    if (psn - it->psn < it->npsn) {
+      ok = true;
+      break;
+    }
+  }
+  if (ok) {
     const uint32_t k = psn - it->psn;
     const uint64_t skip = uint64_t(k) * it->seg;
     ok = k < it->npsn && e.seg == it->seg && e.rkey == it->rkey && skip <= it->len &&
@@ -454,7 +512,7 @@ void EngineCore::resp_reread(QpImpl& qp, const wire::Packet& p) {
       wire::Packet q = p;
       q.rreq.len = uint32_t(covered);
       stats_.dup_pkts++;
-      resp_read(qp, q);
+      resp_read(qp, q, false);
       return;
     }
   }
@@ -463,7 +521,7 @@ void EngineCore::resp_reread(QpImpl& qp, const wire::Packet& p) {
     return;
   }
   stats_.dup_pkts++;
-  resp_read(qp, p);
+  resp_read(qp, p, false);
 }
 
 bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
@@ -582,6 +640,28 @@ void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus l
 
 // Cumulative PSN plus a SACK bitmap over the PSNs that arrived since the last
 // ACK (several ACK packets if they span more than one bitmap).
+// The HELD notice for request p (Syndrome::HELD): a lone ACK, with no SACK
+// and no data counts, so that it does not feed the congestion window.
+void EngineCore::send_held(QpImpl& qp, const wire::Packet& p) {
+  wire::AckExt a;
+  a.cum_psn = qp.epsn;
+  a.syndrome = wire::Syndrome::HELD;
+  a.nak_psn = p.base.psn;
+  a.echo_ts = p.base.ts;
+  a.echo_path = p.base.path;
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = qp.epsn;
+  b.path = reply_path(qp, p.base.path);
+  b.ts = now_us();
+  uint8_t hdr[wire::kMaxHeaderLen];
+  const size_t hl = wire::encode(b, a, hdr);
+  xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+  stats_.held_notices_sent++;
+}
+
 void EngineCore::send_ack(QpImpl& qp) {
   if (!qp.ack_pending) return;
   const uint32_t W = qp.window();

@@ -65,12 +65,12 @@ size_t encode(const Base& b, const DataExt& e, uint8_t* out) {
 }
 size_t encode(const Base& b, const ReadReqExt& e, uint8_t* out) {
   Writer w{put_base(b, out)};
-  w.u64(e.va); w.u32(e.rkey); w.u32(e.len); w.u32(e.msg_off); w.u16(e.seg); w.u16(0);
+  w.u64(e.va); w.u32(e.rkey); w.u32(e.len); w.u32(e.msg_off); w.u16(e.seg); w.u16(e.reads_before);
   return size_t(w.p - out);
 }
 size_t encode(const Base& b, const ReadRespExt& e, uint8_t* out) {
   Writer w{put_base(b, out)};
-  w.u32(e.msg_off); w.u32(0);
+  w.u32(e.msg_off); w.u32(e.held_us);
   return size_t(w.p - out);
 }
 size_t encode(const Base& b, const AtomicExt& e, uint8_t* out) {
@@ -133,10 +133,10 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
     case Op::READ_REQ: {
       ReadReqExt& e = out.rreq;
       e.va = r.u64(); e.rkey = r.u32(); e.len = r.u32(); e.msg_off = r.u32(); e.seg = r.u16();
-      e.rsvd = r.u16();
+      e.reads_before = r.u16();
       break;
     }
-    case Op::READ_RESP: out.rresp.msg_off = r.u32(); out.rresp.rsvd = r.u32(); break;
+    case Op::READ_RESP: out.rresp.msg_off = r.u32(); out.rresp.held_us = r.u32(); break;
     case Op::CMP_SWAP: case Op::FETCH_ADD: {
       AtomicExt& e = out.atomic;
       e.va = r.u64(); e.rkey = r.u32(); e.rsvd = r.u32(); e.swap_add = r.u64(); e.compare = r.u64();
@@ -157,7 +157,7 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
       uint8_t syn = r.u8();
       e.ce_count = r.u16(); e.echo_ts = r.u32(); e.echo_path = r.u16(); e.rx_count = r.u16();
       e.nak_psn = r.u32(); e.rnr_us = r.u32();
-      if (syn > uint8_t(Syndrome::NAK_REM_OP)) return ParseError::BAD_OPCODE;
+      if (syn > uint8_t(Syndrome::HELD)) return ParseError::BAD_OPCODE;
       e.syndrome = Syndrome(syn);
       if (e.sack_words > kMaxSackWords) return ParseError::BAD_LENGTH;
       hl += 8u * e.sack_words;

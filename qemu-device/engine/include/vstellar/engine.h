@@ -107,6 +107,14 @@ struct EngineStats {
   // Timeouts of packets that were not lost: answered for a transmission
   // older than their resend (a late ACK or response).
   uint64_t spurious_timeouts = 0;
+  // READ responses found lost without a timeout: a later answer came back
+  // on the same path (EngineCore::comp_read_gaps).
+  uint64_t read_gap_losses = 0;
+  // Requests found lost because the responder said it holds a later one
+  // from the same path (Syndrome::HELD): sent, and acted on.
+  uint64_t held_notices_sent = 0, held_resends = 0;
+  // READs answered ahead of a missing earlier READ (resp_read_early).
+  uint64_t early_reads = 0;
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
   uint64_t path_probes = 0;      // copies of data packets sent to probe a path set aside
   uint64_t acks_sent = 0, acks_rcvd = 0, naks_sent = 0, naks_rcvd = 0, rnr_naks_sent = 0;

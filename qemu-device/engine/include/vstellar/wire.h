@@ -51,6 +51,10 @@ enum class Syndrome : uint8_t {
   NAK_INV_REQ = 2,     // invalid request (bad opcode, length, alignment)
   NAK_REM_ACCESS = 3,  // bad rkey, bounds, or access flags
   NAK_REM_OP = 4,      // responder-side local error
+  // Not a NAK: a READ or atomic request at nak_psn (sent at echo_ts over
+  // echo_path) arrived and waits for cum_psn, which has not. The requester
+  // uses it to find a lost request without a timeout (comp_held).
+  HELD = 5,
 };
 
 struct Base {
@@ -81,12 +85,19 @@ struct ReadReqExt {  // 24 bytes. Asks for [va, va+len) as ceil(len/seg) respons
   uint32_t len = 0;
   uint32_t msg_off = 0;  // offset of va within the requester's message (echoed back)
   uint16_t seg = 0;      // payload bytes per response packet
-  uint16_t rsvd = 0;
+  // How many PSNs before psn belong to READs, back to the requester's last
+  // other request (saturated): the responder may answer this READ as soon
+  // as every request before those has arrived, even if some of those
+  // READs have not (a READ changes nothing another READ sees). 0: in order.
+  uint16_t reads_before = 0;
 };
 
 struct ReadRespExt {  // 8 bytes
   uint32_t msg_off = 0;
-  uint32_t rsvd = 0;
+  // How long the responder held the request, waiting for an earlier PSN;
+  // the base ts echoes the request's own, so that the requester knows
+  // which transmission it answers.
+  uint32_t held_us = 0;
 };
 
 struct AtomicExt {  // 32 bytes
