@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.join(TOP, "tools"))
 
 import vstellar_guest  # noqa: E402,F401
 import vstellar_perftest  # noqa: E402,F401
+import vstellar_ulp  # noqa: E402,F401
 
 # The end of a guest script that used kernel RDMA users: how many kernel
 # warnings, BUGs and oopses the run left in dmesg, as "kernel-splats N".

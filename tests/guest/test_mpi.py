@@ -20,9 +20,9 @@ import json
 import unittest
 
 from guestlib import vstellar_guest as vg
+from guestlib import vstellar_ulp as ulp
 
-MPIRUN = ("mpirun -np 2 --host $VSTELLAR_SELF_IP,$VSTELLAR_PEER_IP "
-          "--mca pml ucx --mca btl self -x UCX_NET_DEVICES=vstellar0:1")
+MPIRUN = ulp.MPIRUN  # the settings, and why: tools/vstellar_ulp.py
 BENCH = "allreduce_bench -b 8 -e 64M -n 3 -w 1 -J /tmp/allreduce.json"
 
 HEAD = f"""\

@@ -27,57 +27,17 @@ import unittest
 
 import guestlib
 from guestlib import vstellar_perftest as pt
+from guestlib import vstellar_ulp as ulp
 
-NQN = "nqn.2026-12.org.vstellar:nvme"
+NQN = ulp.NQN
 MIB = 16
-# Target helpers: `nvmet_up ADDR PORT` exports /dev/nullb0 as NQN on
-# ADDR:PORT over RDMA, nvmet_down takes it down again (the kernel refuses
-# to drop a port or subsystem that is still linked, so the order matters).
 # Each round uses a port of its own, so that a host can never reach the
 # previous round's target.
-NVMET = f"""\
-nvmet_up() {{
-  c=/sys/kernel/config/nvmet
-  grep -q ' /sys/kernel/config ' /proc/mounts || mount -t configfs configfs /sys/kernel/config
-  mkdir -p $c/subsystems/{NQN}/namespaces/1 $c/ports/1 || return 1
-  echo 1 > $c/subsystems/{NQN}/attr_allow_any_host
-  echo /dev/nullb0 > $c/subsystems/{NQN}/namespaces/1/device_path
-  echo 1 > $c/subsystems/{NQN}/namespaces/1/enable || return 1
-  echo rdma > $c/ports/1/addr_trtype
-  echo ipv4 > $c/ports/1/addr_adrfam
-  echo "$1" > $c/ports/1/addr_traddr
-  echo "$2" > $c/ports/1/addr_trsvcid
-  ln -s $c/subsystems/{NQN} $c/ports/1/subsystems/{NQN} || return 1
-}}
-nvmet_down() {{
-  c=/sys/kernel/config/nvmet
-  rm -f $c/ports/1/subsystems/{NQN}
-  rmdir $c/ports/1
-  echo 0 > $c/subsystems/{NQN}/namespaces/1/enable
-  rmdir $c/subsystems/{NQN}/namespaces/1 $c/subsystems/{NQN}
-}}
-"""
-# Host helpers: connect (retried while the target does not listen yet),
-# wait for the namespace, write and read back, disconnect.
-NVME_HOST = f"""\
+NVMET = ulp.NVMET
+# Host helpers: attach, write and read back, disconnect.
+NVME_HOST = ulp.NVME_ATTACH + f"""\
 nvme_round() {{
-  i=0
-  until nvme connect -t rdma -a "$1" -s "$2" -n {NQN} > /tmp/connect.out 2>&1; do
-    i=$((i + 1)); [ $i -lt 60 ] || {{ cat /tmp/connect.out; return 1; }}
-    sleep 1
-  done
-  cat /tmp/connect.out
-  dev=
-  i=0
-  while [ -z "$dev" ]; do
-    for d in /sys/class/nvme/nvme*; do
-      [ "$(cat $d/subsysnqn 2>/dev/null)" = "{NQN}" ] && [ "$(cat $d/transport)" = rdma ] &&
-        [ -b /dev/${{d##*/}}n1 ] && dev=/dev/${{d##*/}}n1
-    done
-    i=$((i + 1)); [ -n "$dev" ] || [ $i -lt 100 ] || {{ echo "no namespace"; return 1; }}
-    [ -n "$dev" ] || sleep 0.1
-  done
-  echo "namespace $dev"
+  nvme_attach "$1" "$2" || return 1
   nvme list
   echo "rc-qps $(rdma resource show qp | grep -c 'type RC')"
   dd if=/tmp/pattern of=$dev bs=1M count={MIB} oflag=direct 2>/dev/null || return 1
@@ -102,8 +62,7 @@ trap 'rc=$?; [ $rc = 0 ] || { echo "== dmesg"; dmesg | tail -n 80; }; exit $rc' 
 
 TARGET = pt.VSTELLAR_SETUP + NVMET + DMESG_ON_FAILURE + f"""\
 set -e
-modprobe null_blk nr_devices=1 gb=1 memory_backed=1
-modprobe nvmet
+{ulp.NULL_BLK}modprobe nvmet
 modprobe nvmet-rdma
 for round in 1 2; do
   echo "== target $round"
@@ -138,8 +97,7 @@ for round in 1 2; do
   tell $VSTELLAR_PEER_IP 500$round
 done
 echo "== loopback"
-modprobe null_blk nr_devices=1 gb=1 memory_backed=1
-modprobe nvmet
+{ulp.NULL_BLK}modprobe nvmet
 modprobe nvmet-rdma
 nvmet_up $VSTELLAR_SELF_IP 4423
 nvme_round $VSTELLAR_SELF_IP 4423

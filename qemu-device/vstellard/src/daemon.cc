@@ -858,6 +858,7 @@ std::string Daemon::StatsJson() {
     e.stalled_qps += s.stalled_qps;
     e.spurious_timeouts += s.spurious_timeouts;
     e.read_gap_losses += s.read_gap_losses;
+    e.paths_set_aside += s.paths_set_aside;
     e.held_notices_sent += s.held_notices_sent;
     e.held_resends += s.held_resends;
     e.early_reads += s.early_reads;
@@ -911,14 +912,15 @@ std::string Daemon::StatsJson() {
                   ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
                   "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
                   "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"spurious_timeouts\":%llu,"
-                  "\"read_gap_losses\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,\"early_reads\":%llu,"
+                  "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,\"early_reads\":%llu,"
                   "\"path_tx_pkts\":[",
                   (unsigned long long)e.tx_pkts, (unsigned long long)e.rx_pkts, (unsigned long long)e.tx_bytes,
                   (unsigned long long)e.rx_bytes, (unsigned long long)e.retx_pkts, (unsigned long long)e.timeouts,
                   (unsigned long long)e.acks_sent, (unsigned long long)e.ce_marks, (unsigned long long)e.ud_sent,
                   (unsigned long long)e.ud_rcvd, (unsigned long long)e.ud_drops,
                   (unsigned long long)e.stalled_qps, (unsigned long long)e.spurious_timeouts,
-                  (unsigned long long)e.read_gap_losses, (unsigned long long)e.held_notices_sent,
+                  (unsigned long long)e.paths_set_aside, (unsigned long long)e.read_gap_losses,
+                  (unsigned long long)e.held_notices_sent,
                   (unsigned long long)e.held_resends, (unsigned long long)e.early_reads);
     out += b;
     for (size_t i = 0; i < e.paths.size(); i++) {
