@@ -383,6 +383,7 @@ class DataPath : public ::testing::Test {
   std::string dir_, sock_;
   std::unique_ptr<Daemon> d_;
   std::thread t_;
+  std::promise<void> release_;  // TearDown lets the daemon's thread destroy it
   std::unique_ptr<Frontend> fa_, fb_;
   std::unique_ptr<Guest> a_, b_;
   unsigned threads_ = 1;  // DaemonOptions::threads
@@ -393,11 +394,13 @@ class DataPath : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     sock_ = dir_ + "/s";
-    // The UDP link's io_uring is single-issuer: Start() and Run() on the
-    // daemon's own thread.
+    // The UDP link's io_uring is single-issuer: Start(), Run() and the
+    // destructor (which cancels the ring's receive) on the daemon's own
+    // thread.
     std::promise<std::string> started;
     auto fut = started.get_future();
-    t_ = std::thread([&, poll_us, before, tune] {
+    release_ = std::promise<void>();
+    t_ = std::thread([&, poll_us, before, tune, released = release_.get_future()] {
       std::string err;
       for (int attempt = 0; attempt < 20; attempt++) {
         DaemonOptions o;
@@ -416,7 +419,10 @@ class DataPath : public ::testing::Test {
       }
       Daemon* d = d_.get();
       started.set_value(d ? "" : err);
-      if (d) d->Run();
+      if (!d) return;
+      d->Run();
+      released.wait();
+      d_.reset();
     });
     const std::string err = fut.get();
     if (!d_) t_.join();
@@ -442,8 +448,8 @@ class DataPath : public ::testing::Test {
   void TearDown() override {
     if (d_) {
       d_->Stop();
+      release_.set_value();
       t_.join();
-      d_.reset();
     }
     a_.reset();
     b_.reset();
@@ -1278,14 +1284,22 @@ TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
   ob.udp_port = pb;
   ob.peer_port = pa;
   ob.paths = 4;
-  Daemon b(ob);
+  auto bp = std::make_unique<Daemon>(ob);
+  Daemon& b = *bp;
   std::promise<std::string> started;
   auto fut = started.get_future();
-  std::thread tb([&] {  // Start() and Run() on the daemon's own thread
+  std::promise<void> release;
+  std::thread tb([&, released = release.get_future()] {
+    // Start(), Run() and the destructor on the daemon's own thread (its
+    // io_uring is single-issuer).
     std::string err;
     const bool ok = b.Start(&err);
     started.set_value(ok ? "" : err);
-    if (ok) b.Run();
+    if (ok) {
+      b.Run();
+      released.wait();
+    }
+    bp.reset();
   });
   const std::string err = fut.get();
   if (!err.empty()) {
@@ -1335,6 +1349,7 @@ TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
   gs.clear();
   fs.clear();
   b.Stop();
+  release.set_value();
   tb.join();
   unlink(ob.socket.c_str());
 }

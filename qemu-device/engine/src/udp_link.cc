@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -202,7 +203,10 @@ UdpLink::~UdpLink() {
         io_uring_prep_cancel64(s, tag, 0);
         io_uring_sqe_set_data64(s, 3ull << 32);
       }
-      io_uring_submit(&ring_);
+      // The ring is single-issuer: only its own thread may submit, and a
+      // receive left armed would write into the buffers freed below.
+      if (io_uring_submit(&ring_) == -EEXIST)
+        std::fprintf(stderr, "vstellar: UdpLink destroyed off its ring's thread: its receive stays armed\n");
       uint64_t deadline_loops = 100;
       while ((rx_armed_ || mc_armed()) && deadline_loops--) {
         __kernel_timespec ts{0, 1'000'000};
