@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		4
+#define VSTELLAR_ABI_MINOR		5
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -201,7 +201,11 @@ struct virtio_vstellar_config {
 	__le32 db_region_id;		/* minor 4, frontend to backend
 					 * only (SET_CONFIG): names this
 					 * device's doorbell memfd; reads 0 */
-	__le32 reserved;
+	__le16 max_mcast_grp;		/* minor 5, F_MCAST: groups one device
+					 * may join; 0 (minor < 5):
+					 * VSTELLAR_MAX_MCAST_GRP */
+	__le16 max_mcast_qp_attach;	/* minor 5: QPs per group; 0:
+					 * VSTELLAR_MAX_MCAST_QP_ATTACH */
 };
 VSTELLAR_ABI_SIZE(virtio_vstellar_config, 128);
 VSTELLAR_ABI_OFFSET(virtio_vstellar_config, node_guid, 16);
@@ -903,8 +907,10 @@ VSTELLAR_ABI_SIZE(vstellar_resp_alloc_mw, 8);
  * 224.0.0.0/4 (what rdma_cm makes for an IPv4 multicast address);
  * anything else is BAD_FIELD, as is a QP that is not UD (GSI included).
  * Attaching a QP twice is OK; detaching one that is not attached is
- * BAD_FIELD. A device supports VSTELLAR_MAX_MCAST_GRP groups and
- * VSTELLAR_MAX_MCAST_QP_ATTACH QPs per group (LIMIT beyond). A UD send
+ * BAD_FIELD. A device supports config.max_mcast_grp groups and
+ * config.max_mcast_qp_attach QPs per group (LIMIT beyond; at most
+ * VSTELLAR_MAX_MCAST_GRP and VSTELLAR_MAX_MCAST_QP_ATTACH, which a
+ * device of minor < 5 supports). A UD send
  * WQE whose av.dgid is such a group goes to every QP attached to it, on
  * this device and any other the fabric reaches (docs/transport.md), whose
  * Q_Key matches; remote_qpn is not looked at.

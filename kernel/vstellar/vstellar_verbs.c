@@ -75,10 +75,14 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 		props->max_srq_sge = le32_to_cpu(a->max_srq_sge);
 	}
 	if (dev->features & BIT(VIRTIO_VSTELLAR_F_MCAST)) {
-		props->max_mcast_grp = VSTELLAR_MAX_MCAST_GRP;
-		props->max_mcast_qp_attach = VSTELLAR_MAX_MCAST_QP_ATTACH;
+		/* minor 5 says what the device allows; before, the maxima */
+		props->max_mcast_grp = le16_to_cpu(dev->cfg.max_mcast_grp) ?:
+				       VSTELLAR_MAX_MCAST_GRP;
+		props->max_mcast_qp_attach =
+			le16_to_cpu(dev->cfg.max_mcast_qp_attach) ?:
+			VSTELLAR_MAX_MCAST_QP_ATTACH;
 		props->max_total_mcast_qp_attach =
-			VSTELLAR_MAX_MCAST_GRP * VSTELLAR_MAX_MCAST_QP_ATTACH;
+			props->max_mcast_grp * props->max_mcast_qp_attach;
 	}
 	props->atomic_cap = dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC) ?
 			    IB_ATOMIC_HCA : IB_ATOMIC_NONE;

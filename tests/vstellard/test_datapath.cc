@@ -2227,6 +2227,18 @@ TEST_F(DataPath, MulticastIsQuotedPerDevice) {
     o.mcast_qps_per_group = 3;
   });
   TwoGuests();
+  // The device says so in its config space (what ibv_devinfo reports).
+  std::vector<uint8_t> p(sizeof(ConfigHeader) + sizeof(virtio_vstellar_config), 0);
+  const ConfigHeader ch{0, sizeof(virtio_vstellar_config), 0};
+  std::memcpy(p.data(), &ch, sizeof(ch));
+  std::vector<uint8_t> reply;
+  std::string err;
+  ASSERT_TRUE(fa_->Get(Request::kGetConfig, p.data(), p.size(), &reply, &err)) << err;
+  ASSERT_GE(reply.size(), sizeof(virtio_vstellar_config));
+  virtio_vstellar_config got;
+  std::memcpy(&got, reply.data() + reply.size() - sizeof(got), sizeof(got));
+  EXPECT_EQ(le16toh(got.max_mcast_grp), 4u);
+  EXPECT_EQ(le16toh(got.max_mcast_qp_attach), 3u);
   Guest& A = *a_;
   Guest& B = *b_;
   uint16_t st = 0;

@@ -361,6 +361,9 @@ bool Daemon::Start(std::string* err) {
     }
     *field = htole32(want);
   }
+  // What ATTACH_MCAST allows (commands.cc), so that ibv_devinfo says so.
+  dc.max_mcast_grp = htole16(uint16_t(o_.mcast_groups_per_device));
+  dc.max_mcast_qp_attach = htole16(uint16_t(o_.mcast_qps_per_group));
   // The engine's sockets are bound to this one address, so it is the one
   // GID any device here can send from and be reached at.
   vstellar::Gid own{};

@@ -78,6 +78,9 @@ int Usage(const char* argv0, int rc) {
                "                         either, creating an object fails with ENOMEM\n"
                "  --guest-memory-limit SIZE  guest memory one device's memory table may\n"
                "                         declare (default 1024G); a larger one is refused\n"
+               "  --mcast-groups N       multicast groups one device may join (default 16,\n"
+               "                         at most 256); over it ATTACH_MCAST fails with LIMIT\n"
+               "  --mcast-qps N          QPs of one device in one group (default 8, at most 64)\n"
                "  --device-max K=N[,K=N...]  objects one device may hold, K one of ucontext,\n"
                "                         pd, qp, cq, mr (defaults 64, 1024, 1024, 1024, 4096;\n"
                "                         only lower); over it a create fails with LIMIT\n"
@@ -113,7 +116,8 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads };
+       kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
+       kMcastGroups, kMcastQps };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -142,6 +146,8 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"require-integrity", no_argument, nullptr, kRequireIntegrity},
                            {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                            {"guest-memory-limit", required_argument, nullptr, kGuestMemLimit},
+                           {"mcast-groups", required_argument, nullptr, kMcastGroups},
+                           {"mcast-qps", required_argument, nullptr, kMcastQps},
                            {"help", no_argument, nullptr, kHelp},
                            {nullptr, 0, nullptr, 0}};
 
@@ -247,6 +253,16 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
     case kMemLimit: if (!size()) return false; o.memory_limit = v; return true;
     case kDevMemLimit: if (!size()) return false; o.device_memory_limit = v; return true;
     case kGuestMemLimit: if (!size()) return false; o.guest_memory_limit = v; return true;
+    // At most what the engine itself keeps (DeviceLimits): a device reports
+    // these in its config space, so they must be true.
+    case kMcastGroups:
+      if (!num(1, vstellar::DeviceLimits::kMaxMcastGroups)) return false;
+      o.mcast_groups_per_device = uint32_t(v);
+      return true;
+    case kMcastQps:
+      if (!num(1, vstellar::DeviceLimits::kMaxMcastQpAttach)) return false;
+      o.mcast_qps_per_group = uint32_t(v);
+      return true;
   }
   *why = "not an option";
   return false;
