@@ -284,6 +284,52 @@ TEST(Keys, SendWithInvalidateInvalidatesTheResponderKey) {
   EXPECT_EQ(write_to(t, t.b.addr(0), k), WcStatus::REM_ACCESS_ERR);
 }
 
+// The key goes away in PSN order: a WRITE that uses it, sent before the
+// SEND_WITH_INV and lost, still finds it valid when it is resent (as
+// nvmet's data and then its answer, over a lossy link).
+TEST(Keys, SendWithInvalidateWaitsForTheWritesBeforeIt) {
+  Pair t;
+  Mr* fr = t.b.eng->alloc_mr(t.b.pd, 4);
+  const uint32_t k = next_key(fr->rkey());
+  ASSERT_EQ(post_reg(t.b, k, 0, 8192, kRw), 0);
+  EXPECT_EQ(one(t, t.b).status, WcStatus::SUCCESS);
+  ASSERT_EQ(t.post_recv(t.b, 9, 16384, 100), 0);
+  int writes = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    return !(p.base.op == wire::Op::WRITE && writes++ == 0);  // the WRITE's first try is lost
+  };
+  fill_random(t.a.buf.data(), 4096, 7);
+  Sge wsg{t.a.addr(0), 4096, t.a.mr->lkey()};
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = WrOpcode::RDMA_WRITE;
+  w.sg_list = &wsg;
+  w.num_sge = 1;
+  w.remote_addr = t.b.addr(0);
+  w.rkey = k;
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, w), 0);
+  Sge sg{t.a.addr(8192), 100, t.a.mr->lkey()};
+  SendWr inv;
+  inv.wr_id = 2;
+  inv.opcode = WrOpcode::SEND_WITH_INV;
+  inv.send_flags = SEND_SIGNALED;
+  inv.sg_list = &sg;
+  inv.num_sge = 1;
+  inv.invalidate_rkey = k;
+  ASSERT_EQ(t.a.eng->post_send(t.a.qp, inv), 0);
+  Wc sc = one(t, t.a);
+  EXPECT_EQ(sc.status, WcStatus::SUCCESS) << to_string(sc.status);
+  EXPECT_EQ(writes, 2);
+  auto rc = t.wait(t.b, t.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
+  EXPECT_TRUE(rc[0].wc_flags & WC_WITH_INV);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 4096), 0);
+  EXPECT_EQ(fr->state(), MrState::INVALID);
+}
+
 TEST(Keys, SendWithInvalidateOfAKeyTheResponderMayNotTouchFails) {
   for (int variant = 0; variant < 3; variant++) {
     Pair t;

@@ -245,7 +245,7 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
   } else {
     if (op == wire::Op::SEND_INV) {
       // The key must be one this QP may invalidate, from the first packet
-      // on; it is invalidated when the last one has arrived.
+      // on; it is invalidated when the SEND completes (resp_complete_recvs).
       uint32_t vendor = 0;
       if (invalidate(qp, e.rkey, /*remote=*/true, /*check_only=*/true, &vendor) != WcStatus::SUCCESS) {
         resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
@@ -272,11 +272,7 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       r->imm = e.imm;
       r->with_imm = op == wire::Op::SEND_IMM;
       r->with_inv = op == wire::Op::SEND_INV;
-      if (r->with_inv) {
-        uint32_t vendor = 0;
-        invalidate(qp, e.rkey, /*remote=*/true, /*check_only=*/false, &vendor);  // checked above
-        r->imm = e.rkey;
-      }
+      if (r->with_inv) r->imm = e.rkey;
       r->write_imm = false;
     }
   }
@@ -577,6 +573,15 @@ void EngineCore::resp_complete_recvs(QpImpl& qp) {
   while (qp.rq_head < qp.rq_tail) {
     RecvWqe& r = qp.rq_at(qp.rq_head);
     if (!r.have_last || !seq_lt(r.last_psn, qp.epsn) || r.status != WcStatus::SUCCESS) break;
+    // A SEND with invalidate takes its key away in PSN order, once every
+    // earlier request arrived, not when its own last packet did: a WRITE
+    // before it that used the key and was lost is still to come (nvmet's
+    // data, then its answer SEND_WITH_INV; at the loss, the resent WRITE
+    // met an invalid key, and the connection ended with REM_ACCESS).
+    if (r.with_inv) {
+      uint32_t vendor = 0;
+      invalidate(qp, r.imm, /*remote=*/true, /*check_only=*/false, &vendor);  // checked at arrival
+    }
     Wc wc;
     wc.wr_id = r.wr_id;
     wc.status = WcStatus::SUCCESS;

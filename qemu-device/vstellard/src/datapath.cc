@@ -640,6 +640,15 @@ void DataPath::DrainCq(uint32_t cqh) {
       QpObj& q = qit->second;
       const bool recv = uint8_t(wc.opcode) & 0x80;
       const uint32_t idx = uint32_t(wc.wr_id);
+      // The first error of a QP is what ended it: the log says which, so
+      // that a guest's "QP fatal" can be told apart (transport retries,
+      // a remote error, a local one) without a debugger.
+      if (wc.status != vstellar::WcStatus::SUCCESS && wc.status != vstellar::WcStatus::WR_FLUSH_ERR &&
+          !q.error_logged) {
+        q.error_logged = true;
+        std::fprintf(stderr, "vstellard: device %u: QP %#x: a %s completed with %s (vendor %u)\n", id_, wc.qp_num,
+                     recv ? "receive" : "send", vstellar::to_string(wc.status), unsigned(wc.vendor_err));
+      }
       vstellar_cqe c{};
       c.qpn = htole32(wc.qp_num);
       c.byte_len = htole32(wc.byte_len);

@@ -93,6 +93,7 @@ struct QpObj {
   MemoryCharge charge;
   bool broken = false;   // doorbell record corrupt: not read until RESET
   bool blocked = false;  // the engine's queue was full: rescan after a completion
+  bool error_logged = false;  // its first error completion is in the log
 };
 
 struct MrObj {
