@@ -373,7 +373,7 @@ TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
     ASSERT_EQ(t.a.eng->post_send(t.a.qp, fa), 0);
     ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, 262144 + 8, 8, 524288, 0), 0);
     for (uint64_t k = 5; k <= 7; k++)
-      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, k == 7 ? SEND_SIGNALED : 0), 0);
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, k == 7 ? uint32_t(SEND_SIGNALED) : 0u), 0);
     auto wc = t.wait(t.a, t.a.scq, 1, 60'000'000'000ull);
     ASSERT_EQ(wc.size(), 1u);
     ASSERT_EQ(wc[0].wr_id, id - 1);
