@@ -378,7 +378,9 @@ class HotplugTest(unittest.TestCase):
         # if the unplug comes between the two: both are the error a gone
         # device owes them.
         text = "\n".join(busy)
-        polls = len(re.findall(r"poll CQ failed|Failed to poll CQ", text))
+        # perftest words it "poll CQ failed", "Failed to poll CQ" or, in
+        # ib_send_bw's receive loop, "Poll Receive CQ failed".
+        polls = len(re.findall(r"poll (receive )?CQ failed|failed to poll CQ", text, re.IGNORECASE))
         self.assertGreaterEqual(polls, 1, busy)  # the client
         self.assertTrue("Failed to get cq_event" in text or polls >= 2, busy)  # the server
         self.assertRegex(self.busy["log"], r"device 0: destroyed")
