@@ -62,6 +62,14 @@ SendWr send_of(Sge* sg, uint64_t wr_id) {
   return wr;
 }
 
+// The same as a SEND_WITH_INV of key.
+SendWr send_inv_of(Sge* sg, uint64_t wr_id, uint32_t key) {
+  SendWr wr = send_of(sg, wr_id);
+  wr.opcode = WrOpcode::SEND_WITH_INV;
+  wr.invalidate_rkey = key;
+  return wr;
+}
+
 // One completion of s's send CQ.
 Wc one(Pair& t, Side& s) {
   auto wc = t.wait(s, s.scq, 1);
@@ -261,13 +269,7 @@ TEST(Keys, SendWithInvalidateInvalidatesTheResponderKey) {
   ASSERT_EQ(t.post_recv(t.b, 9, 16384, 5000), 0);
   fill_random(t.a.buf.data(), 5000, 6);
   Sge sg{t.a.addr(0), 5000, t.a.mr->lkey()};
-  SendWr wr;
-  wr.wr_id = 4;
-  wr.opcode = WrOpcode::SEND_WITH_INV;
-  wr.send_flags = SEND_SIGNALED;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
-  wr.invalidate_rkey = k;
+  SendWr wr = send_inv_of(&sg, 4, k);
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
   Wc sc = one(t, t.a);
   EXPECT_EQ(sc.status, WcStatus::SUCCESS);
@@ -295,11 +297,7 @@ TEST(Keys, SendWithInvalidateWaitsForTheWritesBeforeIt) {
   EXPECT_EQ(one(t, t.b).status, WcStatus::SUCCESS);
   ASSERT_EQ(t.post_recv(t.b, 9, 16384, 100), 0);
   int writes = 0;
-  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
-    wire::Packet p;
-    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
-    return !(p.base.op == wire::Op::WRITE && writes++ == 0);  // the WRITE's first try is lost
-  };
+  t.drop_nth(kIpA, wire::Op::WRITE, 0, &writes);  // the WRITE's first try is lost
   fill_random(t.a.buf.data(), 4096, 7);
   Sge wsg{t.a.addr(0), 4096, t.a.mr->lkey()};
   SendWr w;
@@ -311,13 +309,7 @@ TEST(Keys, SendWithInvalidateWaitsForTheWritesBeforeIt) {
   w.rkey = k;
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, w), 0);
   Sge sg{t.a.addr(8192), 100, t.a.mr->lkey()};
-  SendWr inv;
-  inv.wr_id = 2;
-  inv.opcode = WrOpcode::SEND_WITH_INV;
-  inv.send_flags = SEND_SIGNALED;
-  inv.sg_list = &sg;
-  inv.num_sge = 1;
-  inv.invalidate_rkey = k;
+  SendWr inv = send_inv_of(&sg, 2, k);
   ASSERT_EQ(t.a.eng->post_send(t.a.qp, inv), 0);
   Wc sc = one(t, t.a);
   EXPECT_EQ(sc.status, WcStatus::SUCCESS) << to_string(sc.status);
@@ -346,13 +338,7 @@ TEST(Keys, SendWithInvalidateOfAKeyTheResponderMayNotTouchFails) {
     }
     ASSERT_EQ(t.post_recv(t.b, 9, 0, 100), 0);
     Sge sg{t.a.addr(0), 10, t.a.mr->lkey()};
-    SendWr wr;
-    wr.wr_id = 4;
-    wr.opcode = WrOpcode::SEND_WITH_INV;
-    wr.send_flags = SEND_SIGNALED;
-    wr.sg_list = &sg;
-    wr.num_sge = 1;
-    wr.invalidate_rkey = key;
+    SendWr wr = send_inv_of(&sg, 4, key);
     ASSERT_EQ(t.a.eng->post_send(t.a.qp, wr), 0);
     EXPECT_EQ(one(t, t.a).status, WcStatus::REM_ACCESS_ERR) << variant;
     if (victim) {

@@ -277,11 +277,7 @@ TEST(ReadRecovery, ALostReadRequestIsFoundWithoutATimeout) {
   Pair t(o);
   fill_random(t.b.buf.data(), 256 << 10, 21);
   int requests = 0;
-  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
-    wire::Packet p;
-    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
-    return !(p.base.op == wire::Op::READ_REQ && requests++ == 0);
-  };
+  t.drop_nth(kIpA, wire::Op::READ_REQ, 0, &requests);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 64 << 10, 0), 0);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 2, 64 << 10, 64 << 10, 64 << 10), 0);
   auto wc = t.wait(t.a, t.a.scq, 2);
@@ -302,11 +298,7 @@ TEST(ReadRecovery, ALostReadAnswerIsAskedForAloneWithoutATimeout) {
   Pair t(o);
   fill_random(t.b.buf.data(), 256 << 10, 22);
   int answers = 0;
-  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
-    wire::Packet p;
-    if (from != kIpB || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
-    return !(p.base.op == wire::Op::READ_RESP && answers++ == 5);
-  };
+  t.drop_nth(kIpB, wire::Op::READ_RESP, 5, &answers);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 1, 0, 64 << 10, 0), 0);
   auto wc = t.wait(t.a, t.a.scq, 1);
   ASSERT_EQ(wc.size(), 1u);
@@ -326,11 +318,7 @@ TEST(ReadRecovery, AReadHeldBehindALostWriteGetsTheWriteResentAtOnce) {
   Pair t(o);
   fill_random(t.a.buf.data(), 8192, 23);
   int writes = 0;
-  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
-    wire::Packet p;
-    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
-    return !(p.base.op == wire::Op::WRITE && writes++ == 0);
-  };
+  t.drop_nth(kIpA, wire::Op::WRITE, 0, &writes);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 4096, 0, 0), 0);
   ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, 2, 4096, 4096, 0), 0);
   auto wc = t.wait(t.a, t.a.scq, 1);
@@ -361,16 +349,7 @@ TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
       ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, 0), 0);
     ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, id++, 0, 65536, 65536, 0), 0);
     ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, 131072, 65536, 65536, 0), 0);
-    Sge sg{t.a.addr(262144), 8, t.a.mr->lkey()};
-    SendWr fa;
-    fa.wr_id = id++;
-    fa.opcode = WrOpcode::ATOMIC_FETCH_AND_ADD;
-    fa.sg_list = &sg;
-    fa.num_sge = 1;
-    fa.remote_addr = t.b.addr(524288);
-    fa.rkey = t.b.mr->rkey();
-    fa.compare_add = 1;
-    ASSERT_EQ(t.a.eng->post_send(t.a.qp, fa), 0);
+    ASSERT_EQ(t.post_fetch_add(t.a, id++, 262144, 524288, 1, 0), 0);
     ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, 262144 + 8, 8, 524288, 0), 0);
     for (uint64_t k = 5; k <= 7; k++)
       ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_READ, id++, k << 20, 65536, k << 20, k == 7 ? uint32_t(SEND_SIGNALED) : 0u), 0);

@@ -149,6 +149,33 @@ class Pair {
     wr.rkey = p.mr->rkey();
     return s.eng->post_send(s.qp, wr);
   }
+  // A FETCH_AND_ADD of `add` to the peer's word at roff; the original
+  // value lands at loff.
+  int post_fetch_add(Side& s, uint64_t wr_id, uint64_t loff, uint64_t roff, uint64_t add,
+                     uint32_t flags = SEND_SIGNALED) {
+    Side& p = &s == &a ? b : a;
+    Sge sg{s.addr(loff), 8, s.mr->lkey()};
+    SendWr wr;
+    wr.wr_id = wr_id;
+    wr.opcode = WrOpcode::ATOMIC_FETCH_AND_ADD;
+    wr.send_flags = flags;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.remote_addr = p.addr(roff);
+    wr.rkey = p.mr->rkey();
+    wr.compare_add = add;
+    return s.eng->post_send(s.qp, wr);
+  }
+  // The network loses the n-th (from 0) packet of opcode op that node
+  // `from` sends; *seen counts all of them.
+  void drop_nth(uint32_t from, wire::Op op, int n, int* seen) {
+    net.tap = [from, op, n, seen](uint32_t src, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+      wire::Packet p;
+      if (src != from || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK || p.base.op != op)
+        return true;
+      return (*seen)++ != n;
+    };
+  }
   int post_recv(Side& s, uint64_t wr_id, uint64_t off, uint32_t len) {
     Sge sg{s.addr(off), len, s.mr->lkey()};
     RecvWr wr;
