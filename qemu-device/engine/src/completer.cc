@@ -235,14 +235,18 @@ void EngineCore::comp_held(QpImpl& qp, const wire::AckExt& a, uint64_t now) {
   PktRec& r = qp.rec(e);
   if (r.acked || qp.sq_at(r.wqe).done) return;
   if (r.path != a.echo_path || int32_t(a.echo_ts - uint32_t(r.sent_ns / 1000)) < 0) return;
-  // The whole request went missing: every PSN it asked for.
+  // The whole request went missing: every PSN it asked for. e goes now
+  // (if it waited in `resend`, that entry is skipped), the rest with it as
+  // far as read_run takes them, or after it.
   const uint32_t n = std::max<uint32_t>(1, r.run);
-  for (uint32_t x = e; x != e + n && in_window(qp, x); x++) {
+  for (uint32_t x = e + 1; x != e + n && in_window(qp, x); x++) {
     PktRec& h = qp.rec(x);
     if (!h.acked && !h.lost) lose_for_resend(qp, x);
   }
-  r.lost = false;  // its entry in `resend` is skipped
-  qp.inflight += r.len;
+  if (r.lost) {
+    r.lost = false;
+    qp.inflight += r.len;
+  }
   stats_.held_resends++;
   req_send(qp, e, read_run(qp, e, UINT64_MAX), true, now);
 }
@@ -308,8 +312,9 @@ void EngineCore::comp_read_reruns(QpImpl& qp, uint32_t psn) {
   }
 }
 
-// PSN psn is lost (found without its timer): out of flight, queued for its
-// resend, its timer void (the resend arms a new one).
+// PSN psn is lost (by its timer, or found without it): out of flight,
+// queued for its resend, any timer still armed for it void (the resend
+// arms a new one).
 void EngineCore::lose_for_resend(QpImpl& qp, uint32_t psn) {
   PktRec& h = qp.rec(psn);
   h.lost = true;

@@ -455,9 +455,7 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     // overflow again the queue that dropped them. The oldest PSN goes at
     // once, as the stall guard's probe.
     if (!t.rnr && t.psn != qp.snd_una) {
-      r.lost = true;
-      qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);
-      qp.resend.push_back(t.psn);
+      lose_for_resend(qp, t.psn);
       continue;
     }
     if (!req_send(qp, t.psn, 1, true, now)) return;
