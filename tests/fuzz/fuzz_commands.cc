@@ -1,7 +1,7 @@
 // Fuzz target: control commands (issue 13).
 //
 // One device's Commands and DataPath without a vhost-user connection, as in
-// tests/vstellard/test_commands.cc, over 4 MiB of guest RAM. The input is a
+// tests/vstellard/commands_test.cc, over 4 MiB of guest RAM. The input is a
 // list of records; each either runs one control request (header and body,
 // exactly the bytes the guest driver would put in the control queue, so the
 // header's length may lie) or writes bytes into guest RAM first (page
@@ -37,7 +37,7 @@ using namespace vstellard;
 
 constexpr uint64_t kRamSize = 4ull << 20;
 
-// The parts of one device, built as test_commands.cc builds them.
+// The parts of one device, built as commands_test.cc builds them.
 struct DeviceParts {
   DeviceParts() {
     std::string err;

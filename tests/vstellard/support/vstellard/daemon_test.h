@@ -1,6 +1,6 @@
 // A GoogleTest fixture with an in-process vstellard on a unix socket in a
 // fresh directory, run on its own thread, and test frontends that connect
-// to it the way QEMU does (test_device.cc, test_security_daemon.cc).
+// to it the way QEMU does (device_test.cc, security_daemon_test.cc).
 #pragma once
 
 #include <gtest/gtest.h>

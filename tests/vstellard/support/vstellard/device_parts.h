@@ -2,7 +2,7 @@
 // (memfd), PVDMA over it, an engine on a simulated network, the object
 // tables, a DataPath with a recording event sink, and Commands. Tests that
 // drive commands or the data path alone derive their fixture from it
-// (test_commands.cc, test_security_control.cc).
+// (commands_test.cc, security_control_test.cc).
 #pragma once
 
 #include <endian.h>

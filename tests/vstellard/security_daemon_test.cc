@@ -1,5 +1,5 @@
 // Regression tests for daemon-level problems of issue 13, each against an
-// in-process daemon and test frontends (as test_device.cc):
+// in-process daemon and test frontends (as device_test.cc):
 //   #1 a device that keeps its control queue full starved the others;
 //   #8 one byte of a vhost-user header stopped the daemon;
 //   #10 a kick fd replaced by SET_VRING_KICK stayed in epoll.

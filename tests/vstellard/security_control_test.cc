@@ -1,6 +1,6 @@
 // Regression tests for control-path problems of issue 13:
 //   #10 the 32-bit handle counter could wrap onto live objects.
-// Commands alone (no vhost-user connection), as in test_commands.cc.
+// Commands alone (no vhost-user connection), as in commands_test.cc.
 #include <endian.h>
 #include <gtest/gtest.h>
 
