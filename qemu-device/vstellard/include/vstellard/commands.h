@@ -1,7 +1,9 @@
 // The control commands of one device: what each VSTELLAR_CMD_* does to the
 // device's object tables and the engine. The command list, the length
 // checks and the dispatch come from VSTELLAR_CMD_LIST in virtio_vstellar.h;
-// one handler per command (Run<VSTELLAR_CMD_x>) in src/commands.cc.
+// one handler per command (Run<VSTELLAR_CMD_x>), in the file of the object
+// it acts on: src/commands.cc (dispatch, device, user contexts, PDs),
+// src/commands_cq.cc, _qp.cc, _srq.cc, _mr.cc, _mw.cc, _gid.cc, _mcast.cc.
 //
 // Commands sees a private copy of the request (Device copied it out of
 // guest memory), checks every field before it acts, and answers with a
@@ -37,8 +39,9 @@ class Commands {
   // Handlers get the owning context, the body (page list included) and its
   // length, checked against the command's VSTELLAR_CMD_LIST entry.
   uint16_t Dispatch(uint16_t op, uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
-  // The handler of command Op: one explicit specialization in commands.cc
-  // for every command that is not reserved.
+  // The handler of command Op: one explicit specialization (declared below,
+  // defined in its object's commands_*.cc) for every command that is not
+  // reserved.
   template <uint16_t Op>
   uint16_t Run(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
 
@@ -67,5 +70,14 @@ class Commands {
   ObjectTables& obj_;
   DataPath& dp_;
 };
+
+// Every handler is declared here, so the dispatch in commands.cc calls the
+// one its object's file defines. A reserved command's is declared and never
+// defined (the dispatch does not call it).
+#define VSTELLARD_DECLARE_RUN_(name, opcode, req_len, resp_len, flags) \
+  template <>                                                          \
+  uint16_t Commands::Run<VSTELLAR_CMD_##name>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp);
+VSTELLAR_CMD_LIST(VSTELLARD_DECLARE_RUN_)
+#undef VSTELLARD_DECLARE_RUN_
 
 }  // namespace vstellard

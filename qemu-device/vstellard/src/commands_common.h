@@ -1,0 +1,43 @@
+// What every command handler (commands*.cc) uses to read its request body
+// and write its response: the bodies are little-endian wire structs that
+// may sit at any alignment in the copied-out request.
+#pragma once
+
+#include <endian.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <vstellar/virtio_vstellar.h>
+
+namespace vstellard {
+
+constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
+inline uint32_t cfg32(const __le32& v) { return le32toh(v); }
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void Put(std::vector<uint8_t>* out, const T& v) {
+  out->resize(sizeof(T));
+  std::memcpy(out->data(), &v, sizeof(T));
+}
+
+inline bool IsZero(const void* p, size_t n) {
+  auto* b = static_cast<const uint8_t*>(p);
+  return std::all_of(b, b + n, [](uint8_t c) { return c == 0; });
+}
+
+// Pages needed for `bytes` starting `offset` into the first page.
+inline uint64_t PagesFor(uint64_t offset, uint64_t bytes, uint32_t shift) {
+  return (offset + bytes + (uint64_t{1} << shift) - 1) >> shift;
+}
+
+}  // namespace vstellard

@@ -1,0 +1,120 @@
+// The commands on completion queues: CREATE_CQ, RESIZE_CQ, DESTROY_CQ,
+// REQ_NOTIFY_CQ.
+#include "vstellard/commands.h"
+
+#include <endian.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "commands_common.h"
+
+namespace vstellard {
+
+namespace {
+
+// Completions the engine holds for a CQ before DrainCq moves them (one at
+// a time, in practice).
+constexpr uint32_t kEngineCqStaging = 256;
+
+}  // namespace
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_create_cq>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t log_cqe = le32toh(cmd.log_cqe), cq_queue = le32toh(cmd.cq_queue);
+  const uint32_t shift = le32toh(cmd.page_shift), n = le32toh(cmd.num_pages);
+  const uint64_t ring_off = le64toh(cmd.ring_offset);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
+  if (cq_queue >= VSTELLAR_MAX_CQ_QUEUES || session_.vring(VSTELLAR_VQ_CQN0 + cq_queue).num == 0)
+    return VSTELLAR_STATUS_BAD_FIELD;
+  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (obj_.cqs.size() >= cfg32(c.max_cq)) return VSTELLAR_STATUS_LIMIT;
+  CqObj o{};
+  const uint32_t staging = std::min(1u << log_cqe, kEngineCqStaging);
+  if (uint16_t s = Charge(sizeof(CqObj) + 8ull * n + sh_.engine->cq_footprint(staging), &o.charge)) return s;
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.pages)) return s;
+  if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
+  // The guest's ring is the CQ. The engine's CQ only stages completions:
+  // every one is drained into the ring as it is made (DrainCq, from
+  // on_completion), so a small one serves any guest CQ size, and daemon
+  // memory does not grow with what the guest asks for.
+  o.cq = sh_.engine->create_cq(staging);
+  if (!o.cq) {
+    FreeSlot(uctx, o.slot);
+    return VSTELLAR_STATUS_NO_RESOURCES;
+  }
+  o.owner = uctx;
+  o.cq_queue = cq_queue;
+  o.log_cqe = log_cqe;
+  o.page_shift = shift;
+  o.ring_offset = ring_off;
+  const uint32_t h = obj_.NewHandle();
+  // Completions go straight into the guest's CQE ring (datapath.cc), which
+  // also raises the CQ notification of an armed CQ.
+  o.cq->on_completion = [this, h](vstellar::Cq&) { dp_.DrainCq(h); };
+  obj_.cqs[h] = std::move(o);
+  dp_.ResetDbSlot(uctx, obj_.cqs[h].slot);
+  vstellar_resp_create_cq r{htole32(h), htole32(obj_.cqs[h].slot)};
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ))) return VSTELLAR_STATUS_UNSUPPORTED;
+  auto cmd = Get<vstellar_cmd_resize_cq>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t log_cqe = le32toh(cmd.log_cqe);
+  const uint32_t shift = le32toh(cmd.page_shift), n = le32toh(cmd.num_pages);
+  const uint64_t ring_off = le64toh(cmd.ring_offset);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
+  auto it = obj_.cqs.find(le32toh(cmd.cqn));
+  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
+  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  CqObj geom{};
+  if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &geom.pages)) return s;
+  geom.page_shift = shift;
+  geom.ring_offset = ring_off;
+  geom.log_cqe = log_cqe;
+  uint32_t moved = 0;
+  if (uint16_t s = dp_.ResizeCq(it->first, geom, &moved)) return s;
+  vstellar_resp_resize_cq r{htole32(moved), 0};
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.cqs.find(le32toh(cmd.handle));
+  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (it->second.cq->refs) return VSTELLAR_STATUS_BUSY;
+  if (sh_.engine->destroy_cq(it->second.cq)) return VSTELLAR_STATUS_BUSY;
+  FreeSlot(uctx, it->second.slot);
+  obj_.cqs.erase(it);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_REQ_NOTIFY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_req_notify_cq>(b);
+  const uint32_t f = le32toh(cmd.flags);
+  auto it = obj_.cqs.find(le32toh(cmd.cqn));
+  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (f != VSTELLAR_NOTIFY_NEXT_COMP && f != VSTELLAR_NOTIFY_SOLICITED) return VSTELLAR_STATUS_BAD_FIELD;
+  it->second.armed = true;
+  return VSTELLAR_STATUS_OK;
+}
+
+}  // namespace vstellard

@@ -1,0 +1,279 @@
+// The commands on queue pairs: CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP.
+#include "vstellard/commands.h"
+
+#include <endian.h>
+
+#include <cstring>
+#include <iterator>
+
+#include "commands_common.h"
+
+namespace vstellard {
+
+namespace {
+
+bool ValidTransition(uint8_t cur, uint8_t next) {
+  using S = vstellar_qp_state;
+  if (next == VSTELLAR_QPS_RESET || next == VSTELLAR_QPS_ERR) return true;
+  switch (S(cur)) {
+    case VSTELLAR_QPS_RESET: return next == VSTELLAR_QPS_INIT;
+    case VSTELLAR_QPS_INIT: return next == VSTELLAR_QPS_INIT || next == VSTELLAR_QPS_RTR;
+    case VSTELLAR_QPS_RTR: return next == VSTELLAR_QPS_RTS;
+    case VSTELLAR_QPS_RTS: return next == VSTELLAR_QPS_RTS || next == VSTELLAR_QPS_SQD;
+    case VSTELLAR_QPS_SQD: return next == VSTELLAR_QPS_RTS || next == VSTELLAR_QPS_SQD;
+    case VSTELLAR_QPS_SQE: return next == VSTELLAR_QPS_RTS;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+void Commands::DestroyQp(uint32_t qpn) {
+  auto it = obj_.qps.find(qpn);
+  if (it == obj_.qps.end()) return;
+  sh_.engine->destroy_qp(it->second.qp);  // leaves its groups
+  for (auto g = obj_.mcast.begin(); g != obj_.mcast.end();) {
+    g->second.erase(qpn);
+    g = g->second.empty() ? obj_.mcast.erase(g) : std::next(g);
+  }
+  FreeSlot(it->second.owner, it->second.slot);
+  obj_.qps.erase(it);
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_create_qp>(b);
+  const virtio_vstellar_config& c = config();
+  const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * (uint64_t(sqp) + rqp)) return VSTELLAR_STATUS_BAD_LENGTH;
+  if (cmd.create_flags & ~VSTELLAR_QP_CREATE_VALID) return VSTELLAR_STATUS_BAD_FIELD;
+  // On an SRQ (RC or UD) the QP has no RQ: no ring, no receive SGEs.
+  SrqObj* srq = nullptr;
+  uint32_t srqh = 0;
+  if (cmd.create_flags & VSTELLAR_QP_CREATE_USE_SRQ) {
+    if (!SrqsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+    srqh = le32toh(cmd.srq.srqn);
+    auto s = obj_.srqs.find(srqh);
+    if (s == obj_.srqs.end() || s->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+    if (cmd.srq.reserved || rqp || cmd.rq_log_wqe || cmd.rq_log_stride || le32toh(cmd.max_recv_sge) ||
+        cmd.qp_type == VSTELLAR_QPT_GSI || s->second.pdn != le32toh(cmd.pdn))
+      return VSTELLAR_STATUS_BAD_FIELD;
+    srq = &s->second;
+  }
+  auto pd = obj_.pds.find(le32toh(cmd.pdn));
+  auto scq = obj_.cqs.find(le32toh(cmd.send_cqn));
+  auto rcq = obj_.cqs.find(le32toh(cmd.recv_cqn));
+  if (pd == obj_.pds.end() || pd->second.owner != uctx || scq == obj_.cqs.end() || scq->second.owner != uctx ||
+      rcq == obj_.cqs.end() || rcq->second.owner != uctx)
+    return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint8_t type = cmd.qp_type;
+  if (type == VSTELLAR_QPT_UD || type == VSTELLAR_QPT_GSI) {
+    if (!DatagramsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
+    if (type == VSTELLAR_QPT_GSI) {
+      if (uctx != 0) return VSTELLAR_STATUS_UNSUPPORTED;  // QP 1 is the kernel's MAD layer's
+      for (auto& [n, q] : obj_.qps)
+        if (q.type == VSTELLAR_QPT_GSI) return VSTELLAR_STATUS_LIMIT;  // one QP 1 per device
+    }
+  } else if (type == VSTELLAR_QPT_UC) {
+    if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_UC))) return VSTELLAR_STATUS_UNSUPPORTED;
+  } else if (type != VSTELLAR_QPT_RC) {
+    return VSTELLAR_STATUS_BAD_FIELD;
+  }
+  if (cmd.sq_sig_all > 1) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t shift = cmd.page_shift;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t ssge = le32toh(cmd.max_send_sge), rsge = le32toh(cmd.max_recv_sge);
+  const uint32_t inl = le32toh(cmd.max_inline_data);
+  if (cmd.sq_log_wqe > VSTELLAR_MAX_LOG_WQE || cmd.rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
+      (1ull << cmd.sq_log_wqe) > cfg32(c.max_qp_wr) || (1ull << cmd.rq_log_wqe) > cfg32(c.max_qp_wr) ||
+      ssge > cfg32(c.max_send_sge) || rsge > cfg32(c.max_recv_sge) || inl > cfg32(c.max_inline_data))
+    return VSTELLAR_STATUS_LIMIT;
+  if (cmd.sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE || cmd.sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+      (!srq && (cmd.rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  // A WQE with its SGEs (or inline data) must fit one slot.
+  const uint64_t sstride = 1ull << cmd.sq_log_stride, rstride = 1ull << cmd.rq_log_stride;
+  if (sizeof(vstellar_send_wqe) + 16ull * ssge > sstride || sizeof(vstellar_send_wqe) + inl > sstride ||
+      (!srq && sizeof(vstellar_recv_wqe) + 16ull * rsge > rstride))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  const uint64_t ps = 1ull << shift, soff = le64toh(cmd.sq_offset);
+  const uint64_t roff = srq ? 0 : le64toh(cmd.rq_offset);
+  if (soff >= ps || roff >= ps || soff % 64 || roff % 16) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint64_t(sqp) + rqp > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (sqp != PagesFor(soff, sstride << cmd.sq_log_wqe, shift) ||
+      (!srq && rqp != PagesFor(roff, rstride << cmd.rq_log_wqe, shift)))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  if (obj_.qps.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
+  QpObj o{};
+  const uint8_t* pages = b + sizeof(cmd);
+  if (uint16_t s = ReadPages(pages, sqp, shift, &o.sq.pages)) return s;
+  if (uint16_t s = ReadPages(pages + 8ull * sqp, rqp, shift, &o.rq.pages)) return s;
+  vstellar::QpInitAttr init;
+  init.send_cq = scq->second.cq;
+  init.recv_cq = rcq->second.cq;
+  init.cap.max_send_wr = 1u << cmd.sq_log_wqe;
+  init.cap.max_recv_wr = 1u << cmd.rq_log_wqe;
+  init.cap.max_send_sge = ssge;
+  init.cap.max_recv_sge = rsge;
+  init.cap.max_inline_data = inl;
+  init.sq_sig_all = cmd.sq_sig_all;
+  init.qp_type = vstellar::QpType(type);
+  init.srq = srq ? srq->srq : nullptr;
+  // The engine's rings and window, and our wr_id and opcode arrays.
+  const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
+  if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))
+    return s;
+  if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
+  o.qp = sh_.engine->create_qp(pd->second.pd, init);
+  if (!o.qp) {
+    FreeSlot(uctx, o.slot);
+    return VSTELLAR_STATUS_NO_RESOURCES;
+  }
+  o.owner = uctx;
+  o.type = type;
+  o.srqh = srqh;
+  o.pdn = pd->first;
+  o.send_cqn = scq->first;
+  o.recv_cqn = rcq->first;
+  o.sq.shift = o.rq.shift = shift;
+  o.sq.offset = soff;
+  o.sq.log_n = cmd.sq_log_wqe;
+  o.sq.log_stride = cmd.sq_log_stride;
+  o.rq.offset = roff;
+  o.rq.log_n = cmd.rq_log_wqe;
+  o.rq.log_stride = cmd.rq_log_stride;
+  o.sq_wrid.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o.sq_op.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o.rq_wrid.assign(size_t{1} << cmd.rq_log_wqe, 0);
+  o.max_send_sge = ssge;
+  o.max_recv_sge = rsge;
+  o.max_inline = inl;
+  dp_.ResetDbSlot(uctx, o.slot);
+  const uint32_t qpn = o.qp->qpn();
+  vstellar_resp_create_qp r{};
+  r.qpn = htole32(qpn);
+  r.db_slot = htole32(o.slot);
+  r.max_send_sge = htole32(ssge);
+  r.max_recv_sge = htole32(rsge);
+  r.max_inline_data = htole32(inl);
+  obj_.qps[qpn] = std::move(o);
+  if (type == VSTELLAR_QPT_GSI) SyncGsiGids();
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_modify_qp>(b);
+  const vstellar_qp_attr& a = cmd.attr;
+  auto it = obj_.qps.find(le32toh(cmd.qpn));
+  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (cmd.reserved || a.reserved || !IsZero(a.av.reserved, sizeof(a.av.reserved))) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t mask = le32toh(a.attr_mask);
+  if (mask & ~VSTELLAR_QP_ATTR_MASK_VALID) return VSTELLAR_STATUS_BAD_FIELD;
+  vstellar::QpAttr qa;
+  if ((mask & VSTELLAR_QP_STATE) && a.qp_state > VSTELLAR_QPS_ERR) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_CUR_STATE) && a.cur_qp_state > VSTELLAR_QPS_ERR) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_ACCESS_FLAGS) && (le32toh(a.access_flags) & ~VSTELLAR_ACCESS_VALID))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_PATH_MTU) && (a.path_mtu < 1 || a.path_mtu > 5)) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_PORT) && a.port != 1) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_PKEY_INDEX) && le16toh(a.pkey_index) != 0) return VSTELLAR_STATUS_BAD_FIELD;
+  if (((mask & VSTELLAR_QP_RQ_PSN) && le32toh(a.rq_psn) > 0xffffff) ||
+      ((mask & VSTELLAR_QP_SQ_PSN) && le32toh(a.sq_psn) > 0xffffff) ||
+      ((mask & VSTELLAR_QP_DEST_QPN) && le32toh(a.dest_qpn) > 0xffffff))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  if (((mask & VSTELLAR_QP_TIMEOUT) && a.timeout > 31) || ((mask & VSTELLAR_QP_RETRY_CNT) && a.retry_cnt > 7) ||
+      ((mask & VSTELLAR_QP_RNR_RETRY) && a.rnr_retry > 7) ||
+      ((mask & VSTELLAR_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  const virtio_vstellar_config& c = config();
+  if (((mask & VSTELLAR_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > cfg32(c.max_qp_init_rd_atom)) ||
+      ((mask & VSTELLAR_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > cfg32(c.max_qp_rd_atom)))
+    return VSTELLAR_STATUS_LIMIT;
+  if (mask & VSTELLAR_QP_AV) {
+    // RoCEv2-style: the GID is an IPv4-mapped IPv6 address of the peer host.
+    if (!IsV4Mapped(a.av.dgid)) return VSTELLAR_STATUS_BAD_FIELD;
+    uint32_t ip;
+    std::memcpy(&ip, a.av.dgid + 12, 4);
+    qa.ah.ip = be32toh(ip);
+    qa.ah.port = sh_.peer_port;
+    if (qa.ah.ip == 0) return VSTELLAR_STATUS_BAD_FIELD;
+  }
+  vstellar::Qp* qp = it->second.qp;
+  const uint8_t cur = uint8_t(qp->state());
+  if ((mask & VSTELLAR_QP_CUR_STATE) && a.cur_qp_state != cur) return VSTELLAR_STATUS_BAD_STATE;
+  const uint8_t next = (mask & VSTELLAR_QP_STATE) ? a.qp_state : cur;
+  if (!ValidTransition(cur, next)) return VSTELLAR_STATUS_BAD_STATE;
+  qa.qp_state = vstellar::QpState(next);
+  qa.cur_qp_state = vstellar::QpState(a.cur_qp_state);
+  qa.path_mtu = a.path_mtu;
+  qa.qp_access_flags = le32toh(a.access_flags);
+  qa.pkey_index = le16toh(a.pkey_index);
+  qa.port_num = a.port;
+  qa.dest_qp_num = le32toh(a.dest_qpn);
+  qa.qkey = le32toh(a.qkey);
+  qa.rq_psn = le32toh(a.rq_psn);
+  qa.sq_psn = le32toh(a.sq_psn);
+  qa.max_rd_atomic = a.max_rd_atomic;
+  qa.max_dest_rd_atomic = a.max_dest_rd_atomic;
+  qa.min_rnr_timer = a.min_rnr_timer;
+  qa.timeout = a.timeout;
+  qa.retry_cnt = a.retry_cnt;
+  qa.rnr_retry = a.rnr_retry;
+  // Our attr_mask bits are the IB (and engine) numbering. The engine checks
+  // which attributes each transition requires and allows.
+  if (sh_.engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
+  dp_.OnQpModified(it->second, next);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.qps.find(le32toh(cmd.handle));
+  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  vstellar::QpAttr qa;
+  vstellar::QpInitAttr init;
+  if (sh_.engine->query_qp(it->second.qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
+  vstellar_resp_query_qp r{};
+  vstellar_qp_attr& a = r.attr;
+  a.attr_mask = htole32(VSTELLAR_QP_ATTR_MASK_VALID);
+  a.qp_state = uint8_t(it->second.qp->state());
+  a.cur_qp_state = a.qp_state;
+  a.path_mtu = uint8_t(qa.path_mtu);
+  a.port = qa.port_num;
+  a.rq_psn = htole32(qa.rq_psn);
+  a.sq_psn = htole32(qa.sq_psn);
+  a.dest_qpn = htole32(qa.dest_qp_num);
+  a.qkey = htole32(qa.qkey);
+  a.access_flags = htole32(qa.qp_access_flags);
+  a.pkey_index = htole16(qa.pkey_index);
+  a.max_rd_atomic = qa.max_rd_atomic;
+  a.max_dest_rd_atomic = qa.max_dest_rd_atomic;
+  a.min_rnr_timer = qa.min_rnr_timer;
+  a.timeout = qa.timeout;
+  a.retry_cnt = qa.retry_cnt;
+  a.rnr_retry = qa.rnr_retry;
+  if (qa.ah.ip) {
+    a.av.dgid[10] = a.av.dgid[11] = 0xff;
+    const uint32_t ip = htobe32(qa.ah.ip);
+    std::memcpy(a.av.dgid + 12, &ip, 4);
+  }
+  r.sq_draining = htole32(qa.sq_draining);
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_handle>(b);
+  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
+  auto it = obj_.qps.find(le32toh(cmd.handle));
+  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  DestroyQp(it->first);
+  return VSTELLAR_STATUS_OK;
+}
+
+}  // namespace vstellard
