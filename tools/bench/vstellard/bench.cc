@@ -317,7 +317,8 @@ int Write(const Args& a) {
 // the scale run needs: a user context, PD, CQ (256 CQEs), MR (256 KiB) and
 // one RC QP (64 SQ slots of 128 bytes), RDMA WRITEs posted through the
 // doorbell page and completions polled by their owner bit.
-// (tests/vstellard/datapath_test.cc's Guest is the full version, under gtest.)
+// (Guest in tests/vstellard/support/vstellard/datapath_fixture.h is the full
+// version, under gtest.)
 struct ScaleDev {
   static constexpr uint64_t kCq = 0x200000, kSq = 0x210000, kMr = 0x400000, kMrLen = 256 << 10;
   static constexpr uint32_t kLogCqe = 8, kSqLog = 6, kSqStride = 128;

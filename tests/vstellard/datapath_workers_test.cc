@@ -1,0 +1,184 @@
+// Worker threads: one and two workers give the same results, and daemons
+// with one and two workers interoperate.
+#include <gtest/gtest.h>
+
+#include <array>
+
+#include "vstellard/datapath_fixture.h"
+
+namespace vstellard::datapath_test {
+
+// Two QP pairs (four devices) moving data at once: WRITE, SEND and READ of
+// several packets each. One worker thread and two (where each pair talks
+// across the threads and every QPN names its worker) give the same
+// completions and the same bytes.
+std::vector<uint64_t> DataPath::TwoQpPairsRun() {
+  std::vector<uint64_t> out;
+  std::vector<std::unique_ptr<Frontend>> fs;
+  std::vector<std::unique_ptr<Guest>> gs;
+  std::vector<GQp> qs;
+  for (int i = 0; i < 4; i++) {
+    fs.push_back(std::make_unique<Frontend>());
+    std::string err;
+    EXPECT_TRUE(fs.back()->Connect(sock_, &err)) << err;
+    EXPECT_TRUE(fs.back()->StartQueues(&err)) << err;
+    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+    gs.back()->Setup();
+    qs.push_back(gs.back()->CreateQp());
+  }
+  unsigned first = ~0u;
+  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  for (int i = 0; i < 4; i++) {
+    // Devices alternate between the workers; a QP's number names its own.
+    EXPECT_EQ(d_->WorkerOf(first + unsigned(i)), int(unsigned(i) % threads_)) << i;
+    EXPECT_EQ(qs[i].qpn % threads_, unsigned(i) % threads_) << i;
+  }
+  for (int i = 0; i < 4; i += 2) {
+    gs[i]->Connect(qs[i], qs[i + 1].qpn);
+    gs[i + 1]->Connect(qs[i + 1], qs[i].qpn);
+  }
+  for (int i = 0; i < 4; i += 2) {
+    Guest& a = *gs[i];
+    Guest& b = *gs[i + 1];
+    Fill(a.Buf(0), 65536, uint8_t(i + 1));
+    std::memset(b.Buf(0), 0, kMrLen);
+    b.PostRecv(qs[i + 1], 7, {b.Sge(65536, 16384)});
+    vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = b.rkey;
+    a.PostSend(qs[i], w, {a.Sge(0, 49152)});
+    a.PostSend(qs[i], Wqe(VSTELLAR_WR_SEND, 2), {a.Sge(4096, 12000)});
+    w = Wqe(VSTELLAR_WR_RDMA_READ, 3);
+    w.u.rdma.remote_addr = kMrGpa + 1000;
+    w.u.rdma.rkey = a.rkey;
+    b.PostSend(qs[i + 1], w, {b.Sge(98304, 30000)});
+  }
+  for (int i = 0; i < 4; i++) {
+    // Even: WRITE, SEND (in order); odd: RECV and READ, in either order
+    // (two queues).
+    std::vector<std::array<uint64_t, 4>> cs;
+    for (int k = 0; k < 2; k++) {
+      auto c = gs[i]->Poll();
+      EXPECT_TRUE(c) << i;
+      if (!c) return out;
+      cs.push_back({uint64_t(c->wr_id), uint64_t(c->status), uint64_t(c->opcode), uint64_t(c->byte_len)});
+    }
+    std::sort(cs.begin(), cs.end());
+    for (auto& c : cs) out.insert(out.end(), c.begin(), c.end());
+  }
+  for (int i = 0; i < 4; i++) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the whole MR
+    for (uint64_t k = 0; k < kMrLen; k++) h = (h ^ gs[i]->Buf(0)[k]) * 1099511628211ull;
+    out.push_back(h);
+  }
+  for (int i = 0; i < 4; i += 2) {
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(0), gs[i]->Buf(0), 49152), 0) << i;
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(65536), gs[i]->Buf(4096), 12000), 0) << i;
+    EXPECT_EQ(std::memcmp(gs[i + 1]->Buf(98304), gs[i]->Buf(1000), 30000), 0) << i;
+  }
+  return out;
+}
+
+TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
+  std::vector<uint64_t> results[2];
+  for (unsigned t : {1u, 2u}) {
+    SCOPED_TRACE(t);
+    threads_ = t;
+    StartDaemon();
+    results[t - 1] = TwoQpPairsRun();
+    TearDown();
+    d_.reset();
+    sock_.clear();
+    dir_.clear();
+  }
+  EXPECT_EQ(results[0].size(), 4u * 2 * 4 + 4);
+  EXPECT_EQ(results[0], results[1]);
+}
+
+// A daemon with two workers and one with one, on two ports of one host:
+// each sends to the other's one base port (--peer-port) as always, and the
+// two-worker daemon's kernel steering finds the QP's worker. Pairs: device
+// k of one with device k of the other (k = 0, 1: both workers).
+TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
+  const uint16_t pa = uint16_t(20000 + (getpid() * 37 + 17) % 29000), pb = uint16_t(pa + 600);
+  threads_ = 2;
+  StartDaemon(50, {}, [&](DaemonOptions& o) {
+    o.udp_port = pa;
+    o.peer_port = pb;
+  });
+  DaemonOptions ob;
+  ob.socket = dir_ + "/b";
+  ob.udp_port = pb;
+  ob.peer_port = pa;
+  ob.paths = 4;
+  auto bp = std::make_unique<Daemon>(ob);
+  Daemon& b = *bp;
+  std::promise<std::string> started;
+  auto fut = started.get_future();
+  std::promise<void> release;
+  std::thread tb([&, released = release.get_future()] {
+    // Start(), Run() and the destructor on the daemon's own thread (its
+    // io_uring is single-issuer).
+    std::string err;
+    const bool ok = b.Start(&err);
+    started.set_value(ok ? "" : err);
+    if (ok) {
+      b.Run();
+      released.wait();
+    }
+    bp.reset();
+  });
+  const std::string err = fut.get();
+  if (!err.empty()) {
+    tb.join();
+    FAIL() << err;
+  }
+  std::vector<std::unique_ptr<Frontend>> fs;
+  std::vector<std::unique_ptr<Guest>> gs;
+  std::vector<GQp> qs;
+  for (const std::string& sock : {sock_, sock_, ob.socket, ob.socket}) {  // A0, A1, B0, B1
+    fs.push_back(std::make_unique<Frontend>());
+    std::string e;
+    ASSERT_TRUE(fs.back()->Connect(sock, &e)) << e;
+    ASSERT_TRUE(fs.back()->StartQueues(&e)) << e;
+    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+    gs.back()->Setup();
+    qs.push_back(gs.back()->CreateQp());
+  }
+  EXPECT_NE(qs[0].qpn % 2, qs[1].qpn % 2);  // one QP on each worker of A
+  for (int k = 0; k < 2; k++) {
+    gs[k]->Connect(qs[k], qs[k + 2].qpn);
+    gs[k + 2]->Connect(qs[k + 2], qs[k].qpn);
+  }
+  for (int k = 0; k < 2; k++) {
+    Guest& a = *gs[k];
+    Guest& bg = *gs[k + 2];
+    Fill(a.Buf(0), 40000, uint8_t(3 + k));
+    Fill(bg.Buf(65536), 30000, uint8_t(9 + k));
+    vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = bg.rkey;
+    a.PostSend(qs[k], w, {a.Sge(0, 40000)});  // A -> B
+    w = Wqe(VSTELLAR_WR_RDMA_WRITE, 2);
+    w.u.rdma.remote_addr = kMrGpa + 65536;
+    w.u.rdma.rkey = a.rkey;
+    bg.PostSend(qs[k + 2], w, {bg.Sge(65536, 30000)});  // B -> A
+  }
+  for (int k = 0; k < 4; k++) {
+    auto c = gs[k]->Poll();
+    ASSERT_TRUE(c) << k;
+    EXPECT_EQ(c->status, 0) << k;
+  }
+  for (int k = 0; k < 2; k++) {
+    EXPECT_EQ(std::memcmp(gs[k + 2]->Buf(0), gs[k]->Buf(0), 40000), 0) << k;
+    EXPECT_EQ(std::memcmp(gs[k]->Buf(65536), gs[k + 2]->Buf(65536), 30000), 0) << k;
+  }
+  gs.clear();
+  fs.clear();
+  b.Stop();
+  release.set_value();
+  tb.join();
+  unlink(ob.socket.c_str());
+}
+
+}  // namespace vstellard::datapath_test
