@@ -68,56 +68,24 @@ void Commands::DestroyAll() {
 
 // ------------------------------------------------- a context's objects, doorbell slots
 
+// Every object of one context (0: the kernel's), in the order the engine
+// lets them go: QPs before the SRQs, CQs and PDs they use, windows before
+// the MRs they are bound to.
 void Commands::DestroyAllOf(uint32_t uctx) {
-  std::vector<uint32_t> v;
-  for (auto& [n, q] : obj_.qps)
-    if (q.owner == uctx) v.push_back(n);
-  for (uint32_t n : v) DestroyQp(n);
-  for (auto it = obj_.srqs.begin(); it != obj_.srqs.end();) {
-    if (it->second.owner == uctx) {
-      sh_.engine->destroy_srq(it->second.srq);
-      FreeSlot(uctx, it->second.slot);
-      it = obj_.srqs.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  // Windows first: an MR with bound windows cannot be deregistered.
-  for (auto it = obj_.mws.begin(); it != obj_.mws.end();) {
-    if (it->second.owner == uctx) {
-      sh_.engine->dealloc_mw(it->second.mw);
-      it = obj_.mws.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = obj_.mrs.begin(); it != obj_.mrs.end();) {
-    if (it->second.owner == uctx) {
-      sh_.engine->dereg_mr(it->second.mr);
-      it = obj_.mrs.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = obj_.cqs.begin(); it != obj_.cqs.end();) {
-    if (it->second.owner == uctx) {
-      sh_.engine->destroy_cq(it->second.cq);
-      it = obj_.cqs.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = obj_.pds.begin(); it != obj_.pds.end();) {
-    if (it->second.owner == uctx) {
-      if (it->second.dma_mr) sh_.engine->dereg_mr(it->second.dma_mr);
-      sh_.engine->dealloc_pd(it->second.pd);
-      it = obj_.pds.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  vstellar::Engine& e = *sh_.engine;
+  obj_.qps.EraseOwnedBy(uctx, [&](uint32_t qpn, QpObj& q) { ReleaseQp(qpn, q); });
+  obj_.srqs.EraseOwnedBy(uctx, [&](uint32_t, SrqObj& s) {
+    e.destroy_srq(s.srq);
+    FreeSlot(uctx, s.slot);
+  });
+  obj_.mws.EraseOwnedBy(uctx, [&](uint32_t, MwObj& w) { e.dealloc_mw(w.mw); });
+  obj_.mrs.EraseOwnedBy(uctx, [&](uint32_t, MrObj& m) { e.dereg_mr(m.mr); });
+  obj_.cqs.EraseOwnedBy(uctx, [&](uint32_t, CqObj& c) { e.destroy_cq(c.cq); });
+  obj_.pds.EraseOwnedBy(uctx, [&](uint32_t, PdObj& p) {
+    if (p.dma_mr) e.dereg_mr(p.dma_mr);
+    e.dealloc_pd(p.pd);
+  });
 }
-
 
 uint16_t Commands::AllocSlot(uint32_t uctx, uint32_t* slot) {
   *slot = 0;
@@ -320,12 +288,13 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_PD>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.pds.find(le32toh(cmd.handle));
-  if (it == obj_.pds.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (it->second.pd->refs > (it->second.dma_mr ? 1u : 0u)) return VSTELLAR_STATUS_BUSY;
-  if (it->second.dma_mr) sh_.engine->dereg_mr(it->second.dma_mr);
-  if (sh_.engine->dealloc_pd(it->second.pd)) return VSTELLAR_STATUS_BUSY;
-  obj_.pds.erase(it);
+  const uint32_t pdn = le32toh(cmd.handle);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (pd->pd->refs > (pd->dma_mr ? 1u : 0u)) return VSTELLAR_STATUS_BUSY;
+  if (pd->dma_mr) sh_.engine->dereg_mr(pd->dma_mr);
+  if (sh_.engine->dealloc_pd(pd->pd)) return VSTELLAR_STATUS_BUSY;
+  obj_.pds.erase(pdn);
   return VSTELLAR_STATUS_OK;
 }
 

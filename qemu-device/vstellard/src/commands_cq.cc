@@ -74,8 +74,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, 
   const uint32_t shift = le32toh(cmd.page_shift), n = le32toh(cmd.num_pages);
   const uint64_t ring_off = le64toh(cmd.ring_offset);
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
-  auto it = obj_.cqs.find(le32toh(cmd.cqn));
-  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t cqn = le32toh(cmd.cqn);
+  CqObj* cq = obj_.cqs.Owned(uctx, cqn);
+  if (!cq) return VSTELLAR_STATUS_BAD_HANDLE;
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
   if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
@@ -87,7 +88,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, 
   geom.ring_offset = ring_off;
   geom.log_cqe = log_cqe;
   uint32_t moved = 0;
-  if (uint16_t s = dp_.ResizeCq(it->first, geom, &moved)) return s;
+  if (uint16_t s = dp_.ResizeCq(cqn, geom, &moved)) return s;
   vstellar_resp_resize_cq r{htole32(moved), 0};
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
@@ -97,12 +98,13 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.cqs.find(le32toh(cmd.handle));
-  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (it->second.cq->refs) return VSTELLAR_STATUS_BUSY;
-  if (sh_.engine->destroy_cq(it->second.cq)) return VSTELLAR_STATUS_BUSY;
-  FreeSlot(uctx, it->second.slot);
-  obj_.cqs.erase(it);
+  const uint32_t cqn = le32toh(cmd.handle);
+  CqObj* cq = obj_.cqs.Owned(uctx, cqn);
+  if (!cq) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (cq->cq->refs) return VSTELLAR_STATUS_BUSY;
+  if (sh_.engine->destroy_cq(cq->cq)) return VSTELLAR_STATUS_BUSY;
+  FreeSlot(uctx, cq->slot);
+  obj_.cqs.erase(cqn);
   return VSTELLAR_STATUS_OK;
 }
 
@@ -110,10 +112,11 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_REQ_NOTIFY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_req_notify_cq>(b);
   const uint32_t f = le32toh(cmd.flags);
-  auto it = obj_.cqs.find(le32toh(cmd.cqn));
-  if (it == obj_.cqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t cqn = le32toh(cmd.cqn);
+  CqObj* cq = obj_.cqs.Owned(uctx, cqn);
+  if (!cq) return VSTELLAR_STATUS_BAD_HANDLE;
   if (f != VSTELLAR_NOTIFY_NEXT_COMP && f != VSTELLAR_NOTIFY_SOLICITED) return VSTELLAR_STATUS_BAD_FIELD;
-  it->second.armed = true;
+  cq->armed = true;
   return VSTELLAR_STATUS_OK;
 }
 

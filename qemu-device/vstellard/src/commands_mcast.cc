@@ -14,12 +14,12 @@ uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
   if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MCAST))) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_mcast>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.qps.find(le32toh(cmd.qpn));
-  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (it->second.type != VSTELLAR_QPT_UD) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t qpn = le32toh(cmd.qpn);
+  QpObj* q = obj_.qps.Owned(uctx, qpn);
+  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (q->type != VSTELLAR_QPT_UD) return VSTELLAR_STATUS_BAD_FIELD;
   vstellar::Gid mgid;
   std::memcpy(mgid.data(), cmd.mgid, sizeof(cmd.mgid));
-  const uint32_t qpn = it->first;
   auto mine = obj_.mcast.find(mgid);
   if (attach && !(mine != obj_.mcast.end() && mine->second.count(qpn))) {
     if (mine == obj_.mcast.end() ? obj_.mcast.size() >= sh_.mcast_groups_per_device
@@ -27,7 +27,7 @@ uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
       return VSTELLAR_STATUS_LIMIT;
   }
   vstellar::Engine& e = *sh_.engine;
-  switch (attach ? e.attach_mcast(it->second.qp, mgid) : e.detach_mcast(it->second.qp, mgid)) {
+  switch (attach ? e.attach_mcast(q->qp, mgid) : e.detach_mcast(q->qp, mgid)) {
     case 0:
       if (attach) {
         obj_.mcast[mgid].insert(qpn);

@@ -21,8 +21,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   const uint32_t access = le32toh(cmd.access_flags);
   const uint64_t iova = le64toh(cmd.iova), length = le64toh(cmd.length);
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
-  auto pd = obj_.pds.find(le32toh(cmd.pdn));
-  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t pdn = le32toh(cmd.pdn);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
   if (access & ~(VSTELLAR_ACCESS_VALID | (WindowsOn() ? VSTELLAR_ACCESS_MW_BIND : 0u))) return VSTELLAR_STATUS_BAD_FIELD;
   if ((access & (VSTELLAR_ACCESS_REMOTE_WRITE | VSTELLAR_ACCESS_REMOTE_ATOMIC)) &&
       !(access & VSTELLAR_ACCESS_LOCAL_WRITE))
@@ -47,10 +48,10 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (sh_.translation == TranslationMode::kEmtt) t = EmttTranslator::Create(pvdma_, std::move(l), &status);
   else t = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
   if (!t) return status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL);
-  vstellar::Mr* mr = sh_.engine->reg_mr(pd->second.pd, iova, length, access, std::move(t));
+  vstellar::Mr* mr = sh_.engine->reg_mr(pd->pd, iova, length, access, std::move(t));
   if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
-  obj_.mrs[h] = MrObj{uctx, mr, pd->first, std::move(charge)};
+  obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge)};
   vstellar_resp_reg_mr r{};
   r.mrn = htole32(h);
   r.lkey = htole32(mr->lkey());
@@ -63,10 +64,11 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEREG_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.mrs.find(le32toh(cmd.handle));
-  if (it == obj_.mrs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (int e = sh_.engine->dereg_mr(it->second.mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
-  obj_.mrs.erase(it);
+  const uint32_t mrn = le32toh(cmd.handle);
+  MrObj* m = obj_.mrs.Owned(uctx, mrn);
+  if (!m) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (int e = sh_.engine->dereg_mr(m->mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
+  obj_.mrs.erase(mrn);
   return VSTELLAR_STATUS_OK;
 }
 
@@ -79,8 +81,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, u
   const virtio_vstellar_config& c = config();
   if (uctx != 0) return VSTELLAR_STATUS_ACCESS;
   if (!IsZero(cmd.reserved, sizeof(cmd.reserved))) return VSTELLAR_STATUS_BAD_FIELD;
-  auto pd = obj_.pds.find(le32toh(cmd.pdn));
-  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t pdn = le32toh(cmd.pdn);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
   const uint32_t n = le32toh(cmd.max_num_pages);
   if (n == 0) return VSTELLAR_STATUS_BAD_FIELD;
   if (n > cfg32(c.max_fast_reg_pages)) return VSTELLAR_STATUS_LIMIT;
@@ -89,10 +92,10 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, u
   // host pointer, built at every REG_MR WQE.
   MemoryCharge charge;
   if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
-  vstellar::Mr* mr = sh_.engine->alloc_mr(pd->second.pd, n);
+  vstellar::Mr* mr = sh_.engine->alloc_mr(pd->pd, n);
   if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
-  obj_.mrs[h] = MrObj{uctx, mr, pd->first, std::move(charge)};
+  obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge)};
   vstellar_resp_reg_mr r{};
   r.mrn = htole32(h);
   r.lkey = htole32(mr->lkey());

@@ -15,16 +15,17 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, u
   if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_alloc_mw>(b);
   const uint32_t type = le32toh(cmd.type);
-  auto pd = obj_.pds.find(le32toh(cmd.pdn));
-  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t pdn = le32toh(cmd.pdn);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
   if (type != VSTELLAR_MW_TYPE_1 && type != VSTELLAR_MW_TYPE_2) return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.mws.size() >= cfg32(config().max_mr)) return VSTELLAR_STATUS_LIMIT;
   MemoryCharge charge;
   if (uint16_t s = Charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charge)) return s;
-  vstellar::Mw* mw = sh_.engine->alloc_mw(pd->second.pd, uint8_t(type));
+  vstellar::Mw* mw = sh_.engine->alloc_mw(pd->pd, uint8_t(type));
   if (!mw) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
-  obj_.mws[h] = MwObj{uctx, mw, pd->first, std::move(charge)};
+  obj_.mws[h] = MwObj{uctx, mw, pdn, std::move(charge)};
   vstellar_resp_alloc_mw r{};
   r.mwn = htole32(h);
   r.rkey = htole32(mw->rkey());
@@ -37,10 +38,11 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_MW>(uint32_t uctx, const uint8_t* b,
   if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.mws.find(le32toh(cmd.handle));
-  if (it == obj_.mws.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (sh_.engine->dealloc_mw(it->second.mw)) return VSTELLAR_STATUS_INTERNAL;
-  obj_.mws.erase(it);
+  const uint32_t mwn = le32toh(cmd.handle);
+  MwObj* w = obj_.mws.Owned(uctx, mwn);
+  if (!w) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (sh_.engine->dealloc_mw(w->mw)) return VSTELLAR_STATUS_INTERNAL;
+  obj_.mws.erase(mwn);
   return VSTELLAR_STATUS_OK;
 }
 

@@ -28,16 +28,15 @@ bool ValidTransition(uint8_t cur, uint8_t next) {
 
 }  // namespace
 
-void Commands::DestroyQp(uint32_t qpn) {
-  auto it = obj_.qps.find(qpn);
-  if (it == obj_.qps.end()) return;
-  sh_.engine->destroy_qp(it->second.qp);  // leaves its groups
+// What a QP holds beyond its table entry: the engine's QP, its multicast
+// groups and its doorbell slot.
+void Commands::ReleaseQp(uint32_t qpn, QpObj& q) {
+  sh_.engine->destroy_qp(q.qp);  // leaves its groups
   for (auto g = obj_.mcast.begin(); g != obj_.mcast.end();) {
     g->second.erase(qpn);
     g = g->second.empty() ? obj_.mcast.erase(g) : std::next(g);
   }
-  FreeSlot(it->second.owner, it->second.slot);
-  obj_.qps.erase(it);
+  FreeSlot(q.owner, q.slot);
 }
 
 template <>
@@ -53,19 +52,17 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   if (cmd.create_flags & VSTELLAR_QP_CREATE_USE_SRQ) {
     if (!SrqsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
     srqh = le32toh(cmd.srq.srqn);
-    auto s = obj_.srqs.find(srqh);
-    if (s == obj_.srqs.end() || s->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+    srq = obj_.srqs.Owned(uctx, srqh);
+    if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
     if (cmd.srq.reserved || rqp || cmd.rq_log_wqe || cmd.rq_log_stride || le32toh(cmd.max_recv_sge) ||
-        cmd.qp_type == VSTELLAR_QPT_GSI || s->second.pdn != le32toh(cmd.pdn))
+        cmd.qp_type == VSTELLAR_QPT_GSI || srq->pdn != le32toh(cmd.pdn))
       return VSTELLAR_STATUS_BAD_FIELD;
-    srq = &s->second;
   }
-  auto pd = obj_.pds.find(le32toh(cmd.pdn));
-  auto scq = obj_.cqs.find(le32toh(cmd.send_cqn));
-  auto rcq = obj_.cqs.find(le32toh(cmd.recv_cqn));
-  if (pd == obj_.pds.end() || pd->second.owner != uctx || scq == obj_.cqs.end() || scq->second.owner != uctx ||
-      rcq == obj_.cqs.end() || rcq->second.owner != uctx)
-    return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t pdn = le32toh(cmd.pdn), send_cqn = le32toh(cmd.send_cqn), recv_cqn = le32toh(cmd.recv_cqn);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  CqObj* scq = obj_.cqs.Owned(uctx, send_cqn);
+  CqObj* rcq = obj_.cqs.Owned(uctx, recv_cqn);
+  if (!pd || !scq || !rcq) return VSTELLAR_STATUS_BAD_HANDLE;
   const uint8_t type = cmd.qp_type;
   if (type == VSTELLAR_QPT_UD || type == VSTELLAR_QPT_GSI) {
     if (!DatagramsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
@@ -109,8 +106,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   if (uint16_t s = ReadPages(pages, sqp, shift, &o.sq.pages)) return s;
   if (uint16_t s = ReadPages(pages + 8ull * sqp, rqp, shift, &o.rq.pages)) return s;
   vstellar::QpInitAttr init;
-  init.send_cq = scq->second.cq;
-  init.recv_cq = rcq->second.cq;
+  init.send_cq = scq->cq;
+  init.recv_cq = rcq->cq;
   init.cap.max_send_wr = 1u << cmd.sq_log_wqe;
   init.cap.max_recv_wr = 1u << cmd.rq_log_wqe;
   init.cap.max_send_sge = ssge;
@@ -124,7 +121,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))
     return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.qp = sh_.engine->create_qp(pd->second.pd, init);
+  o.qp = sh_.engine->create_qp(pd->pd, init);
   if (!o.qp) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
@@ -132,9 +129,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   o.owner = uctx;
   o.type = type;
   o.srqh = srqh;
-  o.pdn = pd->first;
-  o.send_cqn = scq->first;
-  o.recv_cqn = rcq->first;
+  o.pdn = pdn;
+  o.send_cqn = send_cqn;
+  o.recv_cqn = recv_cqn;
   o.sq.shift = o.rq.shift = shift;
   o.sq.offset = soff;
   o.sq.log_n = cmd.sq_log_wqe;
@@ -166,8 +163,9 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_modify_qp>(b);
   const vstellar_qp_attr& a = cmd.attr;
-  auto it = obj_.qps.find(le32toh(cmd.qpn));
-  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t qpn = le32toh(cmd.qpn);
+  QpObj* q = obj_.qps.Owned(uctx, qpn);
+  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
   if (cmd.reserved || a.reserved || !IsZero(a.av.reserved, sizeof(a.av.reserved))) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t mask = le32toh(a.attr_mask);
   if (mask & ~VSTELLAR_QP_ATTR_MASK_VALID) return VSTELLAR_STATUS_BAD_FIELD;
@@ -200,7 +198,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
     qa.ah.port = sh_.peer_port;
     if (qa.ah.ip == 0) return VSTELLAR_STATUS_BAD_FIELD;
   }
-  vstellar::Qp* qp = it->second.qp;
+  vstellar::Qp* qp = q->qp;
   const uint8_t cur = uint8_t(qp->state());
   if ((mask & VSTELLAR_QP_CUR_STATE) && a.cur_qp_state != cur) return VSTELLAR_STATUS_BAD_STATE;
   const uint8_t next = (mask & VSTELLAR_QP_STATE) ? a.qp_state : cur;
@@ -224,7 +222,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
   // Our attr_mask bits are the IB (and engine) numbering. The engine checks
   // which attributes each transition requires and allows.
   if (sh_.engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
-  dp_.OnQpModified(it->second, next);
+  dp_.OnQpModified(*q, next);
   return VSTELLAR_STATUS_OK;
 }
 
@@ -232,15 +230,16 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.qps.find(le32toh(cmd.handle));
-  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t qpn = le32toh(cmd.handle);
+  QpObj* q = obj_.qps.Owned(uctx, qpn);
+  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
   vstellar::QpAttr qa;
   vstellar::QpInitAttr init;
-  if (sh_.engine->query_qp(it->second.qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
+  if (sh_.engine->query_qp(q->qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
   vstellar_resp_query_qp r{};
   vstellar_qp_attr& a = r.attr;
   a.attr_mask = htole32(VSTELLAR_QP_ATTR_MASK_VALID);
-  a.qp_state = uint8_t(it->second.qp->state());
+  a.qp_state = uint8_t(q->qp->state());
   a.cur_qp_state = a.qp_state;
   a.path_mtu = uint8_t(qa.path_mtu);
   a.port = qa.port_num;
@@ -270,9 +269,11 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.qps.find(le32toh(cmd.handle));
-  if (it == obj_.qps.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  DestroyQp(it->first);
+  const uint32_t qpn = le32toh(cmd.handle);
+  QpObj* q = obj_.qps.Owned(uctx, qpn);
+  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
+  ReleaseQp(qpn, *q);
+  obj_.qps.erase(qpn);
   return VSTELLAR_STATUS_OK;
 }
 

@@ -26,8 +26,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   const uint64_t off = le64toh(cmd.ring_offset);
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
   if (cmd.reserved0 || cmd.reserved1) return VSTELLAR_STATUS_BAD_FIELD;
-  auto pd = obj_.pds.find(le32toh(cmd.pdn));
-  if (pd == obj_.pds.end() || pd->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t pdn = le32toh(cmd.pdn);
+  PdObj* pd = obj_.pds.Owned(uctx, pdn);
+  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr) ||
       max_sge > cfg32(c.max_recv_sge))
@@ -48,13 +49,13 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   if (uint16_t s = Charge(SrqBytes(n, init), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.srq = sh_.engine->create_srq(pd->second.pd, init);
+  o.srq = sh_.engine->create_srq(pd->pd, init);
   if (!o.srq) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
   }
   o.owner = uctx;
-  o.pdn = pd->first;
+  o.pdn = pdn;
   o.ring.shift = shift;
   o.ring.offset = off;
   o.ring.log_n = cmd.log_wqe;
@@ -75,12 +76,13 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_modify_srq>(b);
-  auto it = obj_.srqs.find(le32toh(cmd.srqn));
-  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t srqn = le32toh(cmd.srqn);
+  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
+  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
   const uint32_t mask = le32toh(cmd.attr_mask);
   if (cmd.reserved || (mask & ~(VSTELLAR_SRQ_MAX_WR | VSTELLAR_SRQ_LIMIT))) return VSTELLAR_STATUS_BAD_FIELD;
   if (mask & VSTELLAR_SRQ_MAX_WR) return VSTELLAR_STATUS_UNSUPPORTED;  // no resizing
-  if ((mask & VSTELLAR_SRQ_LIMIT) && sh_.engine->modify_srq(it->second.srq, le32toh(cmd.srq_limit)))
+  if ((mask & VSTELLAR_SRQ_LIMIT) && sh_.engine->modify_srq(srq->srq, le32toh(cmd.srq_limit)))
     return VSTELLAR_STATUS_BAD_FIELD;
   return VSTELLAR_STATUS_OK;
 }
@@ -94,11 +96,12 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   const uint64_t off = le64toh(cmd.ring_offset);
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
   if (cmd.reserved0 || cmd.reserved1) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.srqs.find(le32toh(cmd.srqn));
-  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t srqn = le32toh(cmd.srqn);
+  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
+  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr)) return VSTELLAR_STATUS_LIMIT;
-  const uint32_t log_stride = it->second.ring.log_stride;
+  const uint32_t log_stride = srq->ring.log_stride;
   if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
   if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
   if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
@@ -112,12 +115,12 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   // shrinks is given back only once it has.
   vstellar::SrqInitAttr init;
   init.max_wr = 1u << cmd.log_wqe;
-  init.max_sge = it->second.max_sge;
-  init.limit = it->second.srq->limit();
-  MemoryCharge& charge = it->second.charge;
+  init.max_sge = srq->max_sge;
+  init.limit = srq->srq->limit();
+  MemoryCharge& charge = srq->charge;
   const uint64_t before = charge.bytes(), after = SrqBytes(n, init);
   if (after > before && !charge.Resize(obj_.memory, *sh_.memory, after)) return VSTELLAR_STATUS_NO_RESOURCES;
-  const uint16_t s = dp_.ResizeSrq(it->first, ring);
+  const uint16_t s = dp_.ResizeSrq(srqn, ring);
   charge.Resize(obj_.memory, *sh_.memory, s == VSTELLAR_STATUS_OK ? after : before);  // never grows here
   return s;
 }
@@ -126,12 +129,13 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_QUERY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.srqs.find(le32toh(cmd.handle));
-  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
+  const uint32_t srqn = le32toh(cmd.handle);
+  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
+  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
   vstellar_resp_query_srq r{};
-  r.max_wr = htole32(it->second.srq->max_wr());
-  r.max_sge = htole32(it->second.max_sge);
-  r.srq_limit = htole32(it->second.srq->limit());
+  r.max_wr = htole32(srq->srq->max_wr());
+  r.max_sge = htole32(srq->max_sge);
+  r.srq_limit = htole32(srq->srq->limit());
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
@@ -140,11 +144,12 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_handle>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  auto it = obj_.srqs.find(le32toh(cmd.handle));
-  if (it == obj_.srqs.end() || it->second.owner != uctx) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (sh_.engine->destroy_srq(it->second.srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
-  FreeSlot(uctx, it->second.slot);
-  obj_.srqs.erase(it);
+  const uint32_t srqn = le32toh(cmd.handle);
+  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
+  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (sh_.engine->destroy_srq(srq->srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
+  FreeSlot(uctx, srq->slot);
+  obj_.srqs.erase(srqn);
   return VSTELLAR_STATUS_OK;
 }
 

@@ -60,7 +60,7 @@ class Commands {
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);
-  void DestroyQp(uint32_t qpn);
+  void ReleaseQp(uint32_t qpn, QpObj& q);
   void DestroyAllOf(uint32_t uctx);
   const virtio_vstellar_config& config() const { return session_.device().config; }
 

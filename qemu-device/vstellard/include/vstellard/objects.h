@@ -111,6 +111,58 @@ struct MwObj {
   MemoryCharge charge;
 };
 
+// The objects of one kind, by the handle the guest names them with (T has
+// an `owner`: the user context that made it, 0 for the kernel). Requests
+// reach an object only through Owned, so a handle of another context reads
+// as unknown.
+template <typename T>
+class ObjectTable {
+ public:
+  using Map = std::map<uint32_t, T>;
+
+  // The object `handle` names if context `uctx` owns it; null when the
+  // handle is unknown or belongs to another context.
+  T* Owned(uint32_t uctx, uint32_t handle) {
+    auto it = map_.find(handle);
+    return it != map_.end() && it->second.owner == uctx ? &it->second : nullptr;
+  }
+
+  // Erases every object context `uctx` owns, handing each to
+  // release(handle, object) first to free what the engine holds for it.
+  template <typename Release>
+  void EraseOwnedBy(uint32_t uctx, Release release) {
+    for (auto it = map_.begin(); it != map_.end();) {
+      if (it->second.owner == uctx) {
+        release(it->first, it->second);
+        it = map_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // The map's own lookups, for the data path (which finds objects by the
+  // handles it stored itself) and for walks over every object.
+  typename Map::iterator begin() { return map_.begin(); }
+  typename Map::iterator end() { return map_.end(); }
+  typename Map::const_iterator begin() const { return map_.begin(); }
+  typename Map::const_iterator end() const { return map_.end(); }
+  typename Map::iterator find(uint32_t h) { return map_.find(h); }
+  typename Map::const_iterator find(uint32_t h) const { return map_.find(h); }
+  typename Map::iterator lower_bound(uint32_t h) { return map_.lower_bound(h); }
+  size_t count(uint32_t h) const { return map_.count(h); }
+  size_t size() const { return map_.size(); }
+  bool empty() const { return map_.empty(); }
+  T& at(uint32_t h) { return map_.at(h); }
+  const T& at(uint32_t h) const { return map_.at(h); }
+  T& operator[](uint32_t h) { return map_[h]; }
+  void erase(uint32_t h) { map_.erase(h); }
+  typename Map::iterator erase(typename Map::iterator it) { return map_.erase(it); }
+
+ private:
+  Map map_;
+};
+
 struct ObjectTables {
   // What this device's objects hold of host memory (first, so that it
   // outlives every object's MemoryCharge). Shared: guest memory regions
@@ -118,9 +170,9 @@ struct ObjectTables {
   // (with its charge) beyond the device's tables.
   std::shared_ptr<MemoryBudget> budget = std::make_shared<MemoryBudget>();
   MemoryBudget& memory = *budget;
-  // A fresh handle for a user context, PD, CQ, MR or SRQ: never 0 and
-  // never one in use, also after the 32-bit counter wrapped (issue 13:
-  // a wrapped counter overwrote a live object's entry).
+  // A fresh handle for a user context, PD, CQ, MR, MW or SRQ: never 0 and
+  // never one in use, also after the 32-bit counter wrapped (a wrapped
+  // counter must not overwrite a live object's entry).
   uint32_t NewHandle() {
     for (;;) {
       const uint32_t h = next_handle++;
@@ -132,12 +184,12 @@ struct ObjectTables {
   uint32_t next_handle = 1;
   std::map<uint32_t, UContext> uctx;  // by handle; 0 = the kernel's doorbell page
   std::vector<bool> db_pages_used;
-  std::map<uint32_t, PdObj> pds;
-  std::map<uint32_t, CqObj> cqs;
-  std::map<uint32_t, QpObj> qps;  // by QPN
-  std::map<uint32_t, MrObj> mrs;
-  std::map<uint32_t, SrqObj> srqs;  // by handle (the guest's SRQN)
-  std::map<uint32_t, MwObj> mws;
+  ObjectTable<PdObj> pds;
+  ObjectTable<CqObj> cqs;
+  ObjectTable<QpObj> qps;  // by QPN
+  ObjectTable<MrObj> mrs;
+  ObjectTable<SrqObj> srqs;  // by handle (the guest's SRQN)
+  ObjectTable<MwObj> mws;
   std::map<uint32_t, std::array<uint8_t, 16>> gids;  // by GID index
   // Multicast groups this device's QPs are attached to, and which QPs: the
   // engine's groups and slots are shared by every device of its worker,
