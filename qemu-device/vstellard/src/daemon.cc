@@ -814,15 +814,6 @@ uint64_t Daemon::forwarded() const {
   return n;
 }
 
-AtcStats Daemon::atc_stats() {
-  AtcStats a;
-  for (auto& w : workers_) {
-    std::lock_guard<std::mutex> g(w->mu_);
-    if (w->atc()) AddAtcStats(&a, w->atc()->stats());
-  }
-  return a;
-}
-
 // Each worker's lock in turn (never two at once): the devices, and the
 // engines' counters summed.
 std::string Daemon::StatsJson() {

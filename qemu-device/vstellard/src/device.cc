@@ -355,12 +355,6 @@ bool Device::OwnsEvent(const vstellar::AsyncEvent& e) const {
   return OwnsQp(e.qpn_or_cqn);
 }
 
-bool Device::OwnsEngineCq(const vstellar::Cq* cq) const {
-  for (auto& [h, c] : obj_.cqs)
-    if (c.cq == cq) return true;
-  return false;
-}
-
 
 // ------------------------------------------------------------------ reset, stats
 

@@ -270,11 +270,6 @@ bool Pvdma::Contains(uint64_t gpa, uint64_t len, bool ram_only) const {
   return len <= r->size - off;
 }
 
-bool Pvdma::IsDoorbell(uint64_t gpa) const {
-  const Region* r = Find(gpa);
-  return r && r->doorbell;
-}
-
 bool Pvdma::Read(uint64_t gpa, void* dst, uint64_t len) {
   auto* d = static_cast<uint8_t*>(dst);
   while (len) {

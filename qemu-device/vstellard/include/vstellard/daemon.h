@@ -95,7 +95,6 @@ class Daemon {
   // Thread-safe snapshot of every live device.
   std::vector<DeviceStats> Stats();
   std::string StatsJson();
-  AtcStats atc_stats();
   // Test hooks (see DeviceShared::after_copy, after_wqe_copy); set before
   // clients connect.
   void SetAfterCopyHook(std::function<void(unsigned)> f);

@@ -91,7 +91,6 @@ class Device : private DataPathEvents {
   bool OwnsQp(uint32_t qpn) const { return obj_.qps.count(qpn) != 0; }
   // Whether an engine event names one of this device's objects.
   bool OwnsEvent(const vstellar::AsyncEvent& e) const;
-  bool OwnsEngineCq(const vstellar::Cq* cq) const;
   bool HasQps() const { return !obj_.qps.empty(); }
   // Data path: whether this device polls its doorbell pages now; the
   // daemon calls PollDataPath() on every loop turn while this is true.

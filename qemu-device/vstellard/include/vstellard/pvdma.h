@@ -126,8 +126,6 @@ class Pvdma {
   // Whether [gpa, gpa+len) lies inside one region (no mapping, no pinning).
   // `ram_only` excludes the doorbell region.
   bool Contains(uint64_t gpa, uint64_t len, bool ram_only = true) const;
-  // Whether gpa is in the doorbell region.
-  bool IsDoorbell(uint64_t gpa) const;
 
   // Copies across blocks. False if any byte is outside guest memory.
   bool Read(uint64_t gpa, void* dst, uint64_t len);
