@@ -35,7 +35,7 @@ TEST(Integrity, OperationsWorkWithAKey) {
   EXPECT_EQ(t.a.eng->stats().bad_mac + t.b.eng->stats().bad_mac, 0u);
 }
 
-// One byte changed anywhere in a packet (trailer, header or payload): the
+// One byte changed anywhere in a packet (prefix, header or payload): the
 // packet is dropped, and the transport resends it.
 TEST(Integrity, AlteredPacketsAreDroppedAndResent) {
   Pair t(Keyed());
@@ -65,8 +65,8 @@ TEST(Integrity, ForgedAckCannotCompleteAWrite) {
   wire::AckExt a;
   a.cum_psn = next;
   a.sack_base = next;
-  std::vector<uint8_t> v(PacketMac::kTrailerLen + wire::kMaxHeaderLen + 128);
-  v.resize(PacketMac::kTrailerLen + wire::encode(b, a, v.data() + PacketMac::kTrailerLen));
+  std::vector<uint8_t> v(PacketMac::kPrefixLen + wire::kMaxHeaderLen + 128);
+  v.resize(PacketMac::kPrefixLen + wire::encode(b, a, v.data() + PacketMac::kPrefixLen));
   t.net.inject(kIpB, kIpA, v);
   t.net.run_for(2'000'000);
   Wc wc;
@@ -152,9 +152,9 @@ void PostUdRecv(Pair& t, Qp* q, uint64_t wr_id) {
   ASSERT_EQ(t.b.eng->post_recv(q, r), 0);
 }
 
-// The opcode of a sealed packet, behind its trailer.
+// The opcode of a sealed packet, behind its prefix.
 wire::Op SealedOp(const std::vector<uint8_t>& bytes) {
-  return bytes.size() > PacketMac::kTrailerLen + 1 ? wire::Op(bytes[PacketMac::kTrailerLen + 1]) : wire::Op(0);
+  return bytes.size() > PacketMac::kPrefixLen + 1 ? wire::Op(bytes[PacketMac::kPrefixLen + 1]) : wire::Op(0);
 }
 
 // Datagrams (UD, GSI) carry the fabric-wide datagram MAC.

@@ -167,13 +167,13 @@ void EngineCore::emit(Cq* cq, const Wc& wc) {
 void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
                      const HostSpan* pl, size_t nspans, size_t plen, bool retx, MacSender* tx) {
   if (cfg_.integrity) {
-    // The trailer goes in front of the header; the link copies both.
-    uint8_t buf[PacketMac::kTrailerLen + wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
-    if (hlen > sizeof(buf) - PacketMac::kTrailerLen) return;
-    std::memcpy(buf + PacketMac::kTrailerLen, hdr, hlen);
+    // The prefix goes in front of the header; the link copies both.
+    uint8_t buf[PacketMac::kPrefixLen + wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
+    if (hlen > sizeof(buf) - PacketMac::kPrefixLen) return;
+    std::memcpy(buf + PacketMac::kPrefixLen, hdr, hlen);
     mac_.Sign(tx ? *tx : ud_mac_tx_, hdr, hlen, pl, nspans, buf);
-    link_.send(path, dst, buf, PacketMac::kTrailerLen + hlen, pl, nspans);
-    hlen += PacketMac::kTrailerLen;
+    link_.send(path, dst, buf, PacketMac::kPrefixLen + hlen, pl, nspans);
+    hlen += PacketMac::kPrefixLen;
   } else {
     link_.send(path, dst, hdr, hlen, pl, nspans);
   }
@@ -191,17 +191,17 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
   wire::Packet p;
   stats_.rx_pkts++;
   stats_.rx_bytes += len;
-  // Integrity mode: the packet follows its trailer; the trailer is checked
+  // Integrity mode: the packet follows its prefix; the prefix is checked
   // (below, once the key is known) before the packet touches any state.
   const uint8_t* const signed_pkt = data;
   const size_t signed_len = len;
   if (cfg_.integrity) {
-    if (len < PacketMac::kTrailerLen) {
+    if (len < PacketMac::kPrefixLen) {
       stats_.bad_mac++;
       return;
     }
-    data += PacketMac::kTrailerLen;
-    len -= PacketMac::kTrailerLen;
+    data += PacketMac::kPrefixLen;
+    len -= PacketMac::kPrefixLen;
   }
   if (wire::parse(data, len, p) != wire::ParseError::OK) {
     stats_.bad_parse++;

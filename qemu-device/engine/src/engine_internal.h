@@ -235,7 +235,7 @@ class QpImpl final : public Qp {
   // READs executed whose PSNs are still within a window behind epsn, in
   // PSN order: a duplicate READ request is answered only if it asks again
   // for (a tail of) one of these, so a spoofed "retransmission" cannot make
-  // the responder send what the peer never asked for (issue 13 #3).
+  // the responder send what the peer never asked for.
   struct ReadDone { uint32_t psn, npsn; uint64_t va; uint32_t rkey, len, msg_off; uint16_t seg; };
   std::deque<ReadDone> reads_done;
 
@@ -484,7 +484,7 @@ class EngineCore {
   std::vector<std::unique_ptr<SrqImpl>> srqs_;
   uint32_t next_srqn_ = 1;
   std::vector<QpImpl*> qp_list_;
-  // QPs progress() and next_deadline() visit (issue 16, hostile scale):
+  // QPs progress() and next_deadline() visit:
   // those that may have something to send or an armed timer. A QP joins
   // when it is given work (post_send, modify_qp, a packet for it) and
   // leaves when a pass finds nothing (idle_qp), so a thousand idle

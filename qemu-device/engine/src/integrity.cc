@@ -80,22 +80,22 @@ void PacketMac::Sign(MacSender& tx, const uint8_t* hdr, size_t hdr_len, const Ho
   t.Final(out + kNonceLen);
 }
 
-uint32_t PacketMac::Salt(const uint8_t* trailer) {
+uint32_t PacketMac::Salt(const uint8_t* prefix) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v = v << 8 | trailer[i];
+  for (int i = 0; i < 4; i++) v = v << 8 | prefix[i];
   return v;
 }
 
-uint64_t PacketMac::Counter(const uint8_t* trailer) {
+uint64_t PacketMac::Counter(const uint8_t* prefix) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = v << 8 | trailer[4 + i];
+  for (int i = 0; i < 8; i++) v = v << 8 | prefix[4 + i];
   return v;
 }
 
 bool PacketMac::Verify(const MacKey& key, const uint8_t* pkt, size_t len) {
-  if (len < kTrailerLen) return false;
+  if (len < kPrefixLen) return false;
   Tagger t(key, pkt);
-  t.Update(pkt + kTrailerLen, len - kTrailerLen);
+  t.Update(pkt + kPrefixLen, len - kPrefixLen);
   uint8_t tag[kTagLen];
   t.Final(tag);
   return crypto_verify_16(tag, pkt + kNonceLen) == 0;

@@ -1,9 +1,9 @@
-// Integrity mode (issue 13): a keyed MAC on every packet, so a host on the
+// Integrity mode: a keyed MAC on every packet, so a host on the
 // fabric that does not hold the daemons' shared key can neither forge nor
 // alter a packet (an ACK that completes a WRITE never delivered, a NAK that
 // kills a connection, a request into a guest's memory). Off by default;
 // EngineConfig::integrity turns it on for the whole engine, and every peer
-// must use the same key (docs/wire-format.md, "Integrity trailer").
+// must use the same key (docs/wire-format.md, "Integrity prefix").
 //
 // Built on libsodium, not by hand. Each connection direction has its own
 // key, derived from the shared key and the two QPNs with keyed BLAKE2b
@@ -11,10 +11,10 @@
 // from ChaCha20 under that key and a 96-bit nonce (the sending engine's
 // random 32-bit salt and a 64-bit counter), which is how ChaCha20-Poly1305
 // authenticates its associated data; the packet is not encrypted. The
-// 28-byte trailer (nonce, tag) goes in front of the header, so the payload
+// 28-byte prefix (nonce, tag) goes in front of the header, so the payload
 // is MACed where it lies, with no copy.
 //
-// Replay (issue 24 #4): a MAC alone lets anyone who captured a packet send
+// Replay: a MAC alone lets anyone who captured a packet send
 // it again, a READ request or a datagram included. So the counter belongs
 // to the key it is used with (one per connection direction, one per
 // engine for datagrams) and only grows, and the receiver keeps the
@@ -49,7 +49,7 @@ class PacketMac {
  public:
   static constexpr size_t kNonceLen = 12;
   static constexpr size_t kTagLen = 16;
-  static constexpr size_t kTrailerLen = kNonceLen + kTagLen;
+  static constexpr size_t kPrefixLen = kNonceLen + kTagLen;
 
   // False if libsodium cannot start (no usable random source).
   static bool Init();
@@ -63,15 +63,15 @@ class PacketMac {
   static MacKey DatagramKey(const MacKey& shared);
 
   explicit PacketMac(uint32_t salt) : salt_(salt) {}
-  // Writes the trailer for header + payload into out[0, kTrailerLen), with
+  // Writes the prefix for header + payload into out[0, kPrefixLen), with
   // the sender's next counter (which it advances).
   void Sign(MacSender& tx, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload, size_t nspans,
             uint8_t* out) const;
-  // Whether trailer (at the front of pkt) authenticates pkt[kTrailerLen, len).
+  // Whether the prefix (at the front of pkt) authenticates pkt[kPrefixLen, len).
   static bool Verify(const MacKey& key, const uint8_t* pkt, size_t len);
-  // The nonce's parts, from a trailer.
-  static uint32_t Salt(const uint8_t* trailer);
-  static uint64_t Counter(const uint8_t* trailer);
+  // The nonce's parts, from a prefix.
+  static uint32_t Salt(const uint8_t* prefix);
+  static uint64_t Counter(const uint8_t* prefix);
 
  private:
   uint32_t salt_;

@@ -43,7 +43,7 @@ uint64_t PathSelector::rand() {  // xorshift64*: cheap, stateless per path
 
 uint16_t PathSelector::pick(uint32_t bytes) {
   if (since_probe_ < probe_gap_) since_probe_++;
-  // OBS and RR keep a path for burst_ packets (issue 16): the UDP link sends
+  // OBS and RR keep a path for burst_ packets: the UDP link sends
   // a run of one path as one segmented send (UDP_SEGMENT).
   if (algo_ != PathAlgo::OBS && algo_ != PathAlgo::RR) return choose(bytes);
   if (burst_left_ > 0 && !is_down(burst_path_)) {

@@ -209,7 +209,7 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
     // last PSN in [epsn, psn), one PSN each at least, so k > psn - epsn
     // names a receive no sender could have reached yet. Checked on every
     // QP, not only on an SRQ's: it is also the bound on the WQEs one packet
-    // may take from a shared SRQ (issue 24 #2).
+    // may take from a shared SRQ.
     if (k > psn - qp.epsn) {
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
       return;

@@ -199,9 +199,9 @@ static void BM_SealVerify4K(benchmark::State& st) {
   ReplayWindow seen;
   std::vector<uint8_t> payload(4096, 0x5a);
   uint8_t hdr[56] = {0x10, 3};
-  std::vector<uint8_t> pkt(PacketMac::kTrailerLen + sizeof(hdr) + payload.size());
-  std::memcpy(pkt.data() + PacketMac::kTrailerLen, hdr, sizeof(hdr));
-  std::memcpy(pkt.data() + PacketMac::kTrailerLen + sizeof(hdr), payload.data(), payload.size());
+  std::vector<uint8_t> pkt(PacketMac::kPrefixLen + sizeof(hdr) + payload.size());
+  std::memcpy(pkt.data() + PacketMac::kPrefixLen, hdr, sizeof(hdr));
+  std::memcpy(pkt.data() + PacketMac::kPrefixLen + sizeof(hdr), payload.data(), payload.size());
   const HostSpan span{payload.data(), payload.size()};
   for (auto _ : st) {
     mac.Sign(tx, hdr, sizeof(hdr), &span, 1, pkt.data());

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "vstellar/cc.h"
+#include "vstellar/congestion_control.h"
 #include "vstellar/cq.h"
 #include "vstellar/link.h"
 #include "vstellar/mr.h"
@@ -31,7 +31,7 @@ struct EngineConfig {
   uint16_t num_paths = 128;       // 1..256
   PathAlgo path_algo = PathAlgo::OBS;
   uint16_t single_path = 0;       // the path PathAlgo::SINGLE uses
-  // OBS/RR: packets sent on a path before the next pick (issue 16). 1 sprays
+  // OBS/RR: packets sent on a path before the next pick. 1 sprays
   // every packet; 16 (64 KiB of 4 KiB packets) lets the UDP link's GSO mode
   // hand a run to the kernel as one send. 1..64.
   uint16_t path_burst = 1;
@@ -43,7 +43,7 @@ struct EngineConfig {
   uint64_t ack_delay_ns = 10'000; // otherwise at most one ACK per QP per this interval
   uint32_t tx_budget = 64;        // packets per QP per progress() call (fairness)
   uint64_t seed = 1;
-  // QPNs (issue 13). They are drawn at random from
+  // QPNs. They are drawn at random from
   // [DeviceLimits::kFirstQpn, max_qpn], so
   // a host on the fabric cannot guess a live one, and a freed QPN is not
   // handed out again for qpn_quarantine_ns (stale packets of the old QP
@@ -55,13 +55,13 @@ struct EngineConfig {
   uint64_t qpn_seed = 0;
   uint32_t max_qpn = DeviceLimits::kMaxQpn;
   uint64_t qpn_quarantine_ns = 1'000'000'000;
-  // Several engines behind one address (vstellard --threads, issue 16):
+  // Several engines behind one address (vstellard --threads):
   // this engine hands out only QPNs with qpn % qpn_shards == qpn_shard, so
   // the receive side can tell a packet's engine from its destination QPN
   // alone (UdpLinkConfig::shards). 1 and 0: the whole space.
   uint32_t qpn_shards = 1;
   uint32_t qpn_shard = 0;
-  // Memory keys (issue 13): the 24-bit index of every MR and window key is
+  // Memory keys: the 24-bit index of every MR and window key is
   // drawn at random, so a host on the fabric cannot guess a live rkey; the
   // key byte of a new object is random too. key_seed 0: the kernel's
   // CSPRNG; else a fixed sequence of that seed (tests).
@@ -73,8 +73,8 @@ struct EngineConfig {
   // WQE at once (vstellard's data-path rule). An MR deregistered after the
   // post is caught when the WR runs either way.
   bool lkeys_at_post = false;
-  // Integrity mode (issue 13): every packet carries a keyed MAC (a 28-byte
-  // trailer in front of the header) made from this 32-byte key shared by
+  // Integrity mode: every packet carries a keyed MAC (a 28-byte
+  // prefix in front of the header) made from this 32-byte key shared by
   // all daemons of the fabric; packets without a valid one are dropped
   // (EngineStats::bad_mac). Every peer must run with the same key.
   bool integrity = false;

@@ -8,7 +8,7 @@
 // IP ECN: sockets send ECT(0) so a fabric can mark; the receive side reads the
 // TOS byte (IP_RECVTOS) and reports CE to the engine.
 //
-// Two modes (UdpLinkConfig::mode, issue 16). PLAIN: one sendmsg and one
+// Two modes (UdpLinkConfig::mode). PLAIN: one sendmsg and one
 // receive per datagram. GSO (the default): consecutive datagrams of one
 // flush that leave from the same path (source port) for the same
 // destination with the same size go to the kernel as one sendmsg with
@@ -60,11 +60,11 @@ struct UdpLinkConfig {
   // the host has one) receives what the groups joined bring. 0: none.
   uint16_t mcast_port = 0;
   // Several links on the same ports, one per engine of a multi-threaded
-  // daemon (vstellard --threads, issue 16). With shards > 1 every socket is
+  // daemon (vstellard --threads). With shards > 1 every socket is
   // bound with SO_REUSEPORT, and a classic BPF program on the base port's
   // group hands each arriving datagram to socket dst_qpn % shards of the
   // group, reading the big-endian dst_qpn at shard_qpn_offset of the UDP
-  // payload (4, or 4 + the integrity trailer). Link k of the group must be
+  // payload (4, or 4 + the integrity prefix). Link k of the group must be
   // the k-th to bind (construct them one after the other); its engine
   // hands out only QPNs with qpn % shards == k (EngineConfig::qpn_shards).
   // A GSO buffer goes whole to the socket its first datagram picks, so the

@@ -1,4 +1,4 @@
-#include "vstellar/cc.h"
+#include "vstellar/congestion_control.h"
 
 #include <algorithm>
 
