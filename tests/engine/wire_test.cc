@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "vstellar/wire.h"
@@ -95,4 +96,42 @@ TEST(Wire, RejectsMalformed) {
   EXPECT_EQ(parse(abuf, al - 8, p), ParseError::TRUNCATED);
   abuf[kBaseLen + 8] = 200;  // sack_words beyond the maximum
   EXPECT_EQ(parse(abuf, al, p), ParseError::BAD_LENGTH);
+}
+
+// The route key names the engine that owns a datagram from its bytes: the
+// destination QPN, QP 1's GID, or a multicast group every engine gets; with
+// the integrity prefix in front, the same fields behind it.
+TEST(Wire, RouteKeyFromTheBytes) {
+  for (bool integrity : {false, true}) {
+    const size_t off = integrity ? kIntegrityPrefixLen : 0;
+    EXPECT_EQ(dst_qpn_offset(integrity), off + 4);
+    Base b;
+    b.op = Op::WRITE;
+    b.dst_qpn = 0x123457;
+    std::vector<uint8_t> v(off + kMaxHeaderLen);
+    v.resize(off + encode(b, DataExt{}, v.data() + off));
+    RouteKey k = route_key(v.data(), v.size(), integrity);
+    EXPECT_EQ(k.kind, RouteKey::Kind::kQpn);
+    EXPECT_EQ(k.dst_qpn, 0x123457u);
+    EXPECT_EQ(route_key(v.data(), off + kBaseLen - 1, integrity).kind, RouteKey::Kind::kAny);
+
+    UdExt ud;
+    const uint8_t dgid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+    std::copy(dgid, dgid + 16, ud.dgid);
+    b.op = Op::UD_SEND;
+    b.dst_qpn = 1;
+    v.assign(off + kMaxHeaderLen, 0);
+    v.resize(off + encode(b, ud, v.data() + off));
+    k = route_key(v.data(), v.size(), integrity);
+    EXPECT_EQ(k.kind, RouteKey::Kind::kGsi);
+    EXPECT_TRUE(std::equal(dgid, dgid + 16, k.dgid.begin()));
+    EXPECT_EQ(route_key(v.data(), v.size() - 1, integrity).kind, RouteKey::Kind::kAny);
+
+    ud.dgid[12] = 239;  // 239.0.0.2: a group
+    v.assign(off + kMaxHeaderLen, 0);
+    v.resize(off + encode(b, ud, v.data() + off));
+    EXPECT_EQ(route_key(v.data(), v.size(), integrity).kind, RouteKey::Kind::kMulticast);
+    EXPECT_TRUE(is_multicast_gid(ud.dgid));
+    EXPECT_FALSE(is_multicast_gid(dgid));
+  }
 }

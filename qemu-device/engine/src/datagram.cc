@@ -23,17 +23,9 @@ constexpr size_t kGrhBytes = 40;
 // UDP (8), BTH (12), DETH (8), ICRC (4). Only used to fill length fields.
 constexpr size_t kRoceOverhead = 8 + 12 + 8 + 4;
 
-bool is_v4_mapped(const uint8_t* gid) {
-  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
-}
-
 uint32_t v4_of(const uint8_t* gid) {
   return uint32_t(gid[12]) << 24 | uint32_t(gid[13]) << 16 | uint32_t(gid[14]) << 8 | gid[15];
 }
-
-// A RoCEv2 IPv4 multicast group: an IPv4-mapped GID in 224.0.0.0/4.
-bool is_mcast_gid(const uint8_t* gid) { return is_v4_mapped(gid) && (gid[12] & 0xf0) == 0xe0; }
 
 void put16(uint8_t* p, uint32_t v) {
   p[0] = uint8_t(v >> 8);
@@ -42,7 +34,7 @@ void put16(uint8_t* p, uint32_t v) {
 
 void build_grh(const wire::UdExt& e, size_t payload, uint8_t* out) {
   std::memset(out, 0, kGrhBytes);
-  if (is_v4_mapped(e.sgid) && is_v4_mapped(e.dgid)) {
+  if (wire::is_v4_mapped_gid(e.sgid) && wire::is_v4_mapped_gid(e.dgid)) {
     uint8_t* ip = out + 20;
     ip[0] = 0x45;  // version 4, 5 words
     ip[1] = e.traffic_class;
@@ -131,13 +123,13 @@ void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
   const wire::UdExt& e = p.ud;
   // The source GID must be the sending host's own address (no spoofing
   // another host's CM).
-  if (is_v4_mapped(e.sgid) && v4_of(e.sgid) != from.ip) {
+  if (wire::is_v4_mapped_gid(e.sgid) && v4_of(e.sgid) != from.ip) {
     stats_.ud_drops++;
     return;
   }
   Gid dgid;
   std::memcpy(dgid.data(), e.dgid, 16);
-  if (is_mcast_gid(e.dgid)) {  // a copy for every QP attached here
+  if (wire::is_multicast_gid(e.dgid)) {  // a copy for every QP attached here
     auto it = mcast_.find(dgid);
     if (it == mcast_.end()) {
       stats_.ud_drops++;
@@ -179,7 +171,7 @@ void EngineCore::ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok) {
   wc.qp_num = qp->qpn_;
   wc.src_qp = p.base.src_qpn;
   wc.wc_flags = WC_GRH | (r.from_srq ? uint32_t(WC_SRQ) : 0u) |
-                (is_v4_mapped(e.sgid) && is_v4_mapped(e.dgid) ? uint32_t(WC_GRH_IPV4) : 0u);
+                (wire::is_v4_mapped_gid(e.sgid) && wire::is_v4_mapped_gid(e.dgid) ? uint32_t(WC_GRH_IPV4) : 0u);
   if (p.base.op == wire::Op::UD_SEND_IMM) {
     wc.wc_flags |= WC_WITH_IMM;
     wc.imm_data = e.imm;
@@ -189,7 +181,7 @@ void EngineCore::ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok) {
 }
 
 int EngineCore::attach_mcast(QpImpl* qp, const Gid& mgid) {
-  if (!qp || find_qp(qp->qpn_) != qp || qp->type_ != QpType::UD || !is_mcast_gid(mgid.data()))
+  if (!qp || find_qp(qp->qpn_) != qp || qp->type_ != QpType::UD || !wire::is_multicast_gid(mgid.data()))
     return EINVAL;
   auto it = mcast_.find(mgid);
   if (it != mcast_.end()) {

@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "vstellar/memory.h"
+#include "vstellar/wire.h"
 
 namespace vstellar {
 
@@ -50,6 +51,7 @@ class PacketMac {
   static constexpr size_t kNonceLen = 12;
   static constexpr size_t kTagLen = 16;
   static constexpr size_t kPrefixLen = kNonceLen + kTagLen;
+  static_assert(kPrefixLen == wire::kIntegrityPrefixLen);
 
   // False if libsodium cannot start (no usable random source).
   static bool Init();

@@ -172,4 +172,29 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
   return ParseError::OK;
 }
 
+bool is_v4_mapped_gid(const uint8_t* gid) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
+}
+
+bool is_multicast_gid(const uint8_t* gid) { return is_v4_mapped_gid(gid) && (gid[12] & 0xf0) == 0xe0; }
+
+RouteKey route_key(const uint8_t* data, size_t len, bool integrity) {
+  RouteKey k;
+  const size_t off = integrity ? kIntegrityPrefixLen : 0;
+  if (len < off + kBaseLen) return k;
+  const uint8_t* h = data + off;
+  k.dst_qpn = Reader{h + 4}.u32();
+  k.kind = RouteKey::Kind::kQpn;
+  if (!is_ud(Op(h[1]))) return k;
+  // UdExt on the wire: qkey, imm, flow label, class, hop limit, rsvd (16
+  // bytes), sgid, dgid.
+  constexpr size_t kDgidAt = kBaseLen + 32;
+  if (len < off + kDgidAt + 16) return RouteKey{};
+  std::memcpy(k.dgid.data(), h + kDgidAt, 16);
+  if (is_multicast_gid(k.dgid.data())) k.kind = RouteKey::Kind::kMulticast;
+  else if (k.dst_qpn == 1) k.kind = RouteKey::Kind::kGsi;
+  return k;
+}
+
 }  // namespace vstellar::wire

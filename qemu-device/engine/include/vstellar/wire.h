@@ -10,6 +10,7 @@
 // Parsing copies the header fields out of the datagram into host structs
 // before anything looks at them (no double fetch), and checks every length.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -19,6 +20,9 @@ constexpr uint8_t kVersion = 1;
 constexpr size_t kBaseLen = 24;
 constexpr size_t kMaxSackWords = 16;  // 1024 PSNs per ACK
 constexpr size_t kMaxHeaderLen = 128;
+// Integrity mode (EngineConfig::integrity): every packet starts with this
+// prefix (nonce and MAC tag, docs/wire-format.md), the base header after it.
+constexpr size_t kIntegrityPrefixLen = 28;
 
 enum class Op : uint8_t {
   SEND = 1,         // DataExt
@@ -189,5 +193,31 @@ size_t encode(const Base& b, const AtomicExt& e, uint8_t* out);
 size_t encode(const Base& b, const AtomicRespExt& e, uint8_t* out);
 size_t encode(const Base& b, const AckExt& e, uint8_t* out);
 size_t encode(const Base& b, const UdExt& e, uint8_t* out);
+
+// RoCEv2 GIDs: an IPv4 address mapped into the GID (::ffff:a.b.c.d), and
+// of those an IPv4 multicast group (224.0.0.0/4).
+bool is_v4_mapped_gid(const uint8_t* gid);
+bool is_multicast_gid(const uint8_t* gid);
+
+// Which of several engines behind one address (vstellard --threads; each
+// hands out the QPNs of one residue, EngineConfig::qpn_shards) must take a
+// received datagram, read from its bytes alone and before any check (the
+// engine that takes it checks it). `integrity`: the datagram starts with
+// the integrity prefix.
+struct RouteKey {
+  enum class Kind : uint8_t {
+    kAny,        // too short to tell: any engine may take it (and drop it)
+    kQpn,        // the engine that owns dst_qpn
+    kGsi,        // a datagram for QP 1: the engine serving the GID dgid
+    kMulticast,  // a datagram to a multicast group: every engine has a copy
+  };
+  Kind kind = Kind::kAny;
+  uint32_t dst_qpn = 0;
+  std::array<uint8_t, 16> dgid{};  // kGsi
+};
+RouteKey route_key(const uint8_t* data, size_t len, bool integrity);
+// Where the big-endian dst_qpn sits in a datagram (what a link that steers
+// datagrams by it reads, UdpLinkConfig::shard_qpn_offset).
+constexpr size_t dst_qpn_offset(bool integrity) { return (integrity ? kIntegrityPrefixLen : 0) + 4; }
 
 }  // namespace vstellar::wire
