@@ -1,0 +1,151 @@
+// The stats file's JSON; see include/vstellard/stats_json.h. One function
+// per section, in the order the file has them.
+#include "vstellard/stats_json.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "vstellard/daemon_options.h"
+
+namespace vstellard {
+
+namespace {
+
+using ull = unsigned long long;
+
+template <typename... A>
+void Appendf(std::string* out, const char* fmt, A... args) {
+  char b[1024];
+  std::snprintf(b, sizeof(b), fmt, args...);
+  *out += b;
+}
+
+// "pin", "translation", "threads", "forwarded" and the ATC.
+void AppendDaemon(const DaemonStats& s, std::string* out) {
+  *out += "\"pin\":\"";
+  *out += ToString(s.pin);
+  *out += "\",\"translation\":\"";
+  *out += ToString(s.translation);
+  Appendf(out,
+          "\",\"threads\":%zu,\"forwarded\":%llu,"
+          "\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu}",
+          s.threads, ull(s.forwarded), s.atc_entries, ull(s.atc.lookups), ull(s.atc.hits), ull(s.atc.misses),
+          ull(s.atc.evictions));
+}
+
+void AppendDevice(const DeviceStats& d, std::string* out) {
+  const PvdmaStats& p = d.pvdma;
+  Appendf(out,
+          "{\"id\":%u,\"guest_bytes\":%llu,\"blocks_pinned\":%llu,\"bytes_pinned\":%llu,"
+          "\"misses\":%llu,\"hits\":%llu,\"faults\":%llu,\"lock_errors\":%llu,\"attach_ns\":%llu,"
+          "\"commands\":%llu,\"commands_failed\":%llu,\"fatal\":%s,\"qps\":%u,\"mrs\":%u,"
+          "\"wqes\":%llu,\"bad_wqes\":%llu,\"cqes\":%llu,\"memory\":%llu,\"memory_peak\":%llu,"
+          "\"memory_refused\":%llu,\"cq_notify_backlog\":%u,\"missed_kicks\":%llu,\"events\":%llu,"
+          "\"events_dropped\":%llu,\"events_merged\":%llu,\"closed\":%s}",
+          d.id, ull(p.guest_bytes), ull(p.blocks_pinned), ull(p.bytes_pinned), ull(p.misses), ull(p.hits),
+          ull(p.faults), ull(p.lock_errors), ull(p.attach_ns), ull(d.commands), ull(d.commands_failed),
+          d.fatal ? "true" : "false", d.qps, d.mrs, ull(d.wqes), ull(d.bad_wqes), ull(d.cqes), ull(d.memory),
+          ull(d.memory_peak), ull(d.memory_refused), d.cq_notify_backlog, ull(d.missed_kicks), ull(d.events),
+          ull(d.events_dropped), ull(d.events_merged), d.closed ? "true" : "false");
+}
+
+void AppendDevices(const DaemonStats& s, std::string* out) {
+  *out += ",\"devices\":[";
+  for (size_t i = 0; i < s.devices.size(); i++) {
+    if (i) *out += ",";
+    AppendDevice(s.devices[i], out);
+  }
+  *out += "]";
+}
+
+void AppendMemory(const DaemonStats& s, std::string* out) {
+  const DaemonStats::Memory& m = s.memory;
+  Appendf(out, ",\"memory\":{\"limit\":%llu,\"device_limit\":%llu,\"used\":%llu,\"peak\":%llu,\"refused\":%llu}",
+          ull(m.limit), ull(m.device_limit), ull(m.used), ull(m.peak), ull(m.refused));
+}
+
+// The engines (summed over the workers): transport counters and, per path,
+// the packets sent, so a run shows how its traffic spread.
+void AppendEngine(const DaemonStats& s, std::string* out) {
+  if (!s.have_engine) return;
+  const vstellar::EngineStats& e = s.engine;
+  Appendf(out,
+          ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
+          "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
+          "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"spurious_timeouts\":%llu,"
+          "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,"
+          "\"early_reads\":%llu,\"path_tx_pkts\":[",
+          ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
+          ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
+          ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
+          ull(e.held_resends), ull(e.early_reads));
+  for (size_t i = 0; i < e.paths.size(); i++) {
+    *out += i ? "," : "";
+    *out += std::to_string(e.paths[i].tx_pkts);
+  }
+  *out += "]}";
+}
+
+// The per-QP state dump (vstellar-stat --qps): lines of key=value.
+void AppendQps(const DaemonStats& s, std::string* out) {
+  *out += ",\"qps\":[";
+  for (size_t i = 0; i < s.qps.size(); i++) *out += (i ? ",\"" : "\"") + s.qps[i] + "\"";
+  *out += "]";
+}
+
+}  // namespace
+
+void AddAtcStats(AtcStats* sum, const AtcStats& s) {
+  sum->lookups += s.lookups;
+  sum->hits += s.hits;
+  sum->misses += s.misses;
+  sum->evictions += s.evictions;
+}
+
+void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) {
+  sum->tx_pkts += s.tx_pkts;
+  sum->rx_pkts += s.rx_pkts;
+  sum->tx_bytes += s.tx_bytes;
+  sum->rx_bytes += s.rx_bytes;
+  sum->retx_pkts += s.retx_pkts;
+  sum->timeouts += s.timeouts;
+  sum->acks_sent += s.acks_sent;
+  sum->ce_marks += s.ce_marks;
+  sum->ud_sent += s.ud_sent;
+  sum->ud_rcvd += s.ud_rcvd;
+  sum->ud_drops += s.ud_drops;
+  sum->stalled_qps += s.stalled_qps;
+  sum->spurious_timeouts += s.spurious_timeouts;
+  sum->read_gap_losses += s.read_gap_losses;
+  sum->paths_set_aside += s.paths_set_aside;
+  sum->held_notices_sent += s.held_notices_sent;
+  sum->held_resends += s.held_resends;
+  sum->early_reads += s.early_reads;
+  sum->paths.resize(std::max(sum->paths.size(), s.paths.size()));
+  for (size_t i = 0; i < s.paths.size(); i++) sum->paths[i].tx_pkts += s.paths[i].tx_pkts;
+}
+
+std::string StatsJson(const DaemonStats& s) {
+  std::string out = "{";
+  AppendDaemon(s, &out);
+  AppendDevices(s, &out);
+  AppendMemory(s, &out);
+  AppendEngine(s, &out);
+  AppendQps(s, &out);
+  return out + "}\n";
+}
+
+void WriteStatsFile(const std::string& path, const std::string& json) {
+  if (path.empty()) {
+    std::fputs(json.c_str(), stderr);
+    return;
+  }
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;
+  std::fputs(json.c_str(), f);
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace vstellard

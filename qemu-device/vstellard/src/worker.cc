@@ -1,0 +1,576 @@
+// One worker's event loop; see include/vstellard/worker.h.
+#include "vstellard/worker.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <vstellar/udp_link.h>
+#include <vstellar/wire.h>
+
+#include "vstellard/stats_json.h"
+
+namespace vstellard {
+
+namespace {
+constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3,
+                   kTokInbox = ~0ull - 4;
+// Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
+uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
+uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
+
+void Log(const char* fmt, auto... args) {
+  std::fprintf(stderr, "vstellard: ");
+  std::fprintf(stderr, fmt, args...);
+  std::fputc('\n', stderr);
+}
+
+void WakeEventfd(int fd) {
+  uint64_t one = 1;
+  (void)!write(fd, &one, sizeof(one));
+}
+
+void DrainEventfd(int fd) {
+  uint64_t v;
+  (void)!read(fd, &v, sizeof(v));
+}
+
+// No network: packets are dropped (control-path-only daemons and tests).
+class NullLink final : public vstellar::Link {
+ public:
+  void send(uint16_t, const vstellar::Endpoint&, const uint8_t*, size_t, const vstellar::HostSpan*, size_t) override {}
+  void flush() override {}
+};
+}  // namespace
+
+// Datagrams from the link into the engine. With several workers, a
+// datagram for another worker's QP (one that came inside a GSO buffer
+// steered by its first datagram, or for QP 1 of a GID another worker's
+// device holds) goes to that worker's inbox. Which worker owns it the
+// engine reads from the bytes (wire::route_key).
+class Worker::DatagramRouter final : public vstellar::RxSink {
+ public:
+  explicit DatagramRouter(Worker& w) : w_(w), workers_(*w.env_.workers) {}
+  void on_datagram(const uint8_t* data, size_t n, const vstellar::Endpoint& from, uint16_t, bool ce) override {
+    if (workers_.size() > 1) {
+      const int owner = Owner(data, n);
+      if (owner >= 0 && unsigned(owner) != w_.index()) {
+        workers_[size_t(owner)]->Forward(data, n, from, ce);
+        w_.forwarded.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    w_.engine_->receive(data, n, from, ce);
+  }
+
+ private:
+  // The worker whose engine owns the datagram's destination, or -1 (this
+  // one: it has a copy of its own, or the engine drops it).
+  int Owner(const uint8_t* data, size_t n) const {
+    using Kind = vstellar::wire::RouteKey::Kind;
+    const vstellar::wire::RouteKey key = vstellar::wire::route_key(data, n, w_.o_.integrity);
+    switch (key.kind) {
+      case Kind::kQpn: return int(key.dst_qpn % workers_.size());
+      case Kind::kGsi: return w_.env_.gids->WorkerOf(key.dgid);
+      case Kind::kMulticast: return -1;  // every worker's multicast socket got its own copy
+      case Kind::kAny: return -1;
+    }
+    return -1;
+  }
+  Worker& w_;
+  const std::vector<std::unique_ptr<Worker>>& workers_;
+};
+
+Worker::Worker(const WorkerEnv& env, unsigned index)
+    : env_(env),
+      o_(*env.options),
+      index_(index),
+      stopfd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      inboxfd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+void Worker::TearDown() {
+  std::lock_guard<std::mutex> g(mu);
+  for (auto& [id, c] : conns_) {
+    c.dev.reset();
+    if (c.sock >= 0) close(c.sock);
+  }
+  conns_.clear();
+  // The engine's objects go before the link they send on.
+  engine_.reset();
+  link_.reset();
+  udp_ = nullptr;
+}
+
+Worker::~Worker() {
+  TearDown();
+  for (auto& [id, s] : new_conns_) close(s);
+  for (int fd : {epfd_, stopfd_, inboxfd_})
+    if (fd >= 0) close(fd);
+}
+
+void Worker::Stop() { WakeEventfd(stopfd_); }
+
+bool Worker::Start(std::string* err) {
+  if (!StartLink(err) || !StartEngine(err)) return false;
+  ShareWithDevices();
+  return StartEpoll(err);
+}
+
+// The UDP link on the engine's ports, or none without --udp-port.
+bool Worker::StartLink(std::string* err) {
+  if (!o_.udp_port) {
+    link_ = std::make_unique<NullLink>();
+    return true;
+  }
+  vstellar::UdpLinkConfig lc;
+  lc.local_ip = o_.ip;
+  lc.base_port = o_.udp_port;
+  lc.num_paths = o_.paths;
+  lc.mode = o_.link_mode;
+  lc.zerocopy = o_.zerocopy;
+  lc.mcast_port = uint16_t((o_.peer_port ? o_.peer_port : o_.udp_port) + DeviceShared::kMcastPortOffset);
+  if (o_.threads > 1) {
+    lc.shards = uint16_t(o_.threads);
+    lc.shard = uint16_t(index_);
+    lc.shard_qpn_offset = uint16_t(vstellar::wire::dst_qpn_offset(o_.integrity));
+  }
+  auto udp = std::make_unique<vstellar::UdpLink>(lc);
+  if (!udp->ok()) {
+    *err = "udp link: " + udp->error();
+    return false;
+  }
+  udp_ = udp.get();
+  link_ = std::move(udp);
+  return true;
+}
+
+bool Worker::StartEngine(std::string* err) {
+  const unsigned n = o_.threads;
+  vstellar::EngineConfig ec;
+  ec.num_paths = o_.paths;
+  ec.path_burst = o_.path_burst;
+  ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
+  ec.integrity = o_.integrity;
+  ec.integrity_key = o_.integrity_key;
+  ec.qpn_shards = n;  // this worker's QPNs are index_ mod n: the steering key
+  ec.qpn_shard = index_;
+  if (!ec.validate()) {
+    *err = "bad engine configuration";
+    return false;
+  }
+  engine_ = std::make_unique<vstellar::Engine>(ec, *link_, clock_);
+  // The ATC's entries are split among the workers (each device is on one).
+  atc_ = std::make_unique<Atc>(std::max<size_t>(1, o_.atc_entries / n), o_.atc_miss_ns);
+  return true;
+}
+
+// What every device of this worker shares (DeviceShared).
+void Worker::ShareWithDevices() {
+  shared_.engine = engine_.get();
+  shared_.atc = atc_.get();
+  shared_.worker = index_;
+  shared_.pin = o_.pin;
+  shared_.translation = o_.translation;
+  shared_.poll_ns = o_.poll_us * 1000;
+  shared_.recheck_ns = o_.idle_recheck_us * 1000;
+  shared_.control_budget = o_.control_budget ? o_.control_budget : 1;
+  shared_.wqe_budget_queue = o_.wqe_budget_queue ? o_.wqe_budget_queue : 1;
+  shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
+  shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
+  shared_.host_ip = o_.ip;
+  shared_.require_sealed_memory = o_.require_sealed_memory;
+  shared_.memory = env_.memory;
+  shared_.device_memory_limit = o_.device_memory_limit;
+  shared_.mcast_groups_per_device = o_.mcast_groups_per_device;
+  shared_.mcast_qps_per_group = o_.mcast_qps_per_group;
+  shared_.device_config = env_.device_config;
+  shared_.gids = env_.gids;
+  SetHooks();
+}
+
+bool Worker::StartEpoll(std::string* err) {
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0 || stopfd_ < 0 || inboxfd_ < 0) {
+    *err = std::string("epoll/eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  std::vector<std::pair<int, uint64_t>> fds = {{stopfd_, kTokStop}, {inboxfd_, kTokInbox}};
+  if (index_ == 0) fds.insert(fds.end(), {{env_.listen_fd, kTokListen}, {env_.stats_fd, kTokStats}});
+  if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
+  for (auto [fd, tok] : fds) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tok;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  return true;
+}
+
+void Worker::SetHooks() {
+  shared_.after_copy = env_.after_copy;
+  shared_.after_wqe_copy = env_.after_wqe_copy;
+}
+
+void Worker::Adopt(unsigned id, int sock) {
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    new_conns_.emplace_back(id, sock);
+  }
+  WakeEventfd(inboxfd_);
+}
+
+void Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, bool ce) {
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    first = datagrams_.empty();
+    datagrams_.push_back(Datagram{std::vector<uint8_t>(data, data + len), from, ce});
+  }
+  if (first) WakeEventfd(inboxfd_);
+}
+
+// New connections and passed-on datagrams from other threads.
+void Worker::TakeInbox() {
+  DrainEventfd(inboxfd_);
+  std::vector<std::pair<unsigned, int>> conns;
+  std::vector<Datagram> dgrams;
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    conns.swap(new_conns_);
+    dgrams.swap(datagrams_);
+  }
+  for (auto& [id, s] : conns) AddConn(id, s);
+  for (const Datagram& dg : dgrams) engine_->receive(dg.bytes.data(), dg.bytes.size(), dg.from, dg.ce);
+}
+
+// Marks a device as worked on in this turn: it gets its budgets anew
+// (DeviceShared), and the end of the turn continues its control queue and
+// polls its data path.
+void Worker::Visit(unsigned id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.turn == turn_) return;
+  it->second.turn = turn_;
+  it->second.dev->BeginTurn();
+  visit_.push_back(id);
+}
+
+// The engine's timers (RTO, delayed ACKs) are the epoll timeout, to the
+// nanosecond (epoll_pwait2); datagrams wake the loop through the UDP
+// link's eventfd. A device that polls its doorbells (kicked, or work less
+// than poll_ns ago), one with control requests left over from the last
+// turn's budget, and an engine with work left keep the loop from
+// sleeping; an idle device has set need_kick and waits for its kick
+// eventfd. Idle, the loop sleeps: no periodic wake-up.
+//
+// A turn costs what the devices with work cost, not what all devices do,
+// so that many idle guests do not slow the busy ones: it visits the
+// devices that were polling or had control left (active_), those woken by
+// the engine (shared_.woken) and those with an event, and times only
+// connections stuck inside a message (partial_).
+void Worker::Run() {
+  epoll_event evs[64];
+  bool engine_more = false;
+  for (;;) {
+    timespec ts{};
+    timespec* timeout = NextTimeout(engine_more, &ts);
+    wakeups.fetch_add(1, std::memory_order_relaxed);
+    int n = epoll_pwait2(epfd_, evs, 64, timeout, nullptr);
+    if (n < 0 && errno != EINTR) {
+      Log("epoll_wait: %s", std::strerror(errno));
+      return;
+    }
+    bool stats = false;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      BeginTurn();
+      if (!HandleEvents(evs, n, &stats)) return;
+      RecheckIdleDevices();
+      CloseStalled();
+      engine_more = EndTurn();
+    }
+    // Outside this worker's lock: the stats take every worker's in turn.
+    if (stats) env_.write_stats();
+  }
+}
+
+// How long the next epoll wait may sleep: not at all while there is work,
+// else until the first timer (the engine's, an idle device's second look,
+// a stalled connection's time), nullptr for until an event.
+timespec* Worker::NextTimeout(bool engine_more, timespec* ts) {
+  bool polling;
+  uint64_t deadline = UINT64_MAX;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    polling = !active_.empty() || !shared_.woken.empty();
+    if (udp_) deadline = engine_->next_deadline();
+    for (const auto& [at, id] : shared_.rechecks) deadline = std::min(deadline, at);
+    // A connection stuck mid-message is closed when its time is up.
+    for (unsigned id : partial_) deadline = std::min(deadline, conns_.at(id).partial_since_ns + StallLimitNs());
+  }
+  if (polling || (udp_ && engine_more)) return ts;  // zero: a look, no sleep
+  if (deadline == UINT64_MAX) return nullptr;
+  const uint64_t now = clock_.now_ns();
+  const uint64_t wait = deadline > now ? deadline - now : 0;
+  ts->tv_sec = time_t(wait / 1'000'000'000ull);
+  ts->tv_nsec = long(wait % 1'000'000'000ull);
+  return ts;
+}
+
+// Each device gets its budgets anew each turn it is visited, however often
+// it is kicked: round robin across devices, one budget each.
+void Worker::BeginTurn() {
+  turn_++;
+  visit_.clear();
+  for (unsigned id : active_) Visit(id);
+  std::vector<unsigned> woken;
+  woken.swap(shared_.woken);
+  for (unsigned id : woken) Visit(id);
+}
+
+bool Worker::HandleEvents(const epoll_event* evs, int n, bool* stats) {
+  for (int i = 0; i < n; i++) {
+    const uint64_t tok = evs[i].data.u64;
+    if (tok == kTokStop) return false;
+    if (tok == kTokStats) {
+      DrainEventfd(env_.stats_fd);
+      *stats = true;
+      continue;
+    }
+    if (tok == kTokListen) {
+      env_.accept();
+      continue;
+    }
+    if (tok == kTokInbox) {
+      TakeInbox();
+      continue;
+    }
+    if (tok == kTokUdp) {  // re-arm; PumpEngine takes the datagrams
+      DrainEventfd(udp_->event_fd());
+      continue;
+    }
+    const unsigned id = unsigned(tok >> 16);
+    const uint32_t q = uint32_t(tok & 0xffff);
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    Visit(id);
+    if (q == 0xffff) OnSocket(id);
+    else it->second.dev->OnKick(q);
+  }
+  return true;
+}
+
+// Devices that went idle a moment ago look at their doorbells once more
+// (after this turn's kicks, so a kick that came is no miss).
+void Worker::RecheckIdleDevices() {
+  if (shared_.rechecks.empty()) return;
+  const uint64_t now = clock_.now_ns();
+  std::vector<std::pair<uint64_t, unsigned>> due;
+  due.swap(shared_.rechecks);  // a recheck adds none: those not due go back
+  for (const auto& r : due) {
+    auto it = conns_.find(r.second);
+    if (it == conns_.end()) continue;
+    if (r.first > now) {
+      shared_.rechecks.push_back(r);
+      continue;
+    }
+    Visit(r.second);
+    const uint64_t missed = it->second.dev->RecheckDataPath();
+    if (missed && (missed & (missed - 1)) == 0)  // 1, 2, 4, ...: not a flood
+      Log("device %u: %llu WQEs found by the look after going idle before a kick came for them "
+          "(kicks late on a loaded host, or lost: a TCG guest needs -smp N,maxcpus>=2)",
+          r.second, (unsigned long long)missed);
+  }
+}
+
+// The visited devices continue their control queues and poll their data
+// paths; those still polling or with control left are next turn's active
+// ones. Then the engine takes the datagrams and moves.
+bool Worker::EndTurn() {
+  for (unsigned id : visit_) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) continue;
+    it->second.dev->ContinueControl();
+    it->second.dev->PollDataPath();
+  }
+  active_.clear();
+  for (unsigned id : visit_) {
+    auto it = conns_.find(id);
+    if (it != conns_.end() && (it->second.dev->Polling() || it->second.dev->ControlPending()))
+      active_.push_back(id);
+  }
+  return udp_ && PumpEngine();
+}
+
+bool Worker::PumpEngine() {
+  DatagramRouter router(*this);
+  udp_->poll(0, router);
+  const bool more = engine_->progress();
+  // The engine's watchdog (EngineStats::stalled_qps): a QP owing work
+  // that nothing will move. Said once per episode, with its state.
+  for (uint32_t qpn : engine_->take_stalled())
+    Log("qp %u stalled: owes work, no progress for 10 RTOs, nothing armed: %s", qpn,
+        engine_->describe_qp(qpn).c_str());
+  for (const vstellar::AsyncEvent& e : engine_->take_async_events()) {
+    for (auto& [id, c] : conns_) {
+      if (c.dev->OwnsEvent(e)) c.dev->OnEngineEvent(e);
+    }
+  }
+  return more;
+}
+
+// Under mu: device `id` on connection `sock` joins this worker.
+void Worker::AddConn(unsigned id, int sock) {
+  // Devices are created at run time, one per QEMU connection; the log
+  // reports how long creating one takes (Stellar's point against SR-IOV).
+  const auto t0 = std::chrono::steady_clock::now();
+  Conn c;
+  c.sock = sock;
+  c.dev = std::make_unique<Device>(id, shared_);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = SockTok(id);
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, sock, &ev);
+  conns_.emplace(id, std::move(c));
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (o_.threads > 1)
+    Log("device %u: created in %.1f us on worker %u (pin=%s, translation=%s)", id, us, index_, ToString(o_.pin),
+        ToString(o_.translation));
+  else
+    Log("device %u: created in %.1f us (pin=%s, translation=%s)", id, us, ToString(o_.pin),
+        ToString(o_.translation));
+}
+
+// Reads what the socket holds without waiting: whole messages are handled
+// (at most kMaxPerTurn, the rest next turn), a partial one is kept by the
+// connection's MessageReader and timed (CloseStalled).
+void Worker::OnSocket(unsigned id) {
+  constexpr int kMaxPerTurn = 16;
+  for (int i = 0; i < kMaxPerTurn; i++) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;  // closed while handling a message
+    Conn& c = it->second;
+    Message m;
+    std::string err;
+    const MessageReader::Result r = c.reader.Read(c.sock, &m, &err);
+    if (r == MessageReader::Result::kAgain) break;
+    if (r != MessageReader::Result::kMessage) {
+      Close(id, err.empty() ? "frontend closed" : err);
+      return;
+    }
+    HandleMessage(id, std::move(m));
+  }
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  Conn& c = it->second;
+  if (!c.reader.partial()) {
+    c.partial_since_ns = 0;
+    partial_.erase(id);
+  } else if (!c.partial_since_ns) {
+    c.partial_since_ns = clock_.now_ns();
+    partial_.insert(id);
+  }
+}
+
+uint64_t Worker::StallLimitNs() const { return uint64_t(o_.vhost_timeout_ms) * 1'000'000ull; }
+
+void Worker::CloseStalled() {
+  const uint64_t now = clock_.now_ns(), limit = StallLimitNs();
+  std::vector<unsigned> stalled;
+  for (unsigned id : partial_)
+    if (now - conns_.at(id).partial_since_ns >= limit) stalled.push_back(id);
+  for (unsigned id : stalled) Close(id, "stalled inside a vhost-user message");
+}
+
+void Worker::HandleMessage(unsigned id, Message&& m) {
+  Conn& c = conns_.at(id);
+  std::string err;
+  const uint32_t req = m.hdr.request;
+  // A message may close kick fds (SET_VRING_KICK replaces one, RESET_OWNER
+  // drops them): take them out of epoll while they are still open. After
+  // the close, a registration whose eventfd the frontend still holds could
+  // not be removed any more and would wake the loop forever.
+  UnwatchKicks(c);
+  Outcome out = c.dev->OnMessage(std::move(m));
+  // A reply that does not fit the socket buffer (a frontend that does not
+  // read its replies) fails with EAGAIN and closes the connection.
+  if (out.reply && !WriteAll(c.sock, *out.reply, &err)) {
+    Close(id, err);
+    return;
+  }
+  if (!out.ok()) {
+    Close(id, "request " + std::to_string(req) + " refused: " + out.error);
+    return;
+  }
+  SyncKicks(id);
+  // A queue that was started may already hold work.
+  if (req == uint32_t(Request::kSetVringKick) || req == uint32_t(Request::kSetVringEnable))
+    for (auto& [fd, q] : c.kicks) c.dev->OnKick(q);
+}
+
+void Worker::UnwatchKicks(Conn& c) {
+  for (auto& [fd, q] : c.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  c.kicks.clear();
+}
+
+void Worker::SyncKicks(unsigned id) {
+  Conn& c = conns_.at(id);
+  auto want = c.dev->KickFds();
+  if (want == c.kicks) return;
+  UnwatchKicks(c);
+  for (auto& [fd, q] : want) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = KickTok(id, q);
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  c.kicks = std::move(want);
+}
+
+void Worker::Close(unsigned id, const std::string& why) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  for (auto& [fd, q] : it->second.kicks) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, it->second.sock, nullptr);
+  close(it->second.sock);
+  const PvdmaStats s = it->second.dev->pvdma().stats();
+  Log("device %u: destroyed (%s); %llu blocks pinned, %llu misses", id, why.c_str(),
+      (unsigned long long)s.blocks_pinned, (unsigned long long)s.misses);
+  partial_.erase(id);
+  DeviceStats last = it->second.dev->stats();
+  last.closed = true;
+  env_.keep_closed(last);
+  conns_.erase(it);
+  devices.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Worker::CollectStats(std::vector<DeviceStats>* v) {
+  for (auto& [id, c] : conns_) v->push_back(c.dev->stats());
+}
+
+// Every QP's state, the engine's view and the data path's.
+void Worker::DescribeQps(std::vector<std::string>* out) {
+  if (engine_)
+    for (std::string& l : engine_->describe_qps()) out->push_back("worker=" + std::to_string(index_) + " " + l);
+  for (auto& [id, c] : conns_)
+    for (std::string& l : c.dev->Describe()) out->push_back(std::move(l));
+}
+
+void Worker::AddStats(DaemonStats* s) {
+  CollectStats(&s->devices);
+  DescribeQps(&s->qps);
+  if (atc_) {
+    AddAtcStats(&s->atc, atc_->stats());
+    s->atc_entries += atc_->capacity();
+  }
+  if (!o_.udp_port || !engine_) return;
+  s->have_engine = true;
+  AddEngineStats(&s->engine, engine_->stats());
+}
+
+}  // namespace vstellard
