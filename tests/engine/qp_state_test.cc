@@ -111,6 +111,35 @@ TEST(QpState, ModifyRequiresTheRightAttributes) {
   EXPECT_EQ(q.qp_state, QpState::RESET);
 }
 
+// check_modify_qp names the first rule a modify breaks (what vstellard
+// turns into BAD_STATE or BAD_FIELD), and modify_qp refuses exactly those.
+TEST(QpState, CheckModifySaysWhy) {
+  Pair t(unconnected());
+  Engine& e = *t.a.eng;
+  Qp* qp = t.a.qp;
+  constexpr uint32_t kInit = QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS;
+  QpAttr at;
+  at.qp_state = QpState::INIT;
+  at.port_num = 1;
+  EXPECT_EQ(e.check_modify_qp(qp, at, kInit), ModifyQpCheck::OK);
+  EXPECT_EQ(e.check_modify_qp(qp, at, QP_STATE), ModifyQpCheck::MISSING_ATTR);
+  EXPECT_EQ(e.check_modify_qp(qp, at, kInit | QP_SQ_PSN), ModifyQpCheck::ATTR_NOT_ALLOWED);
+  at.cur_qp_state = QpState::RTS;
+  EXPECT_EQ(e.check_modify_qp(qp, at, kInit | QP_CUR_STATE), ModifyQpCheck::WRONG_CUR_STATE);
+  at.port_num = 2;
+  EXPECT_EQ(e.check_modify_qp(qp, at, kInit), ModifyQpCheck::BAD_ATTR_VALUE);
+  EXPECT_EQ(e.modify_qp(qp, at, kInit), EINVAL);
+  at.port_num = 1;
+  at.qp_state = QpState::RTS;  // RESET -> RTS skips INIT and RTR
+  EXPECT_EQ(e.check_modify_qp(qp, at, QP_STATE), ModifyQpCheck::BAD_TRANSITION);
+  EXPECT_EQ(e.modify_qp(qp, at, QP_STATE), EINVAL);
+  EXPECT_EQ(qp->state(), QpState::RESET);
+  at.qp_state = QpState::INIT;
+  EXPECT_EQ(e.modify_qp(qp, at, kInit), 0);
+  EXPECT_EQ(qp->state(), QpState::INIT);
+  EXPECT_STREQ(to_string(ModifyQpCheck::BAD_TRANSITION), "no such transition");
+}
+
 TEST(QpState, PostingDependsOnState) {
   Pair t(unconnected());
   Sge sg{t.a.addr(), 8, t.a.mr->lkey()};

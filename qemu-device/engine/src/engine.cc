@@ -433,6 +433,9 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& init) { return core_->create_qp(
 int Engine::modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) {
   return core_->modify_qp(impl(qp), attr, mask);
 }
+ModifyQpCheck Engine::check_modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask) {
+  return core_->check_modify_qp(impl(qp), attr, mask);
+}
 int Engine::query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init) {
   return core_->query_qp(impl(qp), attr, init);
 }

@@ -323,6 +323,7 @@ class EngineCore {
   int destroy_cq(Cq* cq);
   QpImpl* create_qp(Pd* pd, const QpInitAttr& init);
   int modify_qp(QpImpl* qp, const QpAttr& attr, uint32_t mask);
+  ModifyQpCheck check_modify_qp(QpImpl* qp, const QpAttr& attr, uint32_t mask);
   int query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init);
   int destroy_qp(QpImpl* qp);
   int post_send(QpImpl* qp, const SendWr& wr, WcStatus* why);
@@ -366,7 +367,8 @@ class EngineCore {
   uint64_t next_deadline();
 
   // qp.cc: the state machine and the verbs rules of a posted WR
-  int check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next);
+  ModifyQpCheck check_transition(const QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur,
+                                 QpState next) const;
   WcStatus check_send(const QpImpl& qp, const SendWr& wr);
   WcStatus check_recv(const Pd* pd, uint32_t max_sge, const RecvWr& wr);
   void reset_qp(QpImpl& qp);

@@ -262,42 +262,61 @@ int EngineCore::query_qp(QpImpl* qp, QpAttr& attr, QpInitAttr& init) {
   return 0;
 }
 
-int EngineCore::check_modify(QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur, QpState next) {
+const char* to_string(ModifyQpCheck c) {
+  switch (c) {
+    case ModifyQpCheck::OK: return "ok";
+    case ModifyQpCheck::NO_SUCH_QP: return "no such QP";
+    case ModifyQpCheck::WRONG_CUR_STATE: return "the QP is not in the current state given";
+    case ModifyQpCheck::BAD_TRANSITION: return "no such transition";
+    case ModifyQpCheck::MISSING_ATTR: return "a required attribute is missing";
+    case ModifyQpCheck::ATTR_NOT_ALLOWED: return "an attribute this transition does not take";
+    case ModifyQpCheck::BAD_ATTR_VALUE: return "an attribute value out of range";
+  }
+  return "?";
+}
+
+ModifyQpCheck EngineCore::check_modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
+  if (!qp || find_qp(qp->qpn_) != qp) return ModifyQpCheck::NO_SUCH_QP;
+  const QpState cur = qp->state_;
+  if ((mask & QP_CUR_STATE) && a.cur_qp_state != cur) return ModifyQpCheck::WRONG_CUR_STATE;
+  const QpState next = (mask & QP_STATE) ? a.qp_state : cur;
+  if (int(next) >= kStates) return ModifyQpCheck::BAD_TRANSITION;
+  return check_transition(*qp, a, mask, cur, next);
+}
+
+// The transition cur -> next for the QP's type, the attributes in `mask`
+// against those it requires and allows, and their values.
+ModifyQpCheck EngineCore::check_transition(const QpImpl& qp, const QpAttr& a, uint32_t mask, QpState cur,
+                                           QpState next) const {
+  using C = ModifyQpCheck;
   const Transition& t = qp.is_ud()   ? ud_transition(cur, next, qp.is_gsi())
                         : qp.is_uc() ? uc_transition(cur, next)
                                      : transition(cur, next);
-  if (!t.valid) return EINVAL;
+  if (!t.valid) return C::BAD_TRANSITION;
   uint32_t extra = mask & ~(QP_STATE | QP_CUR_STATE);
-  if ((extra & t.req) != t.req) return EINVAL;              // a required attribute is missing
-  if (extra & ~(t.req | t.opt | QP_CUR_STATE)) return EINVAL;  // an attribute not allowed here
+  if ((extra & t.req) != t.req) return C::MISSING_ATTR;
+  if (extra & ~(t.req | t.opt | QP_CUR_STATE)) return C::ATTR_NOT_ALLOWED;
   if ((mask & QP_CUR_STATE) && !(t.opt & QP_CUR_STATE) && next != QpState::RESET &&
       next != QpState::ERR)
-    return EINVAL;
-  if ((mask & QP_PORT) && a.port_num != 1) return EINVAL;
-  if ((mask & QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
-  if ((mask & QP_ACCESS_FLAGS) && (a.qp_access_flags & ~ACCESS_ALL_SUPPORTED)) return EINVAL;
-  if ((mask & QP_PATH_MTU) && mtu_bytes(a.path_mtu) == 0) return EINVAL;
-  if ((mask & QP_DEST_QPN) && a.dest_qp_num > DeviceLimits::kMaxQpn) return EINVAL;
-  if ((mask & QP_RQ_PSN) && a.rq_psn > 0xFFFFFF) return EINVAL;
-  if ((mask & QP_SQ_PSN) && a.sq_psn > 0xFFFFFF) return EINVAL;
-  if ((mask & QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > DeviceLimits::kMaxRdAtomic) return EINVAL;
-  if ((mask & QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > DeviceLimits::kMaxRdAtomic)
-    return EINVAL;
-  if ((mask & QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
-  if ((mask & QP_TIMEOUT) && a.timeout > 31) return EINVAL;
-  if ((mask & QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
-  if ((mask & QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
-  if ((mask & QP_AV) && (a.ah.port == 0 || a.ah.ip == 0)) return EINVAL;
-  return 0;
+    return C::ATTR_NOT_ALLOWED;
+  const bool out_of_range =
+      ((mask & QP_PORT) && a.port_num != 1) || ((mask & QP_PKEY_INDEX) && a.pkey_index != 0) ||
+      ((mask & QP_ACCESS_FLAGS) && (a.qp_access_flags & ~ACCESS_ALL_SUPPORTED)) ||
+      ((mask & QP_PATH_MTU) && mtu_bytes(a.path_mtu) == 0) ||
+      ((mask & QP_DEST_QPN) && a.dest_qp_num > DeviceLimits::kMaxQpn) ||
+      ((mask & QP_RQ_PSN) && a.rq_psn > 0xFFFFFF) || ((mask & QP_SQ_PSN) && a.sq_psn > 0xFFFFFF) ||
+      ((mask & QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > DeviceLimits::kMaxRdAtomic) ||
+      ((mask & QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > DeviceLimits::kMaxRdAtomic) ||
+      ((mask & QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) || ((mask & QP_TIMEOUT) && a.timeout > 31) ||
+      ((mask & QP_RETRY_CNT) && a.retry_cnt > 7) || ((mask & QP_RNR_RETRY) && a.rnr_retry > 7) ||
+      ((mask & QP_AV) && (a.ah.port == 0 || a.ah.ip == 0));
+  return out_of_range ? C::BAD_ATTR_VALUE : C::OK;
 }
 
 int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
-  if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
-  QpState cur = qp->state_;
-  if ((mask & QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
-  QpState next = (mask & QP_STATE) ? a.qp_state : cur;
-  if (int(next) >= kStates) return EINVAL;
-  if (int err = check_modify(*qp, a, mask, cur, next)) return err;
+  if (check_modify_qp(qp, a, mask) != ModifyQpCheck::OK) return EINVAL;
+  const QpState cur = qp->state_;
+  const QpState next = (mask & QP_STATE) ? a.qp_state : cur;
 
   QpAttr& s = qp->attr;
   if (mask & QP_ACCESS_FLAGS) s.qp_access_flags = a.qp_access_flags;
@@ -405,7 +424,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.next_rsn = 0;
   // Every field of the connection goes back to its initial value (see
   // QpImpl): a later connection must not inherit ACK, RTT or window state
-  // of this one (issue 13: a stale cum_seen left the new connection's WQEs
+  // of this one (a stale cum_seen would leave the new connection's WQEs
   // uncompleted).
   qp.snd_una = qp.snd_nxt = 0;
   qp.read_fence = 0;

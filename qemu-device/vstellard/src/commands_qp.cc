@@ -10,24 +10,6 @@
 
 namespace vstellard {
 
-namespace {
-
-bool ValidTransition(uint8_t cur, uint8_t next) {
-  using S = vstellar_qp_state;
-  if (next == VSTELLAR_QPS_RESET || next == VSTELLAR_QPS_ERR) return true;
-  switch (S(cur)) {
-    case VSTELLAR_QPS_RESET: return next == VSTELLAR_QPS_INIT;
-    case VSTELLAR_QPS_INIT: return next == VSTELLAR_QPS_INIT || next == VSTELLAR_QPS_RTR;
-    case VSTELLAR_QPS_RTR: return next == VSTELLAR_QPS_RTS;
-    case VSTELLAR_QPS_RTS: return next == VSTELLAR_QPS_RTS || next == VSTELLAR_QPS_SQD;
-    case VSTELLAR_QPS_SQD: return next == VSTELLAR_QPS_RTS || next == VSTELLAR_QPS_SQD;
-    case VSTELLAR_QPS_SQE: return next == VSTELLAR_QPS_RTS;
-    default: return false;
-  }
-}
-
-}  // namespace
-
 // What a QP holds beyond its table entry: the engine's QP, its multicast
 // groups and its doorbell slot.
 void Commands::ReleaseQp(uint32_t qpn, QpObj& q) {
@@ -199,10 +181,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
     if (qa.ah.ip == 0) return VSTELLAR_STATUS_BAD_FIELD;
   }
   vstellar::Qp* qp = q->qp;
-  const uint8_t cur = uint8_t(qp->state());
-  if ((mask & VSTELLAR_QP_CUR_STATE) && a.cur_qp_state != cur) return VSTELLAR_STATUS_BAD_STATE;
-  const uint8_t next = (mask & VSTELLAR_QP_STATE) ? a.qp_state : cur;
-  if (!ValidTransition(cur, next)) return VSTELLAR_STATUS_BAD_STATE;
+  const uint8_t next = (mask & VSTELLAR_QP_STATE) ? a.qp_state : uint8_t(qp->state());
   qa.qp_state = vstellar::QpState(next);
   qa.cur_qp_state = vstellar::QpState(a.cur_qp_state);
   qa.path_mtu = a.path_mtu;
@@ -219,8 +198,16 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
   qa.timeout = a.timeout;
   qa.retry_cnt = a.retry_cnt;
   qa.rnr_retry = a.rnr_retry;
-  // Our attr_mask bits are the IB (and engine) numbering. The engine checks
-  // which attributes each transition requires and allows.
+  // Our attr_mask bits are the IB (and engine) numbering. The engine owns
+  // the state machine: a state the QP is not in, or a transition that does
+  // not exist, is BAD_STATE; attributes the transition lacks, does not
+  // take or cannot hold are BAD_FIELD.
+  switch (sh_.engine->check_modify_qp(qp, qa, mask)) {
+    case vstellar::ModifyQpCheck::OK: break;
+    case vstellar::ModifyQpCheck::WRONG_CUR_STATE:
+    case vstellar::ModifyQpCheck::BAD_TRANSITION: return VSTELLAR_STATUS_BAD_STATE;
+    default: return VSTELLAR_STATUS_BAD_FIELD;
+  }
   if (sh_.engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
   dp_.OnQpModified(*q, next);
   return VSTELLAR_STATUS_OK;

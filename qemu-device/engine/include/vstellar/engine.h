@@ -142,6 +142,19 @@ struct EngineStats {
 
 class EngineCore;  // engine/src/engine_internal.h
 
+// What the QP state machine says of a modify_qp (Engine::check_modify_qp):
+// OK, or the first rule it breaks, in the order the rules are checked.
+enum class ModifyQpCheck : uint8_t {
+  OK,
+  NO_SUCH_QP,        // not a QP of this engine
+  WRONG_CUR_STATE,   // QP_CUR_STATE given, and not the state the QP is in
+  BAD_TRANSITION,    // no transition from the QP's state to the one asked for
+  MISSING_ATTR,      // the transition requires an attribute the mask lacks
+  ATTR_NOT_ALLOWED,  // the mask has an attribute this transition does not take
+  BAD_ATTR_VALUE,    // an attribute in the mask has a value out of range
+};
+const char* to_string(ModifyQpCheck c);
+
 class Engine {
  public:
   Engine(const EngineConfig& cfg, Link& link, Clock& clock);
@@ -170,7 +183,13 @@ class Engine {
   Cq* create_cq(uint32_t cqe);
   int destroy_cq(Cq* cq);
   Qp* create_qp(Pd* pd, const QpInitAttr& init);  // nullptr on bad attributes
+  // EINVAL unless check_modify_qp says OK.
   int modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask);
+  // Whether modify_qp(qp, attr, mask) passes the verbs state machine (the
+  // transition from the QP's state for its type, the attributes that
+  // transition requires and allows, their ranges), and if not, why. The
+  // engine is the one place these rules are written; callers ask here.
+  ModifyQpCheck check_modify_qp(Qp* qp, const QpAttr& attr, uint32_t mask);
   int query_qp(Qp* qp, QpAttr& attr, QpInitAttr& init);
   int destroy_qp(Qp* qp);
   // Post one WR. The engine checks it against the verbs rules (opcode for
