@@ -13,7 +13,7 @@
 #
 # The result, cached in $VSTELLAR_CACHE/stock-SUITE-<key> (keyed by the
 # root, the .debs, tools/guest/init and this script), is an image directory
-# for tools/vstellar_guest.py: vmlinuz and initrd.cpio (Debian's kernel and
+# for the launcher (tools/python/vstellar/guest.py): vmlinuz and initrd.cpio (Debian's kernel and
 # initramfs), root.img (ext4, booted read-only from virtio-blk) and cmdline
 # (root=/dev/vda, init= the test guests' /init, which runs the launcher's
 # command and powers off: no systemd under TCG). Prints the directory; with

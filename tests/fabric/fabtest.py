@@ -3,10 +3,6 @@ else the test is skipped with exit status 77) and a checker that prints
 each check and remembers the failed ones."""
 import os
 import subprocess
-import sys
-
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "tools", "fabric"))
 
 SKIP = 77
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fabric ECN test: the phantom-queue CE marker (tools/fabric/vsfabric/bpf.py)
+"""Fabric ECN test: the phantom-queue CE marker (tools/python/vsfabric/bpf.py)
 on a small Clos (2 ToRs, 1 host each, 2 uplinks of 100 Mbit/s). Behaviour
 only, never timing or throughput:
   1. at a marker whose phantom queue is always above K, ECT(0) and ECT(1)

@@ -7,11 +7,9 @@ behaviour only, across ECMP hash seeds:
 2. where single-path flows collide on one uplink, 128 sprayed paths keep
    the ToR's uplink queues shorter than single path does.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fabtest  # noqa: E402
+import fabtest
 
 SEEDS = (1, 2)
 RUN_S = 1.2

@@ -1,14 +1,8 @@
-"""What the guest tests share: the launcher library on sys.path."""
-import os
-import sys
+"""What the guest tests share: kernel-splat counting, result fields and the
+two-guest test case for kernel RDMA users."""
 import unittest
 
-TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(TOP, "tools"))
-
-import vstellar_guest  # noqa: E402,F401
-import vstellar_perftest  # noqa: E402,F401
-import vstellar_ulp  # noqa: E402,F401
+from vstellar import guest as vg, perftest as pt
 
 # The end of a guest script that used kernel RDMA users: how many kernel
 # warnings, BUGs and oopses the run left in dmesg, as "kernel-splats N".
@@ -44,12 +38,12 @@ class KernelUlpCase(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        vstellar_guest.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
+        vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         cls.daemons = []
-        cls.results = vstellar_guest.run_guests([s + SPLATS for s in cls.SCRIPTS], vstellar=True,
+        cls.results = vg.run_guests([s + SPLATS for s in cls.SCRIPTS], vstellar=True,
                                                 timeout=cls.TIMEOUT, mem=1024, image=cls.image(),
                                                 daemons_out=cls.daemons)
-        cls.sections = [vstellar_perftest.split_sections(out) for _status, out, _console in cls.results]
+        cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
 
     def assertDaemonsSent(self, min_bytes):
         """Each daemon's engine sent more than min_bytes: the data crossed

@@ -13,7 +13,8 @@ back with the address, and rping works from the initial namespace.
 import re
 import unittest
 
-from guestlib import KernelUlpCase, splats, vstellar_perftest as pt
+from guestlib import KernelUlpCase, splats
+from vstellar import perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 PINGS = 10

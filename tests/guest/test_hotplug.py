@@ -29,7 +29,8 @@ import threading
 import time
 import unittest
 
-from guestlib import SPLATS, splats, vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import SPLATS, splats
+from vstellar import guest as vg, perftest as pt
 
 CYCLES = 50
 SECOND_IP = "10.77.0.101"

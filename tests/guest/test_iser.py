@@ -19,7 +19,7 @@ counters), never timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 IQN = "iqn.2026-12.org.vstellar:iser"
 MIB = 16
@@ -94,7 +94,7 @@ class IserTest(guestlib.KernelUlpCase):
 
     @classmethod
     def image(cls):
-        return guestlib.vstellar_guest.overlay_image("iser", "open-iscsi")
+        return vg.overlay_image("iser", "open-iscsi")
 
     def test_data_read_back_intact(self):
         init = self.sections[0].get("initiator", [])

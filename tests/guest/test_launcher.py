@@ -4,7 +4,7 @@ import re
 import subprocess
 import unittest
 
-from guestlib import TOP, vstellar_guest as vg
+from vstellar import TOP, guest as vg
 
 LAUNCHER = os.path.join(TOP, "tools", "vstellar-guest")
 

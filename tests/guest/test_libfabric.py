@@ -11,7 +11,7 @@ acknowledged), never timings.
 import re
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 # (name, fi_pingpong arguments); -I iterations, -S message size.
 TESTS = [

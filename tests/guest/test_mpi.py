@@ -19,10 +19,10 @@ connection setup times out; vStellar reports it (docs/virtio-vstellar.md).
 import json
 import unittest
 
-from guestlib import vstellar_guest as vg
-from guestlib import vstellar_ulp as ulp
+from vstellar import guest as vg
+from vstellar import ulp as ulp
 
-MPIRUN = ulp.MPIRUN  # the settings, and why: tools/vstellar_ulp.py
+MPIRUN = ulp.MPIRUN  # the settings, and why: tools/python/vstellar/ulp.py
 BENCH = "allreduce_bench -b 8 -e 64M -n 3 -w 1 -J /tmp/allreduce.json"
 
 HEAD = f"""\

@@ -13,7 +13,7 @@ counters), never timings.
 """
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 MESSAGES = 5
 RECEIVER = f"""\

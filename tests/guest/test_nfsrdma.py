@@ -20,7 +20,7 @@ crossed the device. Asserts behaviour, never timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_perftest as pt
+from vstellar import perftest as pt
 
 MIB = 16
 SMALL = 32

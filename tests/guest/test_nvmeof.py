@@ -26,8 +26,8 @@ timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_perftest as pt
-from guestlib import vstellar_ulp as ulp
+from vstellar import perftest as pt
+from vstellar import ulp as ulp
 
 NQN = ulp.NQN
 MIB = 16

@@ -1,6 +1,6 @@
 """OCI containers in guests: perftest in crun containers over vStellar.
 
-The guests boot the OCI image variant (vstellar_guest.oci_image: Debian's
+The guests boot the OCI image variant (vstellar.guest.oci_image: Debian's
 crun, tools/oci/vstellar-oci-bundle and the perftest container image as a
 tarball, a second cpio over the test image). Each container is a bundle
 made from the tarball, with /dev/infiniband passed in, the host's network
@@ -25,10 +25,10 @@ root is its initramfs, which pivot_root cannot leave).
 No timings are asserted: perftest's bandwidth needs its CPU-clock estimate,
 which fails (reports 0) on a loaded TCG guest.
 """
-import re
 import unittest
 
-from guestlib import KernelUlpCase, splats, vstellar_guest as vg, vstellar_perftest as pt
+from guestlib import KernelUlpCase, splats
+from vstellar import guest as vg, perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 ARGS = f"-d {DEV} -x $GIDX -s 65536 -n 500 -F --report_gbits"

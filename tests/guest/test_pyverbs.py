@@ -19,7 +19,7 @@ not offer skip (mlx5/efa-only tests, ODP, XRC, device memory, ...).
 import re
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 # rxe0's IPv4 RoCE v2 GID index (the suite's default GID index 0 is the
 # IPv6 link-local one, which its rdma_cm tests cannot use).

@@ -12,7 +12,7 @@ timings.
 import unittest
 
 import guestlib
-from guestlib import vstellar_perftest as pt
+from vstellar import perftest as pt
 
 PORT = 18634
 COUNT = 200

@@ -1,7 +1,7 @@
 """The rxe baseline end to end: two guests, Soft-RoCE on virtio-net, perftest."""
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 TESTS = [("ib_write_bw", "-s 65536 -n 100 -F --report_gbits"),
          ("ib_write_lat", "-s 8 -n 200 -F")]

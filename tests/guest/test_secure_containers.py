@@ -9,7 +9,7 @@ ib_write_bw and ib_send_bw against each other.
 """
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 TESTS = [("ib_write_bw", "-x $GIDX -s 65536 -n 200 -F --report_gbits"),
          ("ib_send_bw", "-x $GIDX -s 4096 -n 200 -F --report_gbits")]

@@ -16,7 +16,7 @@ import re
 import sys
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 DEV = "vstellar0:1"
 # (name, ucx_perftest arguments after the server address). The UCT tests

@@ -11,7 +11,7 @@ the pings' payloads), never timings.
 import re
 import unittest
 
-from guestlib import vstellar_guest as vg, vstellar_perftest as pt
+from vstellar import guest as vg, perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 PINGPONG = ("ibv_rc_pingpong", "-g $GIDX -s 4096 -n 50")
@@ -30,11 +30,6 @@ TESTS = [PINGPONG, UD_PINGPONG, UC_PINGPONG,
          ("ib_atomic_bw", "-x $GIDX -n 100 -F")]
 BW_TESTS = [t for t in TESTS if t[0].endswith("_bw") and t[0] != "ib_atomic_bw"]
 
-PINGS = 10
-# rping: the server takes one connection and exits; the client retries
-# until the server listens (bounded), like perftest's clients.
-RPING_SERVER = "echo '== rping'\n" + pt.rping_server(PINGS) + "\n"
-RPING_CLIENT = "echo '== rping'\n" + pt.rping_client(PINGS, 30)
 
 INFO = f"""\
 echo '== info'
@@ -50,8 +45,8 @@ class VstellarTest(unittest.TestCase):
     def setUpClass(cls):
         vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         server, client = pt.perftest_pair(TESTS, DEV, setup=pt.VSTELLAR_SETUP + INFO)
-        server += RPING_SERVER
-        client += RPING_CLIENT
+        server += pt.RPING_SERVER
+        client += pt.RPING_CLIENT
         cls.daemons = []
         cls.results = vg.run_guests([server, client], vstellar=True, timeout=500,
                                     daemons_out=cls.daemons)
@@ -110,7 +105,7 @@ class VstellarTest(unittest.TestCase):
         for i in range(2):
             out = "\n".join(self.sections[i].get("rping", []))
             pings = re.findall(r"ping data: rdma-ping-(\d+): ", out)
-            self.assertEqual([int(p) for p in pings], list(range(PINGS)), out)
+            self.assertEqual([int(p) for p in pings], list(range(pt.RPING_PINGS)), out)
 
     def test_daemons_stopped_and_served_one_device_each(self):
         for d in self.daemons:

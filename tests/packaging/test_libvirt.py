@@ -12,15 +12,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
-from debs import TOP, unpack_installed
+from debs import unpack_installed
 
-sys.path.insert(0, os.path.join(TOP, "tools"))
-import vstellar_guest  # noqa: E402
+from vstellar import guest as vg
 
 URI = "qemu:///system"
 DOMAIN = """<domain type='{virt}' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
@@ -72,7 +70,7 @@ def virsh(*args, check=True):
 
 class Libvirt(unittest.TestCase):
     def setUp(self):
-        self.art = vstellar_guest.Artifacts()
+        self.art = vg.Artifacts()
         # libvirt runs QEMU as libvirt-qemu: everything it opens lives in a
         # directory it can read (copies, so libvirt's relabelling never
         # touches the shared image cache).
@@ -129,7 +127,7 @@ class Libvirt(unittest.TestCase):
         name = f"vstellar-test-{os.getpid()}"
         xml = os.path.join(self.dir, "domain.xml")
         with open(xml, "w", encoding="utf-8") as f:
-            f.write(DOMAIN.format(name=name, dir=self.dir, virt="kvm" if vstellar_guest.kvm_usable() else "qemu",
+            f.write(DOMAIN.format(name=name, dir=self.dir, virt="kvm" if vg.kvm_usable() else "qemu",
                                   qemu=os.path.join(self.root, "usr/lib/vstellar/qemu/bin/qemu-system-x86_64")))
         virsh("define", xml)
         self.addCleanup(virsh, "undefine", name, check=False)

@@ -17,11 +17,7 @@ import unittest
 
 from debs import DEB_DIR, TOP
 
-sys.path.insert(0, os.path.join(TOP, "tools"))
-sys.path.insert(0, os.path.join(TOP, "tests", "guest"))
-import test_vstellar as tv  # noqa: E402  (its rping commands and checks)
-import vstellar_guest as vg  # noqa: E402
-import vstellar_perftest as pt  # noqa: E402
+from vstellar import guest as vg, perftest as pt
 
 DEV = pt.VSTELLAR_DEVICE
 WRITE_BW = ("ib_write_bw", "-x $GIDX -s 65536 -n 100 -F --report_gbits")
@@ -50,7 +46,7 @@ class StockGuests(unittest.TestCase):
         images = [image(s[0]) for s in SUITES]
         server, client = pt.perftest_pair([WRITE_BW], DEV, setup=pt.VSTELLAR_SETUP + STOCK)
         cls.daemons = []
-        cls.results = vg.run_guests([server + tv.RPING_SERVER, client + tv.RPING_CLIENT],
+        cls.results = vg.run_guests([server + pt.RPING_SERVER, client + pt.RPING_CLIENT],
                                     vstellar=True, images=images, timeout=900, daemons_out=cls.daemons)
         cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
 
@@ -79,7 +75,7 @@ class StockGuests(unittest.TestCase):
         for i in range(2):
             out = "\n".join(self.sections[i].get("rping", []))
             pings = re.findall(r"ping data: rdma-ping-(\d+): ", out)
-            self.assertEqual([int(p) for p in pings], list(range(tv.PINGS)), out)
+            self.assertEqual([int(p) for p in pings], list(range(pt.RPING_PINGS)), out)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,12 @@ Needs `make guest` (QEMU, guest image) and vstellard built in build/
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(TOP, "tools"))
-import vstellar_guest  # noqa: E402
+from vstellar import guest as vg
 
 HEADER = os.path.join(TOP, "include", "vstellar", "virtio_vstellar.h")
 
@@ -39,7 +37,7 @@ DEVICE = 0x1040 + VIRTIO_ID
 def vstellard_path():
     p = os.environ.get("VSTELLARD") or os.path.join(TOP, "build", "qemu-device", "vstellard", "vstellard")
     if not os.access(p, os.X_OK):
-        raise vstellar_guest.GuestError(f"vstellard not built ({p}): run `make host`")
+        raise vg.GuestError(f"vstellard not built ({p}): run `make host`")
     return p
 
 
@@ -101,11 +99,11 @@ class VstellarDeviceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         # Missing pieces fail the test: `make test` builds them.
-        cls.art = vstellar_guest.Artifacts()
+        cls.art = vg.Artifacts()
         vstellard_path()
 
     def boot(self, command, qemu_args, timeout=240):
-        g = vstellar_guest.Guest(self.art, "vstellar-smoke", command, mem=512,
+        g = vg.Guest(self.art, "vstellar-smoke", command, mem=512,
                                  qemu_args=qemu_args, timeout=timeout)
         try:
             g.start()
@@ -171,7 +169,7 @@ class VstellarDeviceTest(unittest.TestCase):
     def test_backend_loss_does_not_hang_the_guest(self):
         b = Backend().start()
         try:
-            g = vstellar_guest.Guest(self.art, "vstellar-loss",
+            g = vg.Guest(self.art, "vstellar-loss",
                                      "sleep 5; " + LIST_PCI, mem=512,
                                      qemu_args=device_args(b.sock), timeout=240)
             try:

@@ -12,20 +12,18 @@ VSTELLAR_GUEST_IMAGE, VSTELLAR_QEMU and VSTELLARD override the paths.
 """
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(TOP, "tools"))
-import vstellar_guest  # noqa: E402
+from vstellar import guest as vg
 
 
 def vstellard_path():
     p = os.environ.get("VSTELLARD") or os.path.join(TOP, "build", "qemu-device", "vstellard", "vstellard")
     if not os.access(p, os.X_OK):
-        raise vstellar_guest.GuestError(f"vstellard not built ({p}): run `make host`")
+        raise vg.GuestError(f"vstellard not built ({p}): run `make host`")
     return p
 
 
@@ -95,11 +93,11 @@ class VstellarDriverTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         # Missing artefacts are a failure, not a skip: `make test` builds them.
-        cls.art = vstellar_guest.Artifacts()
+        cls.art = vg.Artifacts()
         vstellard_path()
 
     def run_guest(self, command, backend, on_ready=None, timeout=300, reconnect=False):
-        g = vstellar_guest.Guest(self.art, "vstellar-drv", command, mem=512,
+        g = vg.Guest(self.art, "vstellar-drv", command, mem=512,
                                  qemu_args=device_args(backend.sock, reconnect=reconnect),
                                  timeout=timeout)
         try:

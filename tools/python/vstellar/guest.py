@@ -19,7 +19,6 @@ the caller made (vstellar_hosts=, e.g. a tools/fabric Clos).
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -30,7 +29,8 @@ import json
 import threading
 import time
 
-TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from vstellar import TOP
+
 ENV_FILE = os.path.join(TOP, "build", "guest.env")
 
 # Test-network addresses live only inside the namespaces made here.

@@ -83,6 +83,15 @@ cat /tmp/rping.out
 """
 
 
+# The rping exchange of the device tests (tests/guest/test_vstellar.py) and
+# the stock-guest tests, as an "== rping" section of each guest's output:
+# the server takes one connection of RPING_PINGS pings and exits; the client
+# retries until the server listens (bounded), like perftest's clients.
+RPING_PINGS = 10
+RPING_SERVER = "echo '== rping'\n" + rping_server(RPING_PINGS) + "\n"
+RPING_CLIENT = "echo '== rping'\n" + rping_client(RPING_PINGS, 30)
+
+
 # perftest exits at once when nobody listens yet; these are its words.
 PERFTEST_NOT_LISTENING = ("Couldn't connect\\|Unable to perform rdma_client function"
                           "\\|Failed to connect")

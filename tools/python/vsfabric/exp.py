@@ -13,8 +13,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from . import cleanup_stale
 
 
-def parser(doc):
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(prog, doc):
+    """The arguments every experiment takes; prog is its command's name
+    (tools/fabric/PROG), which python3 -m would not give argparse."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="out/fabric", help="output directory (default out/fabric)")
     p.add_argument("--quick", action="store_true", help="short configuration (make bench)")
     p.add_argument("--duration", type=float, help="seconds per traffic run")

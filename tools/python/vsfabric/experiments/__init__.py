@@ -1,0 +1,1 @@
+"""The fabric experiments behind tools/fabric/exp_*, one module each."""

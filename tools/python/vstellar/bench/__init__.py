@@ -1,0 +1,1 @@
+"""The guest benchmarks behind tools/bench/{guest,nvmeof,startup,ucx}/run."""
