@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import cleanup_stale
+from .cleanup import cleanup_stale
 
 
 def parser(prog, doc):

@@ -60,7 +60,7 @@ def main():
         for rep in range(runs):
             for alg, cfg, mark in configs:
                 for ns, dev, rate in ports:
-                    fab.set_marking(ns, dev, vsfabric._rate_bps(rate) * frac[rate] if mark else 0,
+                    fab.set_marking(ns, dev, vsfabric.rate_bps(rate) * frac[rate] if mark else 0,
                                     a.k)
                 during, samples = exp.backlog_sampler(fab, tor, [f"u{x}" for x in range(A)], dur,
                                                       period_ms=a.sample_ms)
