@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The libFuzzer targets in tests/fuzz (issue 13), built with clang in their
-# own CMake tree, since the main build uses gcc.
+# The libFuzzer targets in tests/fuzz (what a peer or a guest can send us:
+# wire packets, control commands, vhost-user messages, WQEs and doorbells),
+# built with clang in their own CMake tree, since the main build uses gcc.
 #
 #   tools/fuzz.sh build                  configure (once) and build the fuzzers
 #   tools/fuzz.sh run TARGET SECONDS     fuzz one target for SECONDS

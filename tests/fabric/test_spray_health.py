@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Spraying under failure and congestion on the namespace fabric (issue 14),
+"""Spraying under failure and congestion on the namespace fabric,
 behaviour only, across ECMP hash seeds:
 
 1. an uplink black hole (both ways, mid-run) fails no message and leaves

@@ -159,8 +159,9 @@ def vhost_user():
             vmsg(GET_VRING_BASE, struct.pack("<II", 0, 0)))
     write("vhost_user", "memory_and_ring",
           chunk(hello) + chunk(vmsg(SET_MEM_TABLE, table), nfds=1) + chunk(ring))
-    # A frontend that lies: one region of 2^59 bytes on a sparse memfd
-    # (issue 24 #1), then three of 32 TiB.
+    # A frontend that lies: one region of 2^59 bytes on a sparse memfd, then
+    # three of 32 TiB; the daemon must refuse the table, not try to pin it
+    # (--guest-memory-limit).
     huge = struct.pack("<II", 1, 0) + struct.pack("<QQQQ", 0, 1 << 59, 0x7f0000000000, 0)
     write("vhost_user", "huge_region", chunk(hello) + chunk(vmsg(SET_MEM_TABLE, huge), nfds=1, sparse_log=59))
     six = struct.pack("<II", 3, 0) + b"".join(

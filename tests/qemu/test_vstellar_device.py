@@ -159,7 +159,9 @@ class VstellarDeviceTest(unittest.TestCase):
 
     def test_tcg_without_parallel_vcpus_is_refused(self):
         # TCG drops a guest's memory barriers unless it translates for
-        # parallel vCPUs; the doorbell protocol needs them (issue 23).
+        # parallel vCPUs, and the doorbell protocol needs them: without, the
+        # provider's doorbell (store the index, fence, read need_kick) can
+        # pass vstellard going idle, and a WQE is published but never kicked.
         r = self.refused("-accel", "tcg", "-smp", "1",
                          "-object", "memory-backend-memfd,id=mem,size=256M,share=on",
                          "-machine", "memory-backend=mem")
