@@ -126,3 +126,24 @@ def backlog_summary(samples):
     allv = [v for s in samples.values() for v in s]
     return {"mean": round(statistics.mean(allv)) if allv else 0, "p50": pct(allv, .5),
             "p99": pct(allv, .99), "max": max(allv or [0]), "samples": len(allv)}
+
+
+def uplink_queue_run(fab, pairs, cfg, dur, sample_ms):
+    """One harness.run_pairs of `pairs` (transport options cfg, 64 KiB
+    WRITEs, 16 deep) with ToR 0's uplink queues sampled every sample_ms.
+    Returns (results, samples, drops, uplink_bytes): samples as
+    backlog_sampler's, drops = {dev: tbf drops during the run}, uplink_bytes
+    = bytes each uplink sent during the run."""
+    from . import harness
+    tor = fab.tor(0)
+    during, samples = backlog_sampler(fab, tor, [f"u{x}" for x in range(fab.A)], dur,
+                                      period_ms=sample_ms)
+    q0 = fab.qdisc_stats(tor)
+    b0 = fab.uplink_bytes(0)
+    r = harness.run_pairs(fab, pairs, cfg + ["--size", "64K", "--depth", 16, "--no-path-detail"],
+                          dur, during=during)
+    q1 = fab.qdisc_stats(tor)
+    sent = [x - y for x, y in zip(fab.uplink_bytes(0), b0)]
+    drops = {dev: q1.get(dev, {}).get("drops", 0) - q0.get(dev, {}).get("drops", 0)
+             for dev in samples}
+    return r, samples, drops, sent

@@ -27,110 +27,74 @@ def med(v):
     return statistics.median(v) if v else 0
 
 
-def main():
-    p = exp.parser("exp_ecn", __doc__)
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--aggs", type=int, default=4)
-    p.add_argument("--host-rate", default="200mbit")
-    p.add_argument("--uplink-rate", default="150mbit")
-    p.add_argument("--k", type=int, default=20_000, help="marking threshold K, bytes (20000)")
-    p.add_argument("--fraction", type=float, default=0.95,
-                   help="phantom queue drain rate / link rate (0.95)")
-    p.add_argument("--runs", type=int, help="repetitions per configuration (5; 3 quick)")
-    p.add_argument("--sample-ms", type=float, default=20)
-    p.add_argument("--seed", type=int, default=7, help="permutation seed")
-    a = p.parse_args()
-    t0 = exp.start(a)
-    dur = a.duration or (1.5 if a.quick else 3.0)
-    runs = a.runs or (3 if a.quick else 5)
-    H, A = a.hosts, a.aggs
-    perm = list(range(H))
-    random.Random(a.seed).shuffle(perm)
-    pairs = [((0, i), (1, perm[i])) for i in range(H)]
-    algos = [("single path", ["--paths", 1, "--path-algo", "single"]),
-             ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"])]
-    configs = [(alg, cfg, mark) for alg, cfg in algos for mark in (False, True)]
-    res = {"permutation": perm, "runs": [], "summary": []}
-    with vsfabric.Fabric(tors=2, hosts=H, aggs=A, uplink_rate=a.uplink_rate,
-                         host_rate=a.host_rate, queue=1_000_000) as fab:
-        res["fabric"] = fab.describe()
-        tor = fab.tor(0)
-        ports = fab.switch_ports()
-        frac = {a.host_rate: a.fraction, a.uplink_rate: a.fraction}
-        for rep in range(runs):
-            for alg, cfg, mark in configs:
-                for ns, dev, rate in ports:
-                    fab.set_marking(ns, dev, vsfabric.rate_bps(rate) * frac[rate] if mark else 0,
-                                    a.k)
-                during, samples = exp.backlog_sampler(fab, tor, [f"u{x}" for x in range(A)], dur,
-                                                      period_ms=a.sample_ms)
-                q0 = fab.qdisc_stats(tor)
-                b0 = fab.uplink_bytes(0)
+def one_run(fab, a, pairs, alg, cfg, mark, rep, dur, frac):
+    """One configuration once: markers on or off on every switch port, a
+    sampled run, and what the markers and engines counted."""
+    A, tor = fab.A, fab.tor(0)
+    for ns, dev, rate in fab.switch_ports():
+        fab.set_marking(ns, dev, vsfabric.rate_bps(rate) * frac[rate] if mark else 0,
+                        a.k)
+    r, samples, drops, d = exp.uplink_queue_run(fab, pairs, cfg, dur, a.sample_ms)
+    mc = fab.mark_counters()
+    up_marks = [mc.get((tor, f"u{x}"), {}).get("marked", 0) for x in range(A)]
+    s = harness.summarize(r)
+    ce_srv = sum(((x.get("server") or {}).get("engine") or {}).get("ce_marks", 0) for x in r)
+    ce_cli = sum(((x.get("client") or {}).get("engine") or {}).get("ce_marks", 0) for x in r)
+    s.update({
+        "config": alg, "marking": mark, "rep": rep,
+        "backlog_bytes": exp.backlog_summary(samples),
+        "tbf_drops": sum(drops.values()),
+        "uplink_bytes": d,
+        "uplink_marks": up_marks,
+        "marks_all_ports": sum(m["marked"] for m in mc.values()),
+        "pkts_uplinks": sum(mc.get((tor, f"u{x}"), {}).get("pkts", 0) for x in range(A)),
+        "phantom_max_backlog": max((m["max_backlog"] for m in mc.values()), default=0),
+        "engine_ce_marks_servers": ce_srv, "engine_ce_marks_clients": ce_cli,
+        "samples": samples})
+    bl = s["backlog_bytes"]
+    print(f"[{rep}] {alg:13s} marking {'on ' if mark else 'off'}: backlog mean "
+          f"{bl['mean']} B p99 {bl['p99']} B; uplink marks {sum(up_marks)} (all ports "
+          f"{s['marks_all_ports']}), engine ce {ce_srv}+{ce_cli}; goodput "
+          f"{s['goodput_gbps']:.3f} Gb/s; retx {s['retx_pkts']}; failed "
+          f"{s['failed_messages']}", file=sys.stderr)
+    return s
 
-                r = harness.run_pairs(fab, pairs, cfg + ["--size", "64K", "--depth", 16,
-                                                         "--no-path-detail"], dur, during=during)
-                q1 = fab.qdisc_stats(tor)
-                d = [x - y for x, y in zip(fab.uplink_bytes(0), b0)]
-                mc = fab.mark_counters()
-                up_marks = [mc.get((tor, f"u{x}"), {}).get("marked", 0) for x in range(A)]
-                s = harness.summarize(r)
-                ce_srv = sum(((x.get("server") or {}).get("engine") or {}).get("ce_marks", 0) for x in r)
-                ce_cli = sum(((x.get("client") or {}).get("engine") or {}).get("ce_marks", 0) for x in r)
-                s.update({
-                    "config": alg, "marking": mark, "rep": rep,
-                    "backlog_bytes": exp.backlog_summary(samples),
-                    "tbf_drops": sum(q1.get(dev, {}).get("drops", 0) - q0.get(dev, {}).get("drops", 0)
-                                     for dev in samples),
-                    "uplink_bytes": d,
-                    "uplink_marks": up_marks,
-                    "marks_all_ports": sum(m["marked"] for m in mc.values()),
-                    "pkts_uplinks": sum(mc.get((tor, f"u{x}"), {}).get("pkts", 0) for x in range(A)),
-                    "phantom_max_backlog": max((m["max_backlog"] for m in mc.values()), default=0),
-                    "engine_ce_marks_servers": ce_srv, "engine_ce_marks_clients": ce_cli,
-                    "samples": samples})
-                res["runs"].append(s)
-                bl = s["backlog_bytes"]
-                print(f"[{rep}] {alg:13s} marking {'on ' if mark else 'off'}: backlog mean "
-                      f"{bl['mean']} B p99 {bl['p99']} B; uplink marks {sum(up_marks)} (all ports "
-                      f"{s['marks_all_ports']}), engine ce {ce_srv}+{ce_cli}; goodput "
-                      f"{s['goodput_gbps']:.3f} Gb/s; retx {s['retx_pkts']}; failed "
-                      f"{s['failed_messages']}", file=sys.stderr)
-        for alg, cfg, mark in configs:
-            rs = [r for r in res["runs"] if r["config"] == alg and r["marking"] == mark]
-            pk = [r["pkts_uplinks"] for r in rs]
-            summ = {
-                "config": alg, "marking": mark, "runs": len(rs),
-                "backlog_mean_bytes": med([r["backlog_bytes"]["mean"] for r in rs]),
-                "backlog_p99_bytes": med([r["backlog_bytes"]["p99"] for r in rs]),
-                "backlog_max_bytes": med([r["backlog_bytes"]["max"] for r in rs]),
-                "tbf_drops": med([r["tbf_drops"] for r in rs]),
-                "uplink_marks": med([sum(r["uplink_marks"]) for r in rs]),
-                "uplink_mark_fraction": round(med([sum(r["uplink_marks"]) / x if x else 0
-                                                   for r, x in zip(rs, pk)]), 4),
-                "marks_all_ports": med([r["marks_all_ports"] for r in rs]),
-                "engine_ce_marks": med([r["engine_ce_marks_servers"] + r["engine_ce_marks_clients"]
-                                        for r in rs]),
-                "goodput_gbps": round(med([r["goodput_gbps"] for r in rs]), 4),
-                "retx_pkts": med([r["retx_pkts"] for r in rs]),
-                "failed_messages": sum(r["failed_messages"] for r in rs),
-                "all_completed": all(r["all_completed"] for r in rs),
-                "uplink_bytes_mb": [round(med([r["uplink_bytes"][x] for r in rs]) / 1e6, 1)
-                                    for x in range(A)]}
-            res["summary"].append(summ)
-            print(f"median {alg:13s} marking {'on ' if mark else 'off'}: backlog mean "
-                  f"{summ['backlog_mean_bytes']} B p99 {summ['backlog_p99_bytes']} B max "
-                  f"{summ['backlog_max_bytes']} B; uplink marks {summ['uplink_marks']} "
-                  f"({summ['uplink_mark_fraction']:.2f} of pkts), engine ce "
-                  f"{summ['engine_ce_marks']}; goodput {summ['goodput_gbps']:.3f} Gb/s; "
-                  f"uplink MB {summ['uplink_bytes_mb']}; all completed {summ['all_completed']}",
-                  file=sys.stderr)
-    res["meta"] = exp.meta(t0, duration_s=dur, runs=runs, sample_ms=a.sample_ms, k_bytes=a.k,
-                           rate_fraction=a.fraction,
-                           note="backlog = tbf qdisc backlog on ToR-0 uplinks, sampled; marks = "
-                                "CE set by the eBPF phantom-queue markers; engine ce = "
-                                "EngineStats::ce_marks of servers + clients; medians over runs")
-    exp.write(a, "ecn", res)
 
+def summary(runs, alg, mark, A):
+    """Medians over the runs of one configuration."""
+    rs = [r for r in runs if r["config"] == alg and r["marking"] == mark]
+    pk = [r["pkts_uplinks"] for r in rs]
+    summ = {
+        "config": alg, "marking": mark, "runs": len(rs),
+        "backlog_mean_bytes": med([r["backlog_bytes"]["mean"] for r in rs]),
+        "backlog_p99_bytes": med([r["backlog_bytes"]["p99"] for r in rs]),
+        "backlog_max_bytes": med([r["backlog_bytes"]["max"] for r in rs]),
+        "tbf_drops": med([r["tbf_drops"] for r in rs]),
+        "uplink_marks": med([sum(r["uplink_marks"]) for r in rs]),
+        "uplink_mark_fraction": round(med([sum(r["uplink_marks"]) / x if x else 0
+                                           for r, x in zip(rs, pk)]), 4),
+        "marks_all_ports": med([r["marks_all_ports"] for r in rs]),
+        "engine_ce_marks": med([r["engine_ce_marks_servers"] + r["engine_ce_marks_clients"]
+                                for r in rs]),
+        "goodput_gbps": round(med([r["goodput_gbps"] for r in rs]), 4),
+        "retx_pkts": med([r["retx_pkts"] for r in rs]),
+        "failed_messages": sum(r["failed_messages"] for r in rs),
+        "all_completed": all(r["all_completed"] for r in rs),
+        "uplink_bytes_mb": [round(med([r["uplink_bytes"][x] for r in rs]) / 1e6, 1)
+                            for x in range(A)]}
+    print(f"median {alg:13s} marking {'on ' if mark else 'off'}: backlog mean "
+          f"{summ['backlog_mean_bytes']} B p99 {summ['backlog_p99_bytes']} B max "
+          f"{summ['backlog_max_bytes']} B; uplink marks {summ['uplink_marks']} "
+          f"({summ['uplink_mark_fraction']:.2f} of pkts), engine ce "
+          f"{summ['engine_ce_marks']}; goodput {summ['goodput_gbps']:.3f} Gb/s; "
+          f"uplink MB {summ['uplink_bytes_mb']}; all completed {summ['all_completed']}",
+          file=sys.stderr)
+    return summ
+
+
+def plot(a, res, configs, H, A):
+    """Left: the CDF of uplink backlog samples per configuration; right:
+    goodput and mean backlog per configuration."""
     fig, (ax1, ax2) = exp.plt.subplots(1, 2, figsize=(10, 4.2))
     for alg, cfg, mark in configs:
         v = sorted(x / 1000 for r in res["runs"] if r["config"] == alg and r["marking"] == mark
@@ -167,6 +131,48 @@ def main():
     h2, l2 = ax3.get_legend_handles_labels()
     ax2.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
     exp.save(fig, a, "ecn")
+
+
+def main():
+    p = exp.parser("exp_ecn", __doc__)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--aggs", type=int, default=4)
+    p.add_argument("--host-rate", default="200mbit")
+    p.add_argument("--uplink-rate", default="150mbit")
+    p.add_argument("--k", type=int, default=20_000, help="marking threshold K, bytes (20000)")
+    p.add_argument("--fraction", type=float, default=0.95,
+                   help="phantom queue drain rate / link rate (0.95)")
+    p.add_argument("--runs", type=int, help="repetitions per configuration (5; 3 quick)")
+    p.add_argument("--sample-ms", type=float, default=20)
+    p.add_argument("--seed", type=int, default=7, help="permutation seed")
+    a = p.parse_args()
+    t0 = exp.start(a)
+    dur = a.duration or (1.5 if a.quick else 3.0)
+    runs = a.runs or (3 if a.quick else 5)
+    H, A = a.hosts, a.aggs
+    perm = list(range(H))
+    random.Random(a.seed).shuffle(perm)
+    pairs = [((0, i), (1, perm[i])) for i in range(H)]
+    algos = [("single path", ["--paths", 1, "--path-algo", "single"]),
+             ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"])]
+    configs = [(alg, cfg, mark) for alg, cfg in algos for mark in (False, True)]
+    res = {"permutation": perm, "runs": [], "summary": []}
+    with vsfabric.Fabric(tors=2, hosts=H, aggs=A, uplink_rate=a.uplink_rate,
+                         host_rate=a.host_rate, queue=1_000_000) as fab:
+        res["fabric"] = fab.describe()
+        frac = {a.host_rate: a.fraction, a.uplink_rate: a.fraction}
+        for rep in range(runs):
+            for alg, cfg, mark in configs:
+                res["runs"].append(one_run(fab, a, pairs, alg, cfg, mark, rep, dur, frac))
+        for alg, cfg, mark in configs:
+            res["summary"].append(summary(res["runs"], alg, mark, A))
+    res["meta"] = exp.meta(t0, duration_s=dur, runs=runs, sample_ms=a.sample_ms, k_bytes=a.k,
+                           rate_fraction=a.fraction,
+                           note="backlog = tbf qdisc backlog on ToR-0 uplinks, sampled; marks = "
+                                "CE set by the eBPF phantom-queue markers; engine ce = "
+                                "EngineStats::ce_marks of servers + clients; medians over runs")
+    exp.write(a, "ecn", res)
+    plot(a, res, configs, H, A)
 
 
 if __name__ == "__main__":

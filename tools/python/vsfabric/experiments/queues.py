@@ -38,23 +38,14 @@ def main():
     with vsfabric.Fabric(tors=2, hosts=H, aggs=A, uplink_rate=a.uplink_rate,
                          host_rate=a.host_rate, queue=1_000_000) as fab:
         res["fabric"] = fab.describe()
-        tor = fab.tor(0)
         for name, cfg in configs:
-            during, samples = exp.backlog_sampler(fab, tor, [f"u{x}" for x in range(A)], dur,
-                                                  period_ms=a.sample_ms)
-            q0 = fab.qdisc_stats(tor)
-            b0 = fab.uplink_bytes(0)
-            r = harness.run_pairs(fab, pairs, cfg + ["--size", "64K", "--depth", 16,
-                                                     "--no-path-detail"], dur, during=during)
-            q1 = fab.qdisc_stats(tor)
-            d = [x - y for x, y in zip(fab.uplink_bytes(0), b0)]
+            r, samples, drops, d = exp.uplink_queue_run(fab, pairs, cfg, dur, a.sample_ms)
             s = harness.summarize(r)
             s.update({"config": name,
                       "backlog_bytes": exp.backlog_summary(samples),
                       "per_uplink": {dev: {"mean": round(statistics.mean(v)) if v else 0,
                                            "p99": exp.pct(v, .99), "max": max(v or [0]),
-                                           "drops": q1.get(dev, {}).get("drops", 0) -
-                                           q0.get(dev, {}).get("drops", 0)}
+                                           "drops": drops[dev]}
                                      for dev, v in samples.items()},
                       "uplink_bytes": d, "samples": samples})
             res["runs"].append(s)
