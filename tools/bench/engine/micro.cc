@@ -43,8 +43,6 @@ static void BM_PathPick(benchmark::State& st) {
 }
 BENCHMARK(BM_PathPick)->Arg(int(PathAlgo::OBS))->Arg(int(PathAlgo::RR))->Arg(int(PathAlgo::DWRR))->Arg(int(PathAlgo::BEST_RTT));
 
-// Two engines over the simulated network (no loss): engine CPU per byte for
-// a 1 MiB WRITE, both sides, including the simulator's copies.
 // RESET -> RTS for an RC QP whose peer engine is at `ip` (both benchmarks).
 static void connect_rc(Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
   QpAttr at;
@@ -61,16 +59,41 @@ static void connect_rc(Engine& e, Qp* qp, Qp* peer, uint32_t ip) {
                           QP_MAX_QP_RD_ATOMIC);
 }
 
-static void BM_SimWrite1M(benchmark::State& st) {
-  SimNet net;
-  EngineConfig cfg;
-  Link& la = net.add_node(1);
-  Link& lb = net.add_node(2);
-  Engine a(cfg, la, net), b(cfg, lb, net);
-  net.attach(1, &a);
-  net.attach(2, &b);
-  std::vector<uint8_t> ba(1 << 20, 1), bb(1 << 20, 0);
-  auto mk = [&](Engine& e, std::vector<uint8_t>& buf, Qp*& qp, Mr*& mr, Cq*& cq) {
+// A signaled RDMA WRITE of `sg` to the start of `to`, which `to_mr`
+// registers (both benchmarks post it).
+static SendWr write_wr(Sge* sg, std::vector<uint8_t>& to, Mr* to_mr) {
+  SendWr wr;
+  wr.opcode = WrOpcode::RDMA_WRITE;
+  wr.send_flags = SEND_SIGNALED;
+  wr.sg_list = sg;
+  wr.num_sge = 1;
+  wr.remote_addr = uint64_t(uintptr_t(to.data()));
+  wr.rkey = to_mr->rkey();
+  return wr;
+}
+
+// Two engines on the simulated network, nodes 1 (a) and 2 (b), each with a
+// PD, a CQ, a 1 MiB buffer registered for local and remote writes, and an RC
+// QP connected to the other's: what both benchmarks WRITE across, a to b.
+struct SimPair {
+  Engine a, b;
+  std::vector<uint8_t> ba = std::vector<uint8_t>(1 << 20, 1);
+  std::vector<uint8_t> bb = std::vector<uint8_t>(1 << 20, 0);
+  Cq *ca, *cb;
+  Mr *ma, *mb;
+  Qp *qa, *qb;
+
+  SimPair(SimNet& net, const EngineConfig& cfg)
+      : a(cfg, net.add_node(1), net), b(cfg, net.add_node(2), net) {
+    net.attach(1, &a);
+    net.attach(2, &b);
+    open(a, ba, ca, ma, qa);
+    open(b, bb, cb, mb, qb);
+    connect_rc(a, qa, qb, 2);
+    connect_rc(b, qb, qa, 1);
+  }
+
+  static void open(Engine& e, std::vector<uint8_t>& buf, Cq*& cq, Mr*& mr, Qp*& qp) {
     Pd* pd = e.alloc_pd();
     cq = e.create_cq(1024);
     mr = e.reg_mr(pd, uint64_t(uintptr_t(buf.data())), buf.size(),
@@ -78,26 +101,20 @@ static void BM_SimWrite1M(benchmark::State& st) {
     QpInitAttr ia;
     ia.send_cq = ia.recv_cq = cq;
     qp = e.create_qp(pd, ia);
-  };
-  Qp *qa, *qb;
-  Mr *ma, *mb;
-  Cq *ca, *cb;
-  mk(a, ba, qa, ma, ca);
-  mk(b, bb, qb, mb, cb);
-  connect_rc(a, qa, qb, 2);
-  connect_rc(b, qb, qa, 1);
-  Sge sg{uint64_t(uintptr_t(ba.data())), 1 << 20, ma->lkey()};
-  SendWr wr;
-  wr.opcode = WrOpcode::RDMA_WRITE;
-  wr.send_flags = SEND_SIGNALED;
-  wr.sg_list = &sg;
-  wr.num_sge = 1;
-  wr.remote_addr = uint64_t(uintptr_t(bb.data()));
-  wr.rkey = mb->rkey();
+  }
+};
+
+// Two engines over the simulated network (no loss): engine CPU per byte for
+// a 1 MiB WRITE, both sides, including the simulator's copies.
+static void BM_SimWrite1M(benchmark::State& st) {
+  SimNet net;
+  SimPair p(net, EngineConfig{});
+  Sge sg{uint64_t(uintptr_t(p.ba.data())), 1 << 20, p.ma->lkey()};
+  SendWr wr = write_wr(&sg, p.bb, p.mb);
   for (auto _ : st) {
-    a.post_send(qa, wr);
+    p.a.post_send(p.qa, wr);
     Wc wc;
-    net.run_until([&] { return a.poll_cq(ca, &wc, 1) == 1; });
+    net.run_until([&] { return p.a.poll_cq(p.ca, &wc, 1) == 1; });
   }
   st.SetBytesProcessed(int64_t(st.iterations()) << 20);
 }
@@ -129,46 +146,21 @@ static void BM_SimLossGoodput(benchmark::State& st) {
     };
     EngineConfig cfg;
     cfg.num_paths = paths;
-    Link& la = net.add_node(1);
-    Link& lb = net.add_node(2);
-    Engine a(cfg, la, net), b(cfg, lb, net);
-    net.attach(1, &a);
-    net.attach(2, &b);
-    std::vector<uint8_t> ba(1 << 20, 1), bb(1 << 20, 0);
-    Pd* pa = a.alloc_pd();
-    Pd* pb = b.alloc_pd();
-    Cq* ca = a.create_cq(1024);
-    Cq* cb = b.create_cq(1024);
-    Mr* ma = a.reg_mr(pa, uint64_t(uintptr_t(ba.data())), ba.size(), ACCESS_LOCAL_WRITE,
-                      std::make_shared<HostMemory>());
-    Mr* mb = b.reg_mr(pb, uint64_t(uintptr_t(bb.data())), bb.size(),
-                      ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE, std::make_shared<HostMemory>());
-    QpInitAttr ia;
-    ia.send_cq = ia.recv_cq = ca;
-    Qp* qa = a.create_qp(pa, ia);
-    ia.send_cq = ia.recv_cq = cb;
-    Qp* qb = b.create_qp(pb, ia);
-    connect_rc(a, qa, qb, 2);
-    connect_rc(b, qb, qa, 1);
-    Sge sg{uint64_t(uintptr_t(ba.data())), 1 << 20, ma->lkey()};
-    SendWr wr;
-    wr.opcode = WrOpcode::RDMA_WRITE;
-    wr.send_flags = SEND_SIGNALED;
-    wr.sg_list = &sg;
-    wr.num_sge = 1;
-    wr.remote_addr = uint64_t(uintptr_t(bb.data()));
-    wr.rkey = mb->rkey();
+    SimPair p(net, cfg);
+    Engine& a = p.a;
+    Sge sg{uint64_t(uintptr_t(p.ba.data())), 1 << 20, p.ma->lkey()};
+    SendWr wr = write_wr(&sg, p.bb, p.mb);
     const int total = 64;
     int posted = 0, done = 0;
-    for (; posted < 16; posted++) a.post_send(qa, wr);
+    for (; posted < 16; posted++) a.post_send(p.qa, wr);
     uint64_t t0 = net.now_ns();
     net.run_until([&] {
       Wc wc[16];
-      int n = a.poll_cq(ca, wc, 16);
+      int n = a.poll_cq(p.ca, wc, 16);
       for (int i = 0; i < n; i++) {
         done++;
         if (posted < total) {
-          a.post_send(qa, wr);
+          a.post_send(p.qa, wr);
           posted++;
         }
       }
