@@ -30,13 +30,9 @@ while read -r p ver arch; do
 	ucx_debs+=("$(getdeb "$p" "$ver" "$arch")")
 done < <(deb_closure libucx0 ucx-utils)
 
-key=$(key_of "$pdeb" "${ucx_debs[@]}" "$(dpkg-query -W busybox-static libc6 libpci3)" "$stage/usr/lib" "$stage/usr/bin" "$0")
-out=$VSTELLAR_CACHE/ctrimg-$key
-cache_hit "$out" "$out" && exit 0
-lock_entry "$out"
-cache_hit "$out" "$out" && exit 0
-
-rm -rf "$out" && mkdir -p "$out"
+cache_begin ctrimg . "$pdeb" "${ucx_debs[@]}" "$(dpkg-query -W busybox-static libc6 libpci3)" \
+	"$stage/usr/lib" "$stage/usr/bin"
+out=$CACHE_ENTRY
 root=$out/root
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64}
 ln -s usr/lib "$root/lib"
@@ -66,7 +62,5 @@ ldconfig -r "$root" 2>/dev/null || true
 tar -C "$root" --numeric-owner --sort=name -cf "$out/rootfs.tar" .
 echo "ib_write_bw" > "$out/cmd"
 rm -rf "$root"
-touch "$out/.complete"
-prune_cache ctrimg
 log "container image: $(du -h "$out/rootfs.tar" | cut -f1) rootfs.tar"
-echo "$out"
+cache_commit

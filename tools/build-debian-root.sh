@@ -14,15 +14,10 @@ name=${1:?usage: build-debian-root.sh NAME SUITE PACKAGES}
 suite=${2:?usage: build-debian-root.sh NAME SUITE PACKAGES}
 packages=${3:?usage: build-debian-root.sh NAME SUITE PACKAGES}
 # Keyed by what mmdebstrap is asked for; bump the tag when its options change.
-key=$(key_of "$suite" "$packages" "mmdebstrap --variant=apt, no doc/man/locale: 1")
-out=$VSTELLAR_CACHE/root-$name-$key
-
-cache_hit "$out" "$out/root" && exit 0
-lock_entry "$out"
-cache_hit "$out" "$out/root" && exit 0
+cache_begin "root-$name" root "$suite" "$packages" "mmdebstrap --variant=apt, no doc/man/locale: 1"
+out=$CACHE_ENTRY
 
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out"
 log "mmdebstrap $suite with $packages into $out/root"
 # No documentation, manual pages or translations: the roots are for builds
 # and tests, and they are smaller and quicker to make without.
@@ -31,7 +26,5 @@ mmdebstrap --mode=root --variant=apt --include="$packages" \
 	--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
 	"$suite" "$out/root" > "$out/mmdebstrap.log" 2>&1 ||
 	die "mmdebstrap failed; see $out/mmdebstrap.log"
-touch "$out/.complete"
-VSTELLAR_CACHE_KEEP=2 prune_cache "root-$name"
 log "$suite root made in $((SECONDS - start)) s"
-echo "$out/root"
+cache_commit 2

@@ -12,6 +12,8 @@
 # are cached in $VSTELLAR_CACHE/debs-<key>, keyed by what goes into them.
 # Prints the .deb files.
 set -euo pipefail
+# build_packages runs in a command substitution, which must stop at a failure too.
+shopt -s inherit_errexit
 . "$(dirname "$0")/lib.sh"
 
 out=${1:?usage: build-debs.sh OUTDIR}
@@ -39,14 +41,13 @@ cp "$(dirname "$qemu")"/pc-bios/optionrom/*.bin "$tree/prebuilt/qemu/optionrom/"
 cp "$provider44" "$tree/prebuilt/provider-44/"
 cp "$provider56" "$tree/prebuilt/provider-56/"
 
-# Cached by what goes into the packages (not docs or tests).
-key=$(cd "$tree" && key_of CMakeLists.txt qemu-device include kernel/vstellar packaging debian prebuilt "$0")
-cache=$VSTELLAR_CACHE/debs-$key
-if [[ ! -e $cache/.complete ]]; then
-	lock_entry "$cache"
-fi
-if [[ ! -e $cache/.complete ]]; then
-	start=$SECONDS
+# build_packages: the cache entry holding the packages and the build and
+# lintian logs, built from $tree if no entry has them yet. Run in a
+# subshell: cache_begin ends it on a hit.
+build_packages() {
+	# Keyed by what goes into the packages (not docs or tests).
+	cache_begin debs . "$tree"/{CMakeLists.txt,qemu-device,include,kernel/vstellar,packaging,debian,prebuilt}
+	local start=$SECONDS changes
 	log "dpkg-buildpackage in $tree"
 	(cd "$tree" && dpkg-buildpackage -b -us -uc -j"$(nproc)") > "$out/build.log" 2>&1 ||
 		die "dpkg-buildpackage failed; see $out/build.log"
@@ -56,14 +57,11 @@ if [[ ! -e $cache/.complete ]]; then
 		cat "$out/lintian.log" >&2
 		die "lintian found problems; see $out/lintian.log"
 	}
-	rm -rf "$cache" && mkdir -p "$cache"
-	cp "$out"/*.deb "$out/build.log" "$out/lintian.log" "$cache/"
-	touch "$cache/.complete"
-	prune_cache debs
+	cp "$out"/*.deb "$out/build.log" "$out/lintian.log" "$CACHE_ENTRY/"
 	log "packages built in $((SECONDS - start)) s"
-else
-	touch "$cache/.complete"
-	cp "$cache"/*.deb "$cache/build.log" "$cache/lintian.log" "$out/"
-fi
+	cache_commit
+}
+cache=$(build_packages)
+cp "$cache"/*.deb "$cache/build.log" "$cache/lintian.log" "$out/"
 rm -rf "$tree"
 ls "$out"/*.deb

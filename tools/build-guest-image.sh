@@ -66,23 +66,11 @@ while read -r p ver arch; do
 done < <(deb_closure "${mpi_roots[@]}")
 
 host_versions=$(dpkg-query -W "${host_packages[@]}" python3.11-minimal libpython3.11-stdlib)
-key=$(key_of "$kdeb" "$pdeb" "${mpi_debs[@]}" "$host_versions" "${root_modules[*]}" "$stage" \
-	"$VSTELLAR_TOP/tools/guest" "$0" "$VSTELLAR_TOP/tools/lib.sh" "${extras[@]}")
-out=$VSTELLAR_CACHE/guest-$key
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out"
-	exit 0
-fi
-lock_entry "$out"
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out"
-	exit 0
-fi
+cache_begin guest . "$kdeb" "$pdeb" "${mpi_debs[@]}" "$host_versions" "${root_modules[*]}" \
+	"$stage" "$VSTELLAR_TOP/tools/guest" "${extras[@]}"
+out=$CACHE_ENTRY
 
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out"
 root=$out/root
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,lib64}
 
@@ -199,7 +187,5 @@ rm -rf "$kx"
 # an overlay (tools/build-guest-overlay.sh) stops.
 printf '%s\n' "${host_packages[@]}" perftest "${mpi_packages[@]}" "${!DEB_STOP[@]}" |
 	sort -u > "$out/packages"
-touch "$out/.complete"
-prune_cache guest
 log "guest image built in $((SECONDS - start)) s: $(du -h "$out/initrd.cpio" | cut -f1) initramfs"
-echo "$out"
+cache_commit

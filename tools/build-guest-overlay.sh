@@ -44,18 +44,16 @@ while read -r p ver arch; do
 	debs+=("$(getdeb "$p" "$ver" "$arch")")
 done < <(deb_closure "$@")
 
+# A use of the variant is a use of its base too (prune_cache).
+touch "$base/.complete"
 # The base image's directory name carries its key (hashing its 150 MB
 # initramfs on every call would not).
-key=$(key_of "base:$(basename "$base")" "${debs[@]}" "$0" "$VSTELLAR_TOP/tools/lib.sh" "${extras[@]}")
-out=$VSTELLAR_CACHE/overlay-$name-$key
-# A use of the variant is a use of its base too (prune_cache).
-cache_hit "$out" "$out" && { touch "$base/.complete"; exit 0; }
-lock_entry "$out"
-cache_hit "$out" "$out" && { touch "$base/.complete"; exit 0; }
+cache_begin "overlay-$name" . "base:$(basename "$base")" "${debs[@]}" "${extras[@]}"
+out=$CACHE_ENTRY
 
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out/root"
 root=$out/root
+mkdir -p "$root"
 log "$name: ${#debs[@]} .debs over $(basename "$base"): ${packages[*]}"
 for d in "${debs[@]}"; do dpkg-deb -x "$d" "$root"; done
 rm -rf "$root/usr/share/doc" "$root/usr/share/man" "$root/usr/share/lintian" \
@@ -78,7 +76,5 @@ cp "$base/vmlinuz" "$out/vmlinuz"
 	(cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet)
 } > "$out/initrd.cpio"
 printf '%s\n' "${packages[@]}" | cat - "$base/packages" | sort -u > "$out/packages"
-touch "$out/.complete"
-prune_cache "overlay-$name"
 log "$name built in $((SECONDS - start)) s: $(du -h "$out/initrd.cpio" | cut -f1) initramfs"
-echo "$out"
+cache_commit

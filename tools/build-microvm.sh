@@ -16,12 +16,9 @@ image=${2:?usage: build-microvm.sh GUEST_IMAGE_DIR CONTAINER_IMAGE_DIR}
 [[ -f $image/rootfs.tar ]] || die "$image has no rootfs.tar (tools/build-container-image.sh makes one)"
 
 # The guest image and container image directories are named by their keys.
-key=$(key_of "${guest##*/}" "${image##*/}" "$image/rootfs.tar" "$0")
-out=$VSTELLAR_CACHE/microvm-$key
-cache_hit "$out" "$out" && exit 0
-lock_entry "$out"
-cache_hit "$out" "$out" && exit 0
-rm -rf "$out" && mkdir -p "$out/tree/rootfs"
+cache_begin microvm . "${guest##*/}" "${image##*/}" "$image/rootfs.tar"
+out=$CACHE_ENTRY
+mkdir -p "$out/tree/rootfs"
 tar -C "$out/tree/rootfs" -xf "$image/rootfs.tar"
 {
 	cat "$guest/initrd.cpio"
@@ -30,6 +27,4 @@ tar -C "$out/tree/rootfs" -xf "$image/rootfs.tar"
 cp "$guest/vmlinuz" "$out/vmlinuz"
 cp "$image/cmd" "$out/cmd"
 rm -rf "$out/tree"
-touch "$out/.complete"
-prune_cache microvm
-echo "$out"
+cache_commit

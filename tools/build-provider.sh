@@ -34,19 +34,14 @@ cmake_flags=(
 	# Installed into the system: no run path into this build tree.
 	-DCMAKE_SKIP_BUILD_RPATH=ON
 )
-key=$(key_of "$RDMA_CORE_SRC_VERSION" "$layout" "${cmake_flags[*]}" "$provider" \
-	"$VSTELLAR_TOP/include/vstellar" "$0")
-out=$VSTELLAR_CACHE/provider-$key
-so=$out/build/lib/libvstellar-rdmav34.so
-
-cache_hit "$out" "$so" && exit 0
-lock_entry "$out"
-cache_hit "$out" "$so" && exit 0
+cache_begin provider build/lib/libvstellar-rdmav34.so "$RDMA_CORE_SRC_VERSION" "$layout" \
+	"${cmake_flags[*]}" "$provider" "$VSTELLAR_TOP/include/vstellar"
+out=$CACHE_ENTRY
 
 fetch_source rdma-core "$RDMA_CORE_SRC_VERSION" --tar-only
 upstream=${RDMA_CORE_SRC_VERSION%-*}
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out/src"
+mkdir -p "$out/src"
 tar -xzf "$VSTELLAR_CACHE/src/rdma-core_$upstream.orig.tar.gz" -C "$out/src" --strip-components=1
 # A copy, not a link: the entry must not change when the clone does.
 cp -a "$provider" "$out/src/providers/vstellar"
@@ -78,7 +73,5 @@ cmake -S "$out/src" -B "$out/build" "${cmake_flags[@]}" > "$out/cmake.log" 2>&1 
 	die "rdma-core cmake failed; see $out/cmake.log"
 ninja -C "$out/build" lib/libvstellar-rdmav34.so > "$out/build.log" 2>&1 ||
 	die "provider build failed; see $out/build.log"
-touch "$out/.complete"
-prune_cache provider
 log "provider (layout $layout) built in $((SECONDS - start)) s"
-echo "$so"
+cache_commit

@@ -28,22 +28,13 @@ configure_flags=(
 # The device-interface header is shared with the driver, provider and
 # vstellard; QEMU's copy comes from include/vstellar, so it keys the build.
 abi_headers=$VSTELLAR_TOP/include/vstellar
-key=$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay" "$abi_headers" "$0")
-base=$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay/hook.sh" "$0")
-out=$VSTELLAR_CACHE/qemu-$key
-tree=$VSTELLAR_CACHE/qemutree-$base
+cache_begin qemu build/qemu-system-x86_64 "$QEMU_SRC_VERSION" "${configure_flags[*]}" \
+	"$overlay" "$abi_headers"
+out=$CACHE_ENTRY
 bin=$out/build/qemu-system-x86_64
+tree=$VSTELLAR_CACHE/qemutree-$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay/hook.sh" "$0")
 
-done_already() {
-	[[ -x $bin && -e $out/.complete ]] || return 1
-	touch "$out/.complete"
-	echo "$bin"
-}
-done_already && exit 0
-lock_entry "$out"
-done_already && exit 0
-
-# The shared tree: one build at a time (fd 8; lock_entry holds fd 9).
+# The shared tree: one build at a time (fd 8; cache_begin holds fd 9).
 exec 8> "$tree.lock"
 flock 8
 start=$SECONDS
@@ -97,13 +88,12 @@ make -C "$tree/build/pc-bios/optionrom" > "$tree/build/optionrom.log" 2>&1 &&
 # The result: the binary and the firmware directory the launcher passes
 # with -L (symlinks into the source resolved), nothing that points back
 # into the tree, which the next build changes.
-rm -rf "$out" && mkdir -p "$out/build"
+mkdir -p "$out/build"
 cp "$tree/build/qemu-system-x86_64" "$bin"
 cp -rL "$tree/build/pc-bios" "$out/build/pc-bios"
-touch "$out/.complete" "$tree/.complete"
+touch "$tree/.complete"
 flock -u 8
-prune_cache qemu
 # Trees are about 500 MB; keep the newest two (two QEMU pins in flight).
 VSTELLAR_CACHE_KEEP=2 prune_cache qemutree
 log "QEMU built in $((SECONDS - start)) s: $bin"
-echo "$bin"
+cache_commit

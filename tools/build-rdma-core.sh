@@ -22,27 +22,15 @@ cmake_flags=(
 	-DPYTHON_EXECUTABLE=/usr/bin/python3
 )
 # The provider includes the device-interface and uverbs ABI headers.
-key=$(key_of "$RDMA_CORE_SRC_VERSION" "${cmake_flags[*]}" "$provider" \
-	"$VSTELLAR_TOP/include/vstellar" "$0")
-out=$VSTELLAR_CACHE/rdma-core-$key
-
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out/stage"
-	exit 0
-fi
-lock_entry "$out"
-if [[ -e $out/.complete ]]; then
-	touch "$out/.complete"
-	echo "$out/stage"
-	exit 0
-fi
+cache_begin rdma-core stage "$RDMA_CORE_SRC_VERSION" "${cmake_flags[*]}" "$provider" \
+	"$VSTELLAR_TOP/include/vstellar"
+out=$CACHE_ENTRY
 
 fetch_source rdma-core "$RDMA_CORE_SRC_VERSION" --tar-only
 upstream=${RDMA_CORE_SRC_VERSION%-*}
 tarball=$VSTELLAR_CACHE/src/rdma-core_$upstream.orig.tar.gz
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out/src"
+mkdir -p "$out/src"
 log "unpacking $tarball into $out"
 tar -xzf "$tarball" -C "$out/src" --strip-components=1
 
@@ -62,7 +50,5 @@ ninja -C "$out/build" > "$out/build.log" 2>&1 ||
 	die "rdma-core build failed; see $out/build.log"
 DESTDIR=$out/stage ninja -C "$out/build" install > "$out/install.log" 2>&1 ||
 	die "rdma-core install failed; see $out/install.log"
-touch "$out/.complete"
-prune_cache rdma-core
 log "rdma-core $upstream built in $((SECONDS - start)) s"
-echo "$out/stage"
+cache_commit

@@ -44,15 +44,10 @@ debs=("$debdir"/vstellar-dkms_*_all.deb "$debdir"/"$provider"_*_amd64.deb)
 for d in "${debs[@]}"; do [[ -f $d ]] || die "no $d: run make deb"; done
 init=$VSTELLAR_TOP/tools/guest/init
 # The root entry's name carries its key (hashing 700 MB each time would not).
-key=$(key_of "stock-root:$(basename "$(dirname "$root")")" "${debs[@]}" "$init" "$0")
-out=$VSTELLAR_CACHE/stock-$suite-$key
-
-cache_hit "$out" "$out" && exit 0
-lock_entry "$out"
-cache_hit "$out" "$out" && exit 0
+cache_begin "stock-$suite" . "stock-root:$(basename "$(dirname "$root")")" "${debs[@]}" "$init"
+out=$CACHE_ENTRY
 
 start=$SECONDS
-rm -rf "$out" && mkdir -p "$out"
 tree=$out/tree
 log "copying the $suite root"
 cp -a "$root" "$tree"
@@ -90,7 +85,5 @@ log "root.img: ext4, ${size} MiB"
 mke2fs -q -t ext4 -L vstroot -d "$tree" "$out/root.img" "${size}M" >&2 ||
 	die "mke2fs -d failed"
 rm -rf "$tree"
-touch "$out/.complete"
-VSTELLAR_CACHE_KEEP=2 prune_cache "stock-$suite"
 log "$suite guest ($kver) made in $((SECONDS - start)) s"
-echo "$out"
+cache_commit 2

@@ -52,21 +52,47 @@ fetch_source() {
 	fi
 }
 
-# cache_hit DIR RESULT: when cache entry DIR is complete, mark it used
-# (prune_cache keeps the most recently used), print RESULT and succeed.
-cache_hit() {
-	[[ -e $1/.complete ]] || return 1
-	touch "$1/.complete"
-	echo "$2"
+# The cache: each build script keeps its result in $VSTELLAR_CACHE/KIND-<key>,
+# the key a hash of every input, so that a changed input makes a new entry
+# and an unchanged one is reused by every clone. An entry is published by
+# its .complete file, written last: a reader never sees a half-built entry.
+#
+#   cache_begin KIND RESULT INPUT...
+#     RESULT is the path, inside the entry, that the script prints ("." for
+#     the entry itself). The key hashes the INPUTs (files, trees or strings:
+#     the pins from config/versions.mk, flags and sources the result is made
+#     from), the calling script and this file. When the entry is complete it
+#     is marked used (prune_cache keeps the most recently used), RESULT is
+#     printed and the script exits. Otherwise the entry is locked (a second
+#     build of the same key, from another clone or make -j, waits and then
+#     finds it complete), emptied, and CACHE_ENTRY names it for the build to
+#     fill.
+#   cache_commit [KEEP]
+#     Publishes the entry, prunes the kind to its KEEP most recently used
+#     entries (default VSTELLAR_CACHE_KEEP, 3) and prints RESULT.
+cache_begin() {
+	local kind=$1 result=$2; shift 2
+	CACHE_KIND=$kind
+	CACHE_ENTRY=$VSTELLAR_CACHE/$kind-$(key_of "$@" "$0" "${BASH_SOURCE[0]}")
+	CACHE_RESULT=$CACHE_ENTRY/$result; CACHE_RESULT=${CACHE_RESULT%/.}
+	cache_use_if_complete && exit 0
+	mkdir -p "$VSTELLAR_CACHE"
+	exec 9> "$CACHE_ENTRY.lock"
+	flock 9
+	cache_use_if_complete && exit 0
+	rm -rf "$CACHE_ENTRY" && mkdir -p "$CACHE_ENTRY"
 }
 
-# lock_entry DIR: hold an exclusive lock for building cache entry DIR, so
-# that two builds of one key (two clones, make -j) do not unpack into the same
-# directory at once. Released when the script exits.
-lock_entry() {
-	mkdir -p "$(dirname "$1")"
-	exec 9> "$1.lock"
-	flock 9
+cache_use_if_complete() {
+	[[ -e $CACHE_ENTRY/.complete && -e $CACHE_RESULT ]] || return 1
+	touch "$CACHE_ENTRY/.complete"
+	echo "$CACHE_RESULT"
+}
+
+cache_commit() {
+	touch "$CACHE_ENTRY/.complete"
+	VSTELLAR_CACHE_KEEP=${1:-${VSTELLAR_CACHE_KEEP:-3}} prune_cache "$CACHE_KIND"
+	echo "$CACHE_RESULT"
 }
 
 # prune_cache KIND: keep the VSTELLAR_CACHE_KEEP (default 3) most recently
