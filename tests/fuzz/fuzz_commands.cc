@@ -27,6 +27,7 @@
 
 #include "vstellard/commands.h"
 #include "vstellard/datapath.h"
+#include "vstellard/vhost_user.h"
 #include "vstellard/guest_ram.h"
 
 #include "fuzz_device.h"
@@ -54,11 +55,12 @@ struct DeviceParts {
   vstellar::SimNet net;
   vstellar::Engine engine{FuzzEngineConfig(), net.add_node(1), net};
   DeviceShared shared;
-  Session session{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session session{state};
   ObjectTables objects;
   NoEvents events;
-  DataPath dp{0, shared, session, pvdma, objects, events};
-  Commands cmds{shared, session, pvdma, objects, dp};
+  DataPath dp{0, shared, state, session, pvdma, objects, events};
+  Commands cmds{shared, state, session, pvdma, objects, dp};
 };
 
 }  // namespace

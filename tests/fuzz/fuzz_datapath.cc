@@ -32,6 +32,7 @@
 
 #include "vstellard/commands.h"
 #include "vstellard/datapath.h"
+#include "vstellard/vhost_user.h"
 
 #include "fuzz_device.h"
 
@@ -103,15 +104,16 @@ struct Device {
 
   Memfd ram{"memory-backend-memfd", kRamSize};
   Memfd db{"vstellar-doorbell", kDbSize};
-  Session session{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session session{state};
   Pvdma pvdma;
   vstellar::SimNet net;
   vstellar::Engine engine{FuzzEngineConfig(), net.add_node(1), net};
   DeviceShared shared;
   ObjectTables objects;
   NoEvents events;
-  DataPath dp{0, shared, session, pvdma, objects, events};
-  Commands cmds{shared, session, pvdma, objects, dp};
+  DataPath dp{0, shared, state, session, pvdma, objects, events};
+  Commands cmds{shared, state, session, pvdma, objects, dp};
 };
 
 }  // namespace

@@ -90,7 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Fd frontend(sv[1]);
   int daemon_end = sv[0];
 
-  Session session{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session session{state};
   // The daemon's defaults: 1 GiB per device, 4 GiB in all.
   Pvdma pvdma;
   pvdma.set_budgets(std::make_shared<MemoryBudget>(uint64_t{1} << 30), std::make_shared<MemoryBudget>(uint64_t{4} << 30));

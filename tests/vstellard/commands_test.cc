@@ -52,7 +52,7 @@ TEST_F(DeviceParts, QueryDeviceAnswersTheConfig) {
   ASSERT_EQ(resp.size(), sizeof(vstellar_resp_query_device));
   vstellar_resp_query_device r;
   std::memcpy(&r, resp.data(), sizeof(r));
-  EXPECT_EQ(r.max_qp_wr, session_.device().config.max_qp_wr);
+  EXPECT_EQ(r.max_qp_wr, state_.config().max_qp_wr);
   EXPECT_LE(le32toh(r.max_qp_wr), 1u << VSTELLAR_MAX_LOG_WQE);
   EXPECT_LE(le32toh(r.max_cqe), 1u << VSTELLAR_MAX_LOG_CQE);
 }

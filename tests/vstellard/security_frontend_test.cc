@@ -93,7 +93,8 @@ class GuestQuotas : public DaemonTest {
 // Issue 24 #1: "within its file" holds for any size on a sparse file, so
 // the size a frontend declares must be bounded by itself.
 TEST_F(FrontendSecurity, SessionRefusesMoreGuestMemoryThanTheLimit) {
-  Session s{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session s{state};
   ASSERT_TRUE(s.Handle(Message{Header{uint32_t(Request::kSetOwner), kFlagVersion, 0}, {}, {}}).ok());
   const int fd = SparseMemfd(kHuge);
   Outcome o = s.Handle(MemTable({{0, kHuge, 0x7f0000000000, 0}}, {fd}));
@@ -180,7 +181,8 @@ TEST_F(FrontendSecurity, HugeSparseRegionIsRefusedAndTheDaemonServesOn) {
 // change only while the ring is stopped; SET_VRING_ADDR was taken on a
 // running one, so the device went on with a ring moved under it.
 TEST_F(FrontendSecurity, RunningRingCannotBeReconfigured) {
-  Session s{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session s{state};
   ASSERT_TRUE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features())).ok());
   ASSERT_TRUE(s.Handle(Message{Header{uint32_t(Request::kSetOwner), kFlagVersion, 0}, {}, {}}).ok());
   const int ram = SparseMemfd(1 << 20);

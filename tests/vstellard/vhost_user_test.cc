@@ -13,8 +13,6 @@ using namespace vstellard;
 
 namespace {
 
-constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
-
 Message Msg(Request r, const void* p = nullptr, size_t n = 0, uint32_t flags = kFlagVersion) {
   Message m;
   m.hdr = Header{static_cast<uint32_t>(r), flags, static_cast<uint32_t>(n)};
@@ -59,7 +57,8 @@ Message MemTable(std::vector<Region>& regions) {
 
 class VhostUser : public ::testing::Test {
  protected:
-  Session s{DeviceConfig::Default()};
+  DeviceState state{DeviceConfig::Default()};
+  Session s{state};
 
   void Handshake() {
     ASSERT_TRUE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features())).ok());

@@ -18,8 +18,9 @@
 
 namespace vstellard {
 
-Commands::Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects, DataPath& datapath)
-    : sh_(shared), session_(session), pvdma_(pvdma), obj_(objects), dp_(datapath) {
+Commands::Commands(DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport, Pvdma& pvdma,
+                   ObjectTables& objects, DataPath& datapath)
+    : sh_(shared), state_(state), transport_(transport), pvdma_(pvdma), obj_(objects), dp_(datapath) {
   obj_.memory.set_limit(sh_.device_memory_limit);
 }
 
@@ -125,19 +126,19 @@ uint16_t Commands::ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::
 }
 
 bool Commands::DatagramsOn() const {
-  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_UD);
+  return state_.HasFeature(VIRTIO_VSTELLAR_F_UD);
 }
 
 bool Commands::SrqsOn() const {
-  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_SRQ);
+  return state_.HasFeature(VIRTIO_VSTELLAR_F_SRQ);
 }
 
 bool Commands::MemMgtOn() const {
-  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MEM_MGT);
+  return state_.HasFeature(VIRTIO_VSTELLAR_F_MEM_MGT);
 }
 
 bool Commands::WindowsOn() const {
-  return session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MW);
+  return state_.HasFeature(VIRTIO_VSTELLAR_F_MW);
 }
 
 // ------------------------------------------------- device, contexts, PDs
@@ -200,7 +201,7 @@ uint16_t Commands::AddDbContext(uint32_t key, uint32_t* page_out) {
   const virtio_vstellar_config& c = config();
   uint32_t pages = cfg32(c.max_ucontext);
   // The doorbell region bounds the pages when the frontend gave us one.
-  if (const MemRegion* r = session_.DoorbellRegion())
+  if (const MemRegion* r = transport_.DoorbellRegion())
     pages = std::min<uint64_t>(pages, r->size / VSTELLAR_DB_PAGE_SIZE);
   if (obj_.uctx.size() >= cfg32(c.max_ucontext)) return VSTELLAR_STATUS_LIMIT;
   obj_.db_pages_used.resize(pages, false);
@@ -264,7 +265,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_UCONTEXT>(uint32_t uctx, const uint8
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_PD>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (obj_.pds.size() >= cfg32(session_.device().config.max_pd)) return VSTELLAR_STATUS_LIMIT;
+  if (obj_.pds.size() >= cfg32(config().max_pd)) return VSTELLAR_STATUS_LIMIT;
   vstellar::Pd* pd = sh_.engine->alloc_pd();
   if (!pd) return VSTELLAR_STATUS_NO_RESOURCES;
   PdObj o{uctx, pd};

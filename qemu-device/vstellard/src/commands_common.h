@@ -12,9 +12,10 @@
 
 #include <vstellar/virtio_vstellar.h>
 
+#include "vstellard/feature_bits.h"
+
 namespace vstellard {
 
-constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 inline uint32_t cfg32(const __le32& v) { return le32toh(v); }
 
 template <typename T>

@@ -29,7 +29,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
-  if (cq_queue >= VSTELLAR_MAX_CQ_QUEUES || session_.vring(VSTELLAR_VQ_CQN0 + cq_queue).num == 0)
+  if (cq_queue >= VSTELLAR_MAX_CQ_QUEUES || transport_.QueueSize(VSTELLAR_VQ_CQN0 + cq_queue) == 0)
     return VSTELLAR_STATUS_BAD_FIELD;
   if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
   if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
@@ -67,7 +67,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ))) return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!state_.HasFeature(VIRTIO_VSTELLAR_F_RESIZE_CQ)) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_resize_cq>(b);
   const virtio_vstellar_config& c = config();
   const uint32_t log_cqe = le32toh(cmd.log_cqe);

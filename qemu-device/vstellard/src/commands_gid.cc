@@ -15,7 +15,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   if (uctx != 0) return VSTELLAR_STATUS_ACCESS;  // the kernel's GID cache only
   if (le32toh(cmd.port) != 1) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t index = le32toh(cmd.index);
-  if (index >= cfg32(session_.device().config.gid_table_len)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (index >= cfg32(config().gid_table_len)) return VSTELLAR_STATUS_BAD_FIELD;
   if (!add) {
     auto it = obj_.gids.find(index);
     if (it == obj_.gids.end()) return VSTELLAR_STATUS_BAD_HANDLE;

@@ -11,7 +11,7 @@
 namespace vstellard {
 
 uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
-  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_MCAST))) return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!state_.HasFeature(VIRTIO_VSTELLAR_F_MCAST)) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_mcast>(b);
   if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t qpn = le32toh(cmd.qpn);

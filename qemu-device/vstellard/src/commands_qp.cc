@@ -54,7 +54,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
         if (q.type == VSTELLAR_QPT_GSI) return VSTELLAR_STATUS_LIMIT;  // one QP 1 per device
     }
   } else if (type == VSTELLAR_QPT_UC) {
-    if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_UC))) return VSTELLAR_STATUS_UNSUPPORTED;
+    if (!state_.HasFeature(VIRTIO_VSTELLAR_F_UC)) return VSTELLAR_STATUS_UNSUPPORTED;
   } else if (type != VSTELLAR_QPT_RC) {
     return VSTELLAR_STATUS_BAD_FIELD;
   }

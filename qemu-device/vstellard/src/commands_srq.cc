@@ -89,7 +89,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_SRQ>(uint32_t uctx, const uint8_t* b,
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  if (!(session_.acked_features() & Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ))) return VSTELLAR_STATUS_UNSUPPORTED;
+  if (!state_.HasFeature(VIRTIO_VSTELLAR_F_RESIZE_SRQ)) return VSTELLAR_STATUS_UNSUPPORTED;
   auto cmd = Get<vstellar_cmd_resize_srq>(b);
   const virtio_vstellar_config& c = config();
   const uint32_t n = le32toh(cmd.num_pages), shift = cmd.page_shift;

@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "vstellard/datapath.h"
-#include "vstellard/device_shared.h"
+#include "vstellard/shared_by_devices.h"
 #include "vstellard/translate.h"
 
 namespace vstellard {
@@ -51,7 +51,8 @@ uint8_t WcOpOfSend(uint8_t op) {
   }
 }
 
-constexpr uint8_t St(WcStatus s) { return uint8_t(s); }
+// The CQE's status byte for an engine completion status (one numbering).
+constexpr uint8_t CqeStatus(WcStatus s) { return uint8_t(s); }
 
 // The engine's numbering of the key WQEs (libibverbs') and of their
 // failure reasons (the device's status codes).
@@ -79,9 +80,15 @@ bool AllZero(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-DataPath::DataPath(unsigned device_id, DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects,
-                   DataPathEvents& events)
-    : id_(device_id), sh_(shared), session_(session), pvdma_(pvdma), obj_(objects), events_(events) {}
+DataPath::DataPath(unsigned device_id, DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport,
+                   Pvdma& pvdma, ObjectTables& objects, DataPathEvents& events)
+    : id_(device_id),
+      sh_(shared),
+      state_(state),
+      transport_(transport),
+      pvdma_(pvdma),
+      obj_(objects),
+      events_(events) {}
 
 uint64_t DataPath::NowNs() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -115,7 +122,7 @@ uint8_t* DataPath::DbPage(uint32_t uctx) {
   if (u.page) return u.page;
   // Only this device's region: the table also holds the doorbells of the
   // guest's other vStellar devices.
-  const MemRegion* r = session_.DoorbellRegion();
+  const MemRegion* r = transport_.DoorbellRegion();
   if (!r) return nullptr;
   const uint64_t off = uint64_t(u.db_page) * VSTELLAR_DB_PAGE_SIZE;
   if (off + VSTELLAR_DB_PAGE_SIZE > r->size) return nullptr;
@@ -254,13 +261,13 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
   vstellar_send_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint8_t op = w.opcode;
-  if (op > VSTELLAR_WR_BIND_MW) return St(WcStatus::LOC_QP_OP_ERR);
+  if (op > VSTELLAR_WR_BIND_MW) return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   if (w.flags & ~(VSTELLAR_WQE_SIGNALED | VSTELLAR_WQE_SOLICITED | VSTELLAR_WQE_INLINE | VSTELLAR_WQE_FENCE))
-    return St(WcStatus::LOC_QP_OP_ERR);
+    return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   const bool atomic = op == VSTELLAR_WR_ATOMIC_CMP_SWP || op == VSTELLAR_WR_ATOMIC_FETCH_ADD;
   const bool inl = w.flags & VSTELLAR_WQE_INLINE;
-  if (atomic && !(session_.acked_features() & (uint64_t{1} << VIRTIO_VSTELLAR_F_ATOMIC)))
-    return St(WcStatus::LOC_QP_OP_ERR);
+  if (atomic && !state_.HasFeature(VIRTIO_VSTELLAR_F_ATOMIC))
+    return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   // The guest ABI is checked here; the verbs rules (opcode for the QP type,
   // SGE count against the QP's, inline and atomic shapes, lengths, lkeys)
   // are the engine's, in post_send.
@@ -274,7 +281,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
   uint64_t total = 0;
   if (inl) {
     const uint32_t il = le32toh(w.inline_len);
-    if (sizeof(w) + uint64_t(il) > len) return St(WcStatus::LOC_LEN_ERR);
+    if (sizeof(w) + uint64_t(il) > len) return CqeStatus(WcStatus::LOC_LEN_ERR);
     // The engine copies inline bytes from this host pointer at post time:
     // our private copy of the slot, never guest memory.
     sges[0].addr = reinterpret_cast<uintptr_t>(buf + sizeof(w));
@@ -286,7 +293,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     total = il;
   } else {
     const uint32_t n = w.num_sge;
-    if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
+    if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return CqeStatus(WcStatus::LOC_LEN_ERR);
     for (uint32_t i = 0; i < n; i++) {
       if (uint8_t st = CheckSge(q.owner, q.pdn, buf + sizeof(w) + 16 * i, &sges[i])) return st;
       total += sges[i].length;
@@ -297,7 +304,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
   if (q.type == VSTELLAR_QPT_UD || q.type == VSTELLAR_QPT_GSI) {
     // A datagram goes to the WQE's address vector; its payload is bounded
     // by the device's UD limit (the engine's MTU bound is the engine's).
-    if (total > VSTELLAR_UD_MAX_PAYLOAD) return St(WcStatus::LOC_LEN_ERR);
+    if (total > VSTELLAR_UD_MAX_PAYLOAD) return CqeStatus(WcStatus::LOC_LEN_ERR);
     return CheckUdDest(w, &wr->ud);
   }
   if (op >= VSTELLAR_WR_LOCAL_INV) return CheckKeyWqe(q, w, wr, vendor);
@@ -310,7 +317,7 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
     wr->remote_addr = le64toh(w.u.rdma.remote_addr);
     wr->rkey = le32toh(w.u.rdma.rkey);
   }
-  return St(WcStatus::SUCCESS);
+  return CqeStatus(WcStatus::SUCCESS);
 }
 
 // The memory-key WQEs (minor 3): LOCAL_INV, SEND_WITH_INV, REG_MR,
@@ -318,28 +325,27 @@ uint8_t DataPath::CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstel
 // (its page list holds guest-physical addresses). The engine checks the
 // keys against its objects when the WQE executes, in queue order.
 uint8_t DataPath::CheckKeyWqe(QpObj& q, const vstellar_send_wqe& w, vstellar::SendWr* wr, uint8_t* vendor) {
-  const uint64_t f = session_.acked_features();
-  const bool mem_mgt = f & (uint64_t{1} << VIRTIO_VSTELLAR_F_MEM_MGT);
-  const bool windows = f & (uint64_t{1} << VIRTIO_VSTELLAR_F_MW);
+  const bool mem_mgt = state_.HasFeature(VIRTIO_VSTELLAR_F_MEM_MGT);
+  const bool windows = state_.HasFeature(VIRTIO_VSTELLAR_F_MW);
   const uint8_t op = w.opcode;
-  if (q.type != VSTELLAR_QPT_RC) return St(WcStatus::LOC_QP_OP_ERR);
+  if (q.type != VSTELLAR_QPT_RC) return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   if (op != VSTELLAR_WR_SEND_WITH_INV && (w.num_sge || w.inline_len || (w.flags & VSTELLAR_WQE_INLINE)))
-    return St(WcStatus::LOC_QP_OP_ERR);
+    return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   switch (op) {
     case VSTELLAR_WR_LOCAL_INV:
     case VSTELLAR_WR_SEND_WITH_INV:
-      if (!mem_mgt && !windows) return St(WcStatus::LOC_QP_OP_ERR);
+      if (!mem_mgt && !windows) return CqeStatus(WcStatus::LOC_QP_OP_ERR);
       wr->invalidate_rkey = le32toh(w.invalidate_rkey);
       wr->imm_data = 0;
-      return St(WcStatus::SUCCESS);
+      return CqeStatus(WcStatus::SUCCESS);
     case VSTELLAR_WR_REG_MR:
       if (!mem_mgt || q.owner != 0) {
         *vendor = VSTELLAR_STATUS_ACCESS;
-        return St(WcStatus::LOC_QP_OP_ERR);
+        return CqeStatus(WcStatus::LOC_QP_OP_ERR);
       }
       return CheckFastReg(q, w, &wr->reg, vendor);
     case VSTELLAR_WR_BIND_MW: {
-      if (!windows || !AllZero(w.u.bind_mw.reserved, sizeof(w.u.bind_mw.reserved))) return St(WcStatus::LOC_QP_OP_ERR);
+      if (!windows || !AllZero(w.u.bind_mw.reserved, sizeof(w.u.bind_mw.reserved))) return CqeStatus(WcStatus::LOC_QP_OP_ERR);
       vstellar::BindMwWr& b = wr->bind;
       b.mw_rkey = le32toh(w.u.bind_mw.mw_rkey);
       b.new_rkey = le32toh(w.u.bind_mw.new_rkey);
@@ -348,10 +354,10 @@ uint8_t DataPath::CheckKeyWqe(QpObj& q, const vstellar_send_wqe& w, vstellar::Se
       b.length = le64toh(w.u.bind_mw.length);
       b.access = le32toh(w.u.bind_mw.access);
       b.mw_type = w.u.bind_mw.mw_type;
-      return St(WcStatus::SUCCESS);
+      return CqeStatus(WcStatus::SUCCESS);
     }
   }
-  return St(WcStatus::LOC_QP_OP_ERR);
+  return CqeStatus(WcStatus::LOC_QP_OP_ERR);
 }
 
 // A REG_MR's values and page list, checked before the engine sees them: the
@@ -361,10 +367,10 @@ uint8_t DataPath::CheckKeyWqe(QpObj& q, const vstellar_send_wqe& w, vstellar::Se
 // executes.
 uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::FastRegWr* reg, uint8_t* vendor) {
   const auto& r = w.u.reg_mr;
-  const virtio_vstellar_config& c = session_.device().config;
+  const virtio_vstellar_config& c = state_.config();
   auto fail = [&](uint8_t why, WcStatus st) {
     *vendor = why;
-    return St(st);
+    return CqeStatus(st);
   };
   if (!AllZero(r.reserved, sizeof(r.reserved))) return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
   const uint32_t key = le32toh(r.key);
@@ -373,7 +379,7 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
   const uint32_t n = le32toh(r.npages), shift = r.page_shift;
   const uint64_t iova = le64toh(r.iova), length = le64toh(r.length);
   const uint32_t access = le32toh(r.access);
-  const bool windows = session_.acked_features() & (uint64_t{1} << VIRTIO_VSTELLAR_F_MW);
+  const bool windows = state_.HasFeature(VIRTIO_VSTELLAR_F_MW);
   const uint32_t allowed = VSTELLAR_ACCESS_VALID | (windows ? VSTELLAR_ACCESS_MW_BIND : 0u);
   if (n == 0 || n > mr->max_pages() || shift >= 64 || !(le64toh(c.page_size_cap) & (uint64_t{1} << shift)) ||
       length == 0 || iova + length < iova || length > le64toh(c.max_mr_size) || (access & ~allowed))
@@ -402,7 +408,7 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
   reg->iova = iova;
   reg->length = length;
   reg->access = access;
-  return St(WcStatus::SUCCESS);
+  return CqeStatus(WcStatus::SUCCESS);
 }
 
 // A receive WQE of an RQ or an SRQ of context `owner`, its SGEs in PD `pdn`.
@@ -411,13 +417,13 @@ uint8_t DataPath::CheckRecvWqe(uint32_t owner, uint32_t pdn, const uint8_t* buf,
   vstellar_recv_wqe w;
   std::memcpy(&w, buf, sizeof(w));
   const uint32_t n = le32toh(w.num_sge);
-  if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return St(WcStatus::LOC_LEN_ERR);
+  if (n > vstellar::DeviceLimits::kMaxSge || sizeof(w) + 16ull * n > len) return CqeStatus(WcStatus::LOC_LEN_ERR);
   for (uint32_t i = 0; i < n; i++)
     if (uint8_t st = CheckSge(owner, pdn, buf + sizeof(w) + 16 * i, &sges[i])) return st;
   *wr = vstellar::RecvWr{};
   wr->sg_list = n ? sges : nullptr;
   wr->num_sge = n;
-  return St(WcStatus::SUCCESS);
+  return CqeStatus(WcStatus::SUCCESS);
 }
 
 // One SGE of a WQE, decoded. In a kernel QP the local DMA lkey names the
@@ -430,13 +436,13 @@ uint8_t DataPath::CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vst
   out->addr = le64toh(s.addr);
   out->length = le32toh(s.length);
   out->lkey = le32toh(s.lkey);
-  if (out->length == 0) return St(WcStatus::SUCCESS);
+  if (out->length == 0) return CqeStatus(WcStatus::SUCCESS);
   if (owner == 0 && out->lkey == VSTELLAR_LOCAL_DMA_LKEY) {
     auto pd = obj_.pds.find(pdn);
-    if (pd == obj_.pds.end() || !pd->second.dma_mr) return St(WcStatus::LOC_PROT_ERR);
+    if (pd == obj_.pds.end() || !pd->second.dma_mr) return CqeStatus(WcStatus::LOC_PROT_ERR);
     out->lkey = pd->second.dma_mr->lkey();
   }
-  return St(WcStatus::SUCCESS);
+  return CqeStatus(WcStatus::SUCCESS);
 }
 
 // The address vector of a UD send: a peer host (IPv4-mapped GID, like an RC
@@ -452,7 +458,7 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   // The source must be an address this device holds (not merely lists).
   if (av.reserved[0] || av.reserved[1] || !IsV4Mapped(av.dgid) || ip == 0 ||
       sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) || qpn > 0xffffff)
-    return St(WcStatus::LOC_QP_OP_ERR);
+    return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   // A multicast group (224.0.0.0/4) is reached through IP multicast on the
   // port every vstellard listens on for groups (docs/transport.md).
   ud->peer = vstellar::Endpoint{ip, (ip & 0xf0000000u) == 0xe0000000u ? sh_.mcast_port() : sh_.peer_port};
@@ -463,7 +469,7 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   ud->flow_label = be32toh(av.flow_label) & 0xFFFFF;
   ud->traffic_class = av.traffic_class;
   ud->hop_limit = av.hop_limit;
-  return St(WcStatus::SUCCESS);
+  return CqeStatus(WcStatus::SUCCESS);
 }
 
 // The SQ or the RQ of one QP: fetch every WQE the doorbell record announces,
@@ -517,7 +523,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
     if (send) q.sq_op[idx & (size - 1)] = op;
     ci++;
     if (e->state() == S::ERR) {
-      CompleteDirect(q, send, idx, wr_id, op, St(WcStatus::WR_FLUSH_ERR));
+      CompleteDirect(q, send, idx, wr_id, op, CqeStatus(WcStatus::WR_FLUSH_ERR));
       continue;
     }
     uint8_t status, vendor = 0;
@@ -527,17 +533,17 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
       status = CheckSendWqe(q, buf, stride, &wr, sges, &vendor);
       wr.wr_id = idx;  // the engine's wr_id is the WQE index
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
-      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = St(why);
+      if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = CqeStatus(why);
     } else {
       vstellar::RecvWr wr;
       status = CheckRecvWqe(q.owner, q.pdn, buf, stride, &wr, sges);
       wr.wr_id = idx;
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
-      if (status == St(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = St(why);
+      if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = CqeStatus(why);
     }
-    if (status != St(WcStatus::SUCCESS)) {
+    if (status != CqeStatus(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
-      QpToErr(q, status == St(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
+      QpToErr(q, status == CqeStatus(WcStatus::LOC_PROT_ERR) ? VSTELLAR_EV_QP_ACCESS_ERR : VSTELLAR_EV_QP_FATAL, status);
       CompleteDirect(q, send, idx, wr_id, op, status, vendor);
     }
   }
@@ -585,8 +591,8 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
     uint8_t status = CheckRecvWqe(s.owner, s.pdn, buf, stride, &wr, sges);
     wr.wr_id = idx;
     WcStatus why = WcStatus::LOC_QP_OP_ERR;
-    if (status == St(WcStatus::SUCCESS) && sh_.engine->post_srq_recv(s.srq, wr, &why) != 0) status = St(why);
-    if (status != St(WcStatus::SUCCESS)) {
+    if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_srq_recv(s.srq, wr, &why) != 0) status = CqeStatus(why);
+    if (status != CqeStatus(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
       s.wrid.erase(idx);
       SrqToErr(h, s, status);

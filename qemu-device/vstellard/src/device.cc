@@ -16,10 +16,11 @@ Device::Device(unsigned id, DeviceShared& shared)
     : id_(id),
       sh_(shared),
       pvdma_(shared.pin),
-      session_(shared.device_config),
+      state_(shared.device_config),
+      session_(state_),
       qs_(VSTELLAR_MAX_VQS, Virtqueue(pvdma_)),
-      dp_(id, shared, session_, pvdma_, obj_, *this),
-      cmds_(shared, session_, pvdma_, obj_, dp_),
+      dp_(id, shared, state_, session_, pvdma_, obj_, *this),
+      cmds_(shared, state_, session_, pvdma_, obj_, dp_),
       control_left_(shared.control_budget) {
   pvdma_.set_require_sealed(shared.require_sealed_memory);
   pvdma_.set_budgets(obj_.budget, shared.memory);
@@ -29,7 +30,7 @@ Device::Device(unsigned id, DeviceShared& shared)
   const uint32_t ip = shared.host_ip;
   const uint8_t guid[8] = {0x02, uint8_t(ip >> 24), uint8_t(ip >> 16), 0xff, 0xfe,
                            uint8_t(ip >> 8), uint8_t(ip), uint8_t(id)};
-  std::memcpy(session_.mutable_device().config.node_guid, guid, sizeof(guid));
+  std::memcpy(state_.mutable_device().config.node_guid, guid, sizeof(guid));
 }
 
 Device::~Device() {
@@ -133,7 +134,7 @@ void Device::Fatal(const std::string& why) {
   if (fatal_) return;
   fatal_ = true;
   fatal_why_ = why;
-  auto& c = session_.mutable_device().config;
+  auto& c = state_.mutable_device().config;
   c.device_status = htole32(le32toh(c.device_status) | VSTELLAR_DEV_S_FATAL);
   PostEvent(VSTELLAR_EV_DEVICE_FATAL, 0, 0, VSTELLAR_STATUS_DEVICE_FATAL);
 }
@@ -148,9 +149,9 @@ void Device::ProcessControl() {
   Virtqueue& vq = qs_[VSTELLAR_VQ_CONTROL];
   if (control_left_ == 0) return;  // pending: the next turn continues
   control_pending_ = false;
-  if (!vq.Begin(session_.vring(VSTELLAR_VQ_CONTROL), session_.acked_features())) return;
+  if (!vq.Begin(session_.vring(VSTELLAR_VQ_CONTROL), state_.acked_features())) return;
   const uint64_t max_req = sizeof(vstellar_cmd_hdr) + sizeof(vstellar_cmd_create_qp) +
-                           8ull * le32toh(session_.device().config.max_cmd_pages);
+                           8ull * le32toh(state_.config().max_cmd_pages);
   for (;;) {
     if (control_left_ == 0) {
       control_pending_ = true;
@@ -241,7 +242,7 @@ uint16_t Device::ExecuteCommand(const std::vector<uint8_t>& req, std::vector<uin
 bool Device::PushToQueue(uint32_t q, const void* data, uint32_t len) {
   if (q >= session_.num_vrings()) return false;
   Virtqueue& vq = qs_[q];
-  if (!vq.Begin(session_.vring(q), session_.acked_features())) return false;
+  if (!vq.Begin(session_.vring(q), state_.acked_features())) return false;
   for (;;) {
     Virtqueue::Chain c;
     Virtqueue::PopResult p = vq.Pop(&c);
@@ -367,7 +368,7 @@ void Device::ResetState() {
   cq_notify_waiting_.clear();
   fatal_ = false;
   dp_.Stop();
-  auto& c = session_.mutable_device().config;
+  auto& c = state_.mutable_device().config;
   c.device_status = htole32(le32toh(c.device_status) & ~VSTELLAR_DEV_S_FATAL);
 }
 

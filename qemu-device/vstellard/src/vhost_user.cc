@@ -12,25 +12,11 @@
 
 namespace vstellard {
 
-Fd& Fd::operator=(Fd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = o.release();
-  }
-  return *this;
-}
-
-Fd::~Fd() {
-  if (fd_ >= 0) close(fd_);
-}
-
 namespace {
 // MSG_CTRUNC: more descriptors than a message may carry, or ones the
 // kernel could not install because the daemon reached RLIMIT_NOFILE.
 constexpr const char* kFdsCutOff =
     "file descriptors cut off (too many with one message, or the daemon's RLIMIT_NOFILE reached)";
-
-constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 
 bool IsPow2(uint64_t v) { return v && !(v & (v - 1)); }
 
@@ -77,55 +63,11 @@ bool HasReply(Request r) {
 
 }  // namespace
 
-DeviceConfig DeviceConfig::Default() {
-  // Ring sizes a guest may ask for: within the interface's ring limits, so
-  // every layer's bounds hold for this device (virtio_vstellar.h).
-  // max_cqe: a CQ's ring is guest memory and the engine only stages its
-  // completions (see CREATE_CQ), so the guest may size it like a hardware
-  // NIC's: libfabric's rxm asks for its rx + tx sizes times the universe
-  // size (98,688 CQEs with its defaults).
-  constexpr uint32_t kMaxQpWr = 4096, kMaxCqe = 1u << VSTELLAR_MAX_LOG_CQE;
-  static_assert(kMaxQpWr <= (1u << VSTELLAR_MAX_LOG_WQE), "max_qp_wr over VSTELLAR_MAX_LOG_WQE");
-  static_assert(kMaxCqe <= (1u << VSTELLAR_MAX_LOG_CQE), "max_cqe over VSTELLAR_MAX_LOG_CQE");
-  DeviceConfig d;
-  virtio_vstellar_config& c = d.config;
-  c.abi_version = htole32(VSTELLAR_ABI_VERSION);
-  c.num_cq_queues = htole32(1);
-  const uint8_t guid[8] = {0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x00, 0x01};
-  std::memcpy(c.node_guid, guid, sizeof(guid));
-  c.page_size_cap = htole64(Bit(12) | Bit(21));
-  c.max_mr_size = htole64(uint64_t{1} << 40);
-  c.max_ucontext = htole32(64);
-  c.max_pd = htole32(1024);
-  c.max_qp = htole32(1024);
-  c.max_qp_wr = htole32(kMaxQpWr);
-  c.max_send_sge = htole32(8);
-  c.max_recv_sge = htole32(8);
-  c.max_inline_data = htole32(256);
-  c.max_cq = htole32(1024);
-  c.max_cqe = htole32(kMaxCqe);
-  c.max_mr = htole32(4096);
-  c.max_ah = htole32(1024);
-  c.max_qp_rd_atom = htole32(16);
-  c.max_qp_init_rd_atom = htole32(16);
-  c.max_cmd_pages = htole32(65536);
-  c.max_msg_size = htole32(1u << 31);
-  c.gid_table_len = htole32(16);
-  c.db_page_size = htole32(VSTELLAR_DB_PAGE_SIZE);
-  c.db_slots = htole32(VSTELLAR_DB_SLOTS_PER_PAGE);
-  c.max_fast_reg_pages = htole32(512);  // 2 MiB of 4 KiB pages per registration, as rxe
-  d.device_features = Bit(VIRTIO_VSTELLAR_F_RC) | Bit(VIRTIO_VSTELLAR_F_UD) | Bit(VIRTIO_VSTELLAR_F_DB_SUPPRESS) |
-                      Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ) |
-                      Bit(VIRTIO_VSTELLAR_F_MEM_MGT) | Bit(VIRTIO_VSTELLAR_F_MW) |
-                      Bit(VIRTIO_VSTELLAR_F_UC) | Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ) | Bit(VIRTIO_VSTELLAR_F_MCAST) |
-                      Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ);
-  return d;
-}
 
-Session::Session(DeviceConfig cfg) : cfg_(std::move(cfg)), vrings_(cfg_.max_queues) {}
+Session::Session(DeviceState& state) : state_(state), vrings_(state.device().max_queues) {}
 
 uint64_t Session::offered_features() const {
-  return (cfg_.device_features & 0xffffff) | Bit(kFeatureIndirectDesc) | Bit(kFeatureEventIdx) |
+  return (state_.device().device_features & 0xffffff) | Bit(kFeatureIndirectDesc) | Bit(kFeatureEventIdx) |
          Bit(kFeatureProtocolFeatures) | Bit(kFeatureVersion1) | Bit(kFeatureRingReset);
 }
 
@@ -198,7 +140,7 @@ Outcome Session::HandleOne(Message& m) {
       uint64_t f;
       if (!no_fds() || !Payload(m, &f, &err)) return Fail(err);
       if (f & ~offered_features()) return Fail("SET_FEATURES acks features never offered");
-      acked_features_ = f;
+      state_.set_acked_features(f);
       features_set_ = true;
       break;
     }
@@ -227,7 +169,7 @@ Outcome Session::HandleOne(Message& m) {
       if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "RESET_OWNER with payload" : err);
       owner_ = false;
       features_set_ = false;
-      acked_features_ = 0;
+      state_.set_acked_features(0);
       regions_.clear();
       for (Vring& v : vrings_) v = Vring{};
       break;
@@ -304,7 +246,7 @@ Outcome Session::HandleOne(Message& m) {
       VringState s;
       if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
         return Fail(err);
-      if (!(acked_features_ & Bit(kFeatureProtocolFeatures)))
+      if (!HasBit(state_.acked_features(), kFeatureProtocolFeatures))
         return Fail("SET_VRING_ENABLE without VHOST_USER_F_PROTOCOL_FEATURES");
       if (s.num > 1) return Fail("SET_VRING_ENABLE: state " + std::to_string(s.num) + " is not 0 or 1");
       vrings_[s.index].enabled = s.num == 1;
@@ -362,8 +304,8 @@ Outcome Session::SetMemTable(Message& m) {
     if (d.mmap_offset + d.memory_size > static_cast<uint64_t>(st.st_size))
       return Fail(where + "extends past the end of its file");
     // A sparse file can be of any size: its size proves nothing.
-    if (d.memory_size > cfg_.max_guest_memory - total)
-      return Fail(where + "the table declares more than the " + std::to_string(cfg_.max_guest_memory) +
+    if (d.memory_size > state_.device().max_guest_memory - total)
+      return Fail(where + "the table declares more than the " + std::to_string(state_.device().max_guest_memory) +
                   " bytes of guest memory a device may have (--guest-memory-limit)");
     total += d.memory_size;
     for (const MemRegion& o : table) {
@@ -392,7 +334,7 @@ Outcome Session::SetMemTable(Message& m) {
 }
 
 const MemRegion* Session::DoorbellRegion() const {
-  const uint32_t id = le32toh(cfg_.config.db_region_id);
+  const uint32_t id = le32toh(state_.config().db_region_id);
   const MemRegion* found = nullptr;
   for (const MemRegion& r : regions_) {
     if (!r.doorbell) continue;
@@ -460,11 +402,11 @@ static std::string ConfigPayload(const Message& m, const char* what, ConfigHeade
 Outcome Session::GetConfig(const Message& m) {
   ConfigHeader c;
   if (std::string err = ConfigPayload(m, "GET_CONFIG", &c); !err.empty()) return Fail(err);
-  if (c.offset > sizeof(cfg_.config) || c.size > sizeof(cfg_.config) - c.offset)
+  if (c.offset > sizeof(virtio_vstellar_config) || c.size > sizeof(virtio_vstellar_config) - c.offset)
     return Fail("GET_CONFIG: range outside the 128-byte config space");
   std::vector<uint8_t> p(sizeof(c) + c.size);
   std::memcpy(p.data(), &c, sizeof(c));
-  std::memcpy(p.data() + sizeof(c), reinterpret_cast<const uint8_t*>(&cfg_.config) + c.offset, c.size);
+  std::memcpy(p.data() + sizeof(c), reinterpret_cast<const uint8_t*>(&state_.config()) + c.offset, c.size);
   Outcome out;
   out.reply = ReplyBytes(m.hdr, p.data(), static_cast<uint32_t>(p.size()));
   return out;
@@ -479,7 +421,7 @@ Outcome Session::SetConfig(const Message& m) {
     return Fail("SET_CONFIG: only db_region_id (offset " +
                 std::to_string(offsetof(virtio_vstellar_config, db_region_id)) +
                 ", 4 bytes) is writable, not offset " + std::to_string(c.offset) + " size " + std::to_string(c.size));
-  std::memcpy(&cfg_.config.db_region_id, m.payload.data() + sizeof(c), sizeof(uint32_t));
+  std::memcpy(&state_.mutable_device().config.db_region_id, m.payload.data() + sizeof(c), sizeof(uint32_t));
   return Outcome{};
 }
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "vstellard/feature_bits.h"
+
 namespace vstellard {
 
 namespace {
@@ -16,7 +18,6 @@ constexpr uint16_t kDescNext = 1, kDescWrite = 2, kDescIndirect = 4;
 constexpr uint16_t kAvailNoInterrupt = 1;
 constexpr uint32_t kMaxIndirect = 1024;
 constexpr uint64_t kDescSize = 16;
-constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 
 #pragma pack(push, 1)
 struct Desc {

@@ -16,7 +16,6 @@
 namespace vstellard {
 
 namespace {
-constexpr uint64_t Bit(int n) { return uint64_t{1} << n; }
 constexpr uint16_t kDescNext = 1, kDescWrite = 2;
 }  // namespace
 

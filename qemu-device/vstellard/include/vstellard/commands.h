@@ -16,16 +16,17 @@
 #include <vstellar/virtio_vstellar.h>
 
 #include "vstellard/datapath.h"
-#include "vstellard/device_shared.h"
+#include "vstellard/device_state.h"
 #include "vstellard/objects.h"
 #include "vstellard/pvdma.h"
-#include "vstellard/vhost_user.h"
+#include "vstellard/shared_by_devices.h"
 
 namespace vstellard {
 
 class Commands {
  public:
-  Commands(DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects, DataPath& datapath);
+  Commands(DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport, Pvdma& pvdma,
+           ObjectTables& objects, DataPath& datapath);
 
   // Executes one request: `req` is the command header and its body (and
   // page list). Returns a VSTELLAR_STATUS_*; on OK *resp is the response
@@ -62,10 +63,11 @@ class Commands {
   void FreeSlot(uint32_t uctx, uint32_t slot);
   void ReleaseQp(uint32_t qpn, QpObj& q);
   void DestroyAllOf(uint32_t uctx);
-  const virtio_vstellar_config& config() const { return session_.device().config; }
+  const virtio_vstellar_config& config() const { return state_.config(); }
 
   DeviceShared& sh_;
-  Session& session_;
+  const DeviceState& state_;
+  const DeviceTransport& transport_;
   Pvdma& pvdma_;
   ObjectTables& obj_;
   DataPath& dp_;

@@ -12,7 +12,7 @@
 
 #include "vstellard/objects.h"
 #include "vstellard/pvdma.h"
-#include "vstellard/vhost_user.h"
+#include "vstellard/device_state.h"
 
 namespace vstellard {
 
@@ -47,8 +47,8 @@ struct DataPathCounters {
 
 class DataPath {
  public:
-  DataPath(unsigned device_id, DeviceShared& shared, Session& session, Pvdma& pvdma, ObjectTables& objects,
-           DataPathEvents& events);
+  DataPath(unsigned device_id, DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport,
+           Pvdma& pvdma, ObjectTables& objects, DataPathEvents& events);
 
   // The kick queue was kicked: poll the doorbells until idle again.
   void OnKick();
@@ -117,7 +117,8 @@ class DataPath {
 
   unsigned id_;
   DeviceShared& sh_;
-  Session& session_;
+  const DeviceState& state_;
+  const DeviceTransport& transport_;
   Pvdma& pvdma_;
   ObjectTables& obj_;
   DataPathEvents& events_;

@@ -1,5 +1,7 @@
 // One virtual vStellar device = one QEMU connection. Device coordinates
 // its parts and owns them:
+//   DeviceState  what the device offers and the driver took: features,
+//                config space, limits (device_state.h)
 //   Session      the vhost-user session (vhost_user.h)
 //   Pvdma        this guest's memory (pvdma.h)
 //   Virtqueue    one per queue: control, event, kick, CQ notification
@@ -33,7 +35,8 @@
 
 #include "vstellard/commands.h"
 #include "vstellard/datapath.h"
-#include "vstellard/device_shared.h"
+#include "vstellard/device_state.h"
+#include "vstellard/shared_by_devices.h"
 #include "vstellard/objects.h"
 #include "vstellard/pvdma.h"
 #include "vstellard/vhost_user.h"
@@ -125,7 +128,8 @@ class Device : private DataPathEvents {
   unsigned id_;
   DeviceShared& sh_;
   Pvdma pvdma_;
-  Session session_;
+  DeviceState state_;
+  Session session_;  // reads and writes state_
   std::vector<Virtqueue> qs_;
   ObjectTables obj_;
   DataPath dp_;
@@ -136,7 +140,7 @@ class Device : private DataPathEvents {
   bool control_pending_ = false;  // the control queue may hold more
 
   // Events the driver has not taken yet. A burst of them (a peer that
-  // fails a hundred of this guest's connections at once, issue 24 #1) must
+  // fails a hundred of this guest's connections at once) must
   // neither be lost wholesale nor cost the device: one identical to an
   // event still waiting is merged into it, the backlog holds a few per live
   // object (so every QP's error fits), and what still does not fit is

@@ -1,4 +1,4 @@
-// Host memory charged to the guests that asked for it (issue 13 #5).
+// Host memory charged to the guests that asked for it.
 //
 // Guest RAM is the guest's own; what a guest makes vstellard allocate on
 // top of it (the engine's rings and windows for its QPs, CQs and SRQs, the

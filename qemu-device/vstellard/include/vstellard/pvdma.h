@@ -51,7 +51,7 @@
 #include <vector>
 
 #include "vstellard/memory_budget.h"
-#include "vstellard/vhost_user.h"
+#include "vstellard/memory_region.h"
 
 namespace vstellard {
 

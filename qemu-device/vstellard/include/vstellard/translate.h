@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <vstellar/memory.h>
+#include <vstellar/virtio_vstellar.h>  // the VSTELLAR_STATUS_* Create returns
 
 #include "vstellard/pvdma.h"
 

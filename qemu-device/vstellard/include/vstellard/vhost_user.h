@@ -21,6 +21,9 @@
 
 #include <vstellar/virtio_vstellar.h>
 
+#include "vstellard/device_state.h"
+#include "vstellard/memory_region.h"
+
 namespace vstellard {
 
 enum class Request : uint32_t {
@@ -103,47 +106,10 @@ static_assert(sizeof(Header) == 12);
 static_assert(sizeof(VringAddr) == 40);
 static_assert(sizeof(MemRegionDesc) == 32);
 
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd();
-  int get() const { return fd_; }
-  int release() {
-    int f = fd_;
-    fd_ = -1;
-    return f;
-  }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
 struct Message {
   Header hdr{};
   std::vector<uint8_t> payload;
   std::vector<Fd> fds;
-};
-
-// A guest memory region as QEMU described it. Not mapped: PVDMA maps
-// ranges of it on first use.
-struct MemRegion {
-  uint64_t gpa = 0;
-  uint64_t size = 0;
-  uint64_t qemu_va = 0;  // QEMU's address, what vring addresses refer to
-  uint64_t offset = 0;   // of the region in fd
-  Fd fd;
-  // A doorbell memfd of the frontend (by its name): VSTELLAR_DB_MEMFD_NAME,
-  // or that and "-<doorbell_id>". Every vStellar device of the guest has
-  // one in the table; DoorbellRegion() says which one is this device's.
-  bool doorbell = false;
-  uint32_t doorbell_id = 0;
 };
 
 struct Vring {
@@ -163,29 +129,17 @@ struct Vring {
   bool running() const { return started || enabled; }
 };
 
-// What the device reports: its config space and offered device features.
-struct DeviceConfig {
-  virtio_vstellar_config config{};
-  uint64_t device_features = 0;  // bits 0..23
-  uint32_t max_queues = VSTELLAR_MAX_VQS;
-  // Guest memory one memory table may declare, all regions together
-  // (vstellard --guest-memory-limit). What the daemon keeps per region
-  // grows with its size (PVDMA's block table), and a frontend can declare
-  // any size on a sparse file, so it must be bounded before any of it is
-  // allocated. The default is max_mr_size: no MR could be larger.
-  uint64_t max_guest_memory = uint64_t{1} << 40;
-  static DeviceConfig Default();
-};
-
 struct Outcome {
   std::optional<std::vector<uint8_t>> reply;  // whole reply message
   std::string error;                          // non-empty: end the session
   bool ok() const { return error.empty(); }
 };
 
-class Session {
+// The vhost-user side of one device. It reads and writes the device's
+// state (features, config space) that the Device owns and lends it.
+class Session : public DeviceTransport {
  public:
-  explicit Session(DeviceConfig cfg);
+  explicit Session(DeviceState& state);
 
   // Handles one message: validates it, applies it, returns the reply (if
   // the request has one) or an error after which the caller closes the
@@ -194,15 +148,13 @@ class Session {
 
   uint64_t offered_features() const;
   uint64_t offered_protocol_features() const;
-  uint64_t acked_features() const { return acked_features_; }
+  uint64_t acked_features() const { return state_.acked_features(); }
   uint64_t acked_protocol_features() const { return acked_protocol_; }
   bool owned() const { return owner_; }
   const std::vector<MemRegion>& regions() const { return regions_; }
   const Vring& vring(uint32_t i) const { return vrings_.at(i); }
   Vring& mutable_vring(uint32_t i) { return vrings_.at(i); }
   size_t num_vrings() const { return vrings_.size(); }
-  const DeviceConfig& device() const { return cfg_; }
-  DeviceConfig& mutable_device() { return cfg_; }
 
   // Finds the region holding [qemu_va, qemu_va + len).
   const MemRegion* FindByQemuVa(uint64_t qemu_va, uint64_t len) const;
@@ -211,7 +163,10 @@ class Session {
   // config.db_region_id, or, from a frontend that names none, the only
   // doorbell region of the table. nullptr if there is none (or, unnamed,
   // more than one: another device's doorbells must never be taken).
-  const MemRegion* DoorbellRegion() const;
+  const MemRegion* DoorbellRegion() const override;
+  uint32_t QueueSize(uint32_t queue) const override {
+    return queue < vrings_.size() ? vrings_[queue].num : 0;
+  }
 
  private:
   Outcome HandleOne(Message& m);
@@ -222,10 +177,9 @@ class Session {
   Outcome SetConfig(const Message& m);
   bool CheckVringIndex(uint32_t index, std::string* err) const;
 
-  DeviceConfig cfg_;
+  DeviceState& state_;
   bool owner_ = false;
   bool features_set_ = false;
-  uint64_t acked_features_ = 0;
   uint64_t acked_protocol_ = 0;
   std::vector<MemRegion> regions_;
   std::vector<Vring> vrings_;
@@ -240,7 +194,7 @@ bool WriteAll(int sock, const std::vector<uint8_t>& bytes, std::string* err);
 // socket without ever waiting. A message that arrives in parts is kept
 // (header bytes, payload bytes, fds) until it is complete, so a frontend
 // that sends part of a message and stops stalls only its own connection
-// (issue 13: blocking MSG_WAITALL reads let one byte stop the daemon).
+// (a blocking MSG_WAITALL read would let one byte stop the daemon).
 class MessageReader {
  public:
   enum class Result {

@@ -75,11 +75,12 @@ class PartsHarness {
   vstellar::SimNet net_;
   vstellar::Engine engine_{vstellar::EngineConfig{}, net_.add_node(1), net_};
   DeviceShared shared_;
-  Session session_{DeviceConfig::Default()};
+  DeviceState state_{DeviceConfig::Default()};
+  Session session_{state_};
   ObjectTables objects_;
   RecordedEvents events_;
-  DataPath dp_{0, shared_, session_, pvdma_, objects_, events_};
-  Commands cmds_{shared_, session_, pvdma_, objects_, dp_};
+  DataPath dp_{0, shared_, state_, session_, pvdma_, objects_, events_};
+  Commands cmds_{shared_, state_, session_, pvdma_, objects_, dp_};
 };
 
 }  // namespace vstellard

@@ -13,6 +13,7 @@
 
 #include <vstellar/engine.h>
 
+#include "vstellard/device_state.h"
 #include "vstellard/memory_budget.h"
 #include "vstellard/pvdma.h"
 #include "vstellard/translate.h"
@@ -23,7 +24,7 @@ namespace vstellard {
 // its sockets are bound to. ADD_GID takes only these, and each one belongs
 // to at most one device at a time: QP 1 datagrams for a GID go to its
 // holder's GSI QP and nowhere else, and only the holder sends from it
-// (issue 13 #2). The holder is its device's object tables. Shared by the
+// (no guest can take another's QP 1 traffic or send as it). The holder is its device's object tables. Shared by the
 // worker threads of the daemon, so every call takes the table's lock.
 class GidTable {
  public:
@@ -94,7 +95,7 @@ struct DeviceShared {
   uint64_t poll_ns = 50'000;
   // Work one device may do in one turn of the daemon's loop, so a guest
   // that keeps its queues full cannot starve the other devices and the
-  // engine (issue 13). What is left waits for the next turn; the loop does
+  // engine. What is left waits for the next turn; the loop does
   // not sleep while a device has work left.
   uint32_t control_budget = 64;       // control commands per device
   uint32_t wqe_budget_queue = 64;     // WQEs per SQ, RQ or SRQ

@@ -1,0 +1,64 @@
+// One virtual vStellar device as its guest sees it, apart from the
+// transport that carries it: what the device is and offers (DeviceConfig)
+// and what the driver took of it (DeviceState). The Device owns its
+// DeviceState; the vhost-user Session answers GET_FEATURES and GET_CONFIG
+// from it and records SET_FEATURES and SET_CONFIG in it; the commands and
+// the data path read it, and reach the transport only through the narrow
+// DeviceTransport below.
+#pragma once
+
+#include <cstdint>
+
+#include <vstellar/virtio_vstellar.h>
+
+#include "vstellard/feature_bits.h"
+#include "vstellard/memory_region.h"
+
+namespace vstellard {
+
+// What the device reports and enforces: its config space (object counts,
+// queue sizes, page sizes, the GUID), the device features it offers, its
+// queues, the guest memory one memory table may declare. Default() is the
+// whole device; the daemon's options lower it (--device-max and others).
+struct DeviceConfig {
+  virtio_vstellar_config config{};
+  uint64_t device_features = 0;  // bits 0..23
+  uint32_t max_queues = VSTELLAR_MAX_VQS;
+  // Guest memory one memory table may declare, all regions together
+  // (vstellard --guest-memory-limit). What the daemon keeps per region
+  // grows with its size (PVDMA's block table), and a frontend can declare
+  // any size on a sparse file, so it must be bounded before any of it is
+  // allocated. The default is max_mr_size: no MR could be larger.
+  uint64_t max_guest_memory = uint64_t{1} << 40;
+  static DeviceConfig Default();
+};
+
+class DeviceState {
+ public:
+  explicit DeviceState(const DeviceConfig& offered) : device_(offered) {}
+  const DeviceConfig& device() const { return device_; }
+  DeviceConfig& mutable_device() { return device_; }
+  const virtio_vstellar_config& config() const { return device_.config; }
+  // The features the driver acked (SET_FEATURES; 0 again after a reset).
+  uint64_t acked_features() const { return acked_features_; }
+  void set_acked_features(uint64_t f) { acked_features_ = f; }
+  // Whether the driver took feature VIRTIO_VSTELLAR_F_x.
+  bool HasFeature(int bit) const { return HasBit(acked_features_, bit); }
+
+ private:
+  DeviceConfig device_;
+  uint64_t acked_features_ = 0;
+};
+
+// What the commands and the data path need of the transport (the
+// vhost-user Session implements it): this device's doorbell region in
+// the guest's memory table, and the size of each queue the frontend set
+// up (0: not set up).
+class DeviceTransport {
+ public:
+  virtual ~DeviceTransport() = default;
+  virtual const MemRegion* DoorbellRegion() const = 0;
+  virtual uint32_t QueueSize(uint32_t queue) const = 0;
+};
+
+}  // namespace vstellard
