@@ -10,6 +10,7 @@
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
+#include <rdma/uverbs_ioctl.h>
 
 #include <vstellar/virtio_vstellar.h>
 #include <vstellar/vstellar-abi.h>
@@ -61,7 +62,7 @@ struct vstellar_dev {
 	u64 db_len;
 	u64 kick_addr;				/* 0 if it cannot be mapped */
 
-	/* kernel verbs (vstellar_kverbs.c): the kernel's doorbell page */
+	/* kernel verbs (vstellar_datapath.c): the kernel's doorbell page */
 	void *kdb;				/* NULL: no kernel verbs */
 	void __iomem *kkick;
 
@@ -235,17 +236,40 @@ static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
 
 /*
  * The driver's files, top down; each calls only the ones below it:
- *   vstellar_main.c    probe, queues, events, ib_device ops (picks the
- *                      user or the kernel path for create_cq/qp/srq)
- *   vstellar_verbs.c   control verbs; user CQs, QPs and SRQs
- *   vstellar_kverbs.c  kernel CQs, QPs and SRQs and their data path
- *   vstellar_cmd.c     one typed function per device command
- *   vstellar_ring.c    kernel rings (DMA-coherent)
- *   vstellar_com.c     the control-queue transport
- *   vstellar_pci.c     the virtio-PCI function: DMA device, kick page
+ *   vstellar_main.c       probe and remove, queues, events, device loss,
+ *                         net device association, the ib_device ops table
+ *   vstellar_device.c     device and port queries, GIDs
+ *   vstellar_pd.c         protection domains
+ *   vstellar_ah.c         address handles
+ *   vstellar_cq.c         CQs      \  one create/modify/destroy each, for
+ *   vstellar_qp.c         QPs       > user and kernel objects alike; they
+ *   vstellar_srq.c        SRQs     /  differ only in where the rings live
+ *   vstellar_mr.c         MRs, fast registration, memory windows
+ *   vstellar_ucontext.c   user contexts, their mmap, rings in user memory
+ *   vstellar_datapath.c   the kernel data path: post, poll, arm, on kernel
+ *                         rings and the kernel's doorbell page
+ *   vstellar_cmd.c        one typed function per device command
+ *   vstellar_com.c        the control-queue transport
+ *   vstellar_pci.c        the virtio-PCI function: DMA device, kick page
  */
 
-/* vstellar_verbs.c */
+/* The caller's device context, or 0 for the kernel's objects. */
+static inline u32 vstellar_uctx_handle(struct ib_udata *udata)
+{
+	struct vstellar_ucontext *uctx = rdma_udata_to_drv_context(udata,
+				struct vstellar_ucontext, ibucontext);
+
+	return uctx ? uctx->handle : 0;
+}
+
+/* Page sizes the device takes for rings and MRs, as a bitmap. */
+static inline unsigned long vstellar_pgsz_bitmap(struct vstellar_dev *dev)
+{
+	return le64_to_cpu(dev->attr.page_size_cap) &
+	       GENMASK_ULL(30, PAGE_SHIFT);
+}
+
+/* vstellar_device.c */
 int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 			  struct ib_udata *udata);
 int vstellar_query_port(struct ib_device *ibdev, u32 port,
@@ -259,59 +283,72 @@ enum rdma_link_layer vstellar_get_link_layer(struct ib_device *ibdev,
 void vstellar_get_dev_fw_str(struct ib_device *ibdev, char *str);
 int vstellar_add_gid(const struct ib_gid_attr *attr, void **context);
 int vstellar_del_gid(const struct ib_gid_attr *attr, void **context);
-int vstellar_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata);
-void vstellar_dealloc_ucontext(struct ib_ucontext *uctx);
-void vstellar_disassociate_ucontext(struct ib_ucontext *uctx);
-int vstellar_mmap(struct ib_ucontext *uctx, struct vm_area_struct *vma);
-void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry);
+
+/* vstellar_pd.c */
 int vstellar_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
 int vstellar_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata);
-int vstellar_create_user_cq(struct ib_cq *ibcq,
-			    const struct ib_cq_init_attr *attr,
-			    struct ib_udata *udata);
-int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+
+/* vstellar_ah.c */
+int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
+		       struct ib_udata *udata);
+int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
+
+/* vstellar_cq.c */
+int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+		       vstellar_create_cq_arg_t *arg);
 int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
-int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
-int vstellar_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
-int vstellar_create_user_qp(struct ib_qp *ibqp,
-			    struct ib_qp_init_attr *init_attr,
-			    struct ib_udata *udata);
+int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
+
+/* vstellar_qp.c */
+int vstellar_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+		       struct ib_udata *udata);
 int vstellar_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		       int attr_mask, struct ib_udata *udata);
 int vstellar_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		      int attr_mask, struct ib_qp_init_attr *init_attr);
 int vstellar_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata);
-int vstellar_create_user_srq(struct ib_srq *ibsrq,
-			     struct ib_srq_init_attr *init_attr,
-			     struct ib_udata *udata);
+int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+int vstellar_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
+
+/* vstellar_srq.c */
+int vstellar_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init_attr,
+			struct ib_udata *udata);
 int vstellar_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 			enum ib_srq_attr_mask attr_mask,
 			struct ib_udata *udata);
 int vstellar_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr);
 int vstellar_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata);
+
+/* vstellar_mr.c */
 struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   u64 virt_addr, int access_flags,
 				   struct ib_udata *udata);
-int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
-int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
-int vstellar_dealloc_mw(struct ib_mw *ibmw);
-int vstellar_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init_attr,
-		       struct ib_udata *udata);
-int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
-
-/* vstellar_kverbs.c */
-int vstellar_kernel_db_init(struct vstellar_dev *dev);
-void vstellar_kernel_db_fini(struct vstellar_dev *dev);
-int vstellar_create_kernel_cq(struct ib_cq *ibcq,
-			      const struct ib_cq_init_attr *attr);
-int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init);
-int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
-			       struct ib_srq_init_attr *init_attr);
 struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags);
 struct ib_mr *vstellar_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type mr_type,
 			       u32 max_num_sg);
 int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
 		       unsigned int *sg_offset);
+int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
+int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
+int vstellar_dealloc_mw(struct ib_mw *ibmw);
+
+/* vstellar_ucontext.c */
+int vstellar_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata);
+void vstellar_dealloc_ucontext(struct ib_ucontext *uctx);
+void vstellar_disassociate_ucontext(struct ib_ucontext *uctx);
+int vstellar_mmap(struct ib_ucontext *uctx, struct vm_area_struct *vma);
+void vstellar_mmap_free(struct rdma_user_mmap_entry *rdma_entry);
+struct ib_umem *vstellar_user_ring_get(struct vstellar_dev *dev, u64 addr,
+				       size_t size, unsigned long *pgsz);
+
+/* vstellar_datapath.c */
+int vstellar_kernel_db_init(struct vstellar_dev *dev);
+void vstellar_kernel_db_fini(struct vstellar_dev *dev);
+bool vstellar_kdb_slot_ok(u32 slot);
+int vstellar_kring_alloc(struct vstellar_dev *dev, struct vstellar_kring *r,
+			 size_t size);
+void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r);
+void vstellar_kqp_reset(struct vstellar_qp *qp);
 int vstellar_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc);
 int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags);
 int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
@@ -320,12 +357,6 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		       const struct ib_recv_wr **bad_wr);
 int vstellar_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 			   const struct ib_recv_wr **bad_wr);
-
-/* vstellar_ring.c */
-int vstellar_kring_alloc(struct vstellar_dev *dev, struct vstellar_kring *r,
-			 size_t size);
-void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r);
-void vstellar_kqp_reset(struct vstellar_qp *qp);
 
 /* vstellar_pci.c */
 struct device *vstellar_dma_device(struct virtio_device *vdev);

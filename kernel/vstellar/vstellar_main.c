@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * vStellar: virtio probe and remove, queues, events and ib_device
- * registration.
+ * vStellar: virtio probe and remove, the device-to-driver queues (events,
+ * CQ notifications), device loss and re-probing, the net device whose
+ * addresses become the GIDs, and the ib_device with its ops table. The
+ * verbs themselves are in one file per object (see vstellar.h).
  */
 #include <linux/delay.h>
 #include <linux/if_arp.h>
@@ -461,53 +463,6 @@ out:
 /* ib_device                                                         */
 /* ---------------------------------------------------------------- */
 
-/*
- * User CQs, QPs and SRQs have their rings in the process's memory and
- * their data path in the provider (vstellar_verbs.c); the kernel's have
- * DMA rings and their data path in the driver (vstellar_kverbs.c). Every
- * other verb serves both.
- */
-static int vstellar_create_cq(struct ib_cq *ibcq,
-			      const struct ib_cq_init_attr *attr,
-			      vstellar_create_cq_arg_t *arg)
-{
-	struct ib_udata *udata = vstellar_create_cq_udata(arg);
-
-	if (attr->flags)
-		return -EOPNOTSUPP;
-	if (attr->cqe < 1)
-		return -EINVAL;
-	if (udata)
-		return vstellar_create_user_cq(ibcq, attr, udata);
-	return vstellar_create_kernel_cq(ibcq, attr);
-}
-
-static int vstellar_create_qp(struct ib_qp *ibqp,
-			      struct ib_qp_init_attr *init_attr,
-			      struct ib_udata *udata)
-{
-	if (init_attr->create_flags)
-		return -EOPNOTSUPP;
-	/* basic SRQs only (create_srq makes no other kind) */
-	if (init_attr->srq && init_attr->srq->srq_type != IB_SRQT_BASIC)
-		return -EOPNOTSUPP;
-	if (udata)
-		return vstellar_create_user_qp(ibqp, init_attr, udata);
-	return vstellar_create_kernel_qp(ibqp, init_attr);
-}
-
-static int vstellar_create_srq(struct ib_srq *ibsrq,
-			       struct ib_srq_init_attr *init_attr,
-			       struct ib_udata *udata)
-{
-	if (!(to_vdev(ibsrq->device)->features & BIT(VIRTIO_VSTELLAR_F_SRQ)) ||
-	    init_attr->srq_type != IB_SRQT_BASIC)
-		return -EOPNOTSUPP;
-	if (udata)
-		return vstellar_create_user_srq(ibsrq, init_attr, udata);
-	return vstellar_create_kernel_srq(ibsrq, init_attr);
-}
-
 static const struct ib_device_ops vstellar_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_UNKNOWN,
@@ -660,22 +615,14 @@ static void vstellar_setup_ibdev(struct vstellar_dev *dev)
 	ib_set_device_ops(ibdev, &vstellar_dev_ops);
 }
 
-static int vstellar_probe(struct virtio_device *vdev)
+/* The driver's state, before the device is touched. */
+static struct vstellar_dev *vstellar_alloc_dev(struct virtio_device *vdev)
 {
 	struct vstellar_dev *dev;
-	struct virtio_shm_region shm;
-	unsigned int i;
-	u32 abi;
-	int err;
-
-	if (!virtio_has_feature(vdev, VIRTIO_F_VERSION_1)) {
-		dev_err(&vdev->dev, "the device lacks VIRTIO_F_VERSION_1\n");
-		return -ENODEV;
-	}
 
 	dev = ib_alloc_device(vstellar_dev, ibdev);
 	if (!dev)
-		return -ENOMEM;
+		return NULL;
 	dev->vdev = vdev;
 	vdev->priv = dev;
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
@@ -686,14 +633,33 @@ static int vstellar_probe(struct virtio_device *vdev)
 	INIT_WORK(&dev->event_work, vstellar_event_work);
 	INIT_WORK(&dev->config_work, vstellar_config_work);
 	INIT_WORK(&dev->rescan_work, vstellar_rescan_work);
+	return dev;
+}
+
+static void vstellar_free_dev(struct vstellar_dev *dev)
+{
+	kfree(dev->cqnq_lock);
+	kfree(dev->cqnq);
+	dev->vdev->priv = NULL;
+	ib_dealloc_device(&dev->ibdev);
+}
+
+/*
+ * The config space: the interface version must be ours; the negotiated
+ * features and the number of CQ notification queues follow from it.
+ */
+static int vstellar_read_config(struct vstellar_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+	unsigned int i;
+	u32 abi;
 
 	virtio_cread_bytes(vdev, 0, &dev->cfg, sizeof(dev->cfg));
 	abi = le32_to_cpu(dev->cfg.abi_version);
 	if (VSTELLAR_ABI_VERSION_MAJOR(abi) != VSTELLAR_ABI_MAJOR) {
 		dev_err(&vdev->dev, "device interface %u.%u, driver speaks %u.x\n",
 			abi >> 16, abi & 0xffff, VSTELLAR_ABI_MAJOR);
-		err = -ENODEV;
-		goto err_dealloc;
+		return -ENODEV;
 	}
 	for (i = 0; i < ARRAY_SIZE(vstellar_features); i++)
 		if (virtio_has_feature(vdev, vstellar_features[i]))
@@ -705,30 +671,68 @@ static int vstellar_probe(struct virtio_device *vdev)
 	dev->cqnq = kcalloc(dev->num_cqnq, sizeof(*dev->cqnq), GFP_KERNEL);
 	dev->cqnq_lock = kcalloc(dev->num_cqnq, sizeof(*dev->cqnq_lock),
 				 GFP_KERNEL);
-	if (!dev->cqnq || !dev->cqnq_lock) {
-		err = -ENOMEM;
-		goto err_dealloc;
-	}
+	if (!dev->cqnq || !dev->cqnq_lock)
+		return -ENOMEM;
+	return 0;
+}
+
+/*
+ * Quiesces the device and undoes vstellar_start_device: commands fail,
+ * the device forgets everything, no work item of ours runs any more.
+ */
+static void vstellar_stop_device(struct vstellar_dev *dev)
+{
+	vstellar_com_abort(&dev->com, -ENODEV);
+	virtio_reset_device(dev->vdev);
+	vstellar_kernel_db_fini(dev);
+	cancel_work_sync(&dev->event_work);
+	cancel_work_sync(&dev->config_work);
+	vstellar_free_queues(dev);
+}
+
+/*
+ * The virtqueues, DRIVER_OK, and the first command (QUERY_DEVICE), which
+ * also tells whether anybody serves the device. Undoes itself on failure.
+ */
+static int vstellar_start_device(struct vstellar_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+	int err;
 
 	err = vstellar_find_vqs(dev);
 	if (err) {
 		dev_err(&vdev->dev, "cannot set up %u virtqueues: %d\n",
 			VSTELLAR_VQ_CQN0 + dev->num_cqnq, err);
-		goto err_dealloc;
+		return err;
 	}
 	err = vstellar_start_queues(dev);
-	if (err)
-		goto err_queues;
+	if (err) {
+		vstellar_free_queues(dev);
+		return err;
+	}
 	virtio_device_ready(vdev);
 
-	/* The first command: tells whether anybody serves the device. */
 	err = vstellar_cmd_query_device(dev, &dev->attr);
 	if (err) {
 		dev_err(&vdev->dev, "QUERY_DEVICE failed: %d%s\n", err,
 			err == -ETIMEDOUT ?
 			" (no answer on the control queue: is vstellard serving it?)" : "");
-		goto err_reset;
+		vstellar_stop_device(dev);
+		return err;
 	}
+	return 0;
+}
+
+/*
+ * The doorbell region (user contexts), the kick page and the kernel's
+ * doorbell page (kernel verbs). Each is optional: without it the device
+ * serves less, so probing goes on.
+ */
+static void vstellar_map_doorbells(struct vstellar_dev *dev)
+{
+	struct virtio_device *vdev = dev->vdev;
+	struct virtio_shm_region shm;
+	int err;
 
 	if (virtio_get_shm_region(vdev, &shm, VSTELLAR_SHM_DOORBELL)) {
 		dev->db_base = shm.addr;
@@ -742,6 +746,15 @@ static int vstellar_probe(struct virtio_device *vdev)
 	if (err)
 		dev_warn(&vdev->dev, "no kernel verbs (%d): rdma_cm will not work\n",
 			 err);
+}
+
+/*
+ * The ib_device, bound to its net device, registered, and following net
+ * devices from then on. Undoes itself on failure.
+ */
+static int vstellar_register(struct vstellar_dev *dev)
+{
+	int err;
 
 	vstellar_setup_ibdev(dev);
 	rtnl_lock();
@@ -749,9 +762,9 @@ static int vstellar_probe(struct virtio_device *vdev)
 	rtnl_unlock();
 
 	err = ib_register_device(&dev->ibdev, "vstellar%d",
-				 vstellar_dma_device(vdev));
+				 vstellar_dma_device(dev->vdev));
 	if (err) {
-		dev_err(&vdev->dev, "ib_register_device failed: %d\n", err);
+		dev_err(&dev->vdev->dev, "ib_register_device failed: %d\n", err);
 		goto err_netdev;
 	}
 	dev->registered = true;
@@ -760,11 +773,6 @@ static int vstellar_probe(struct virtio_device *vdev)
 	err = register_netdevice_notifier(&dev->nb);
 	if (err)
 		goto err_unregister;
-
-	dev_info(&vdev->dev, "%s: interface %u.%u, %u CQ queue(s), %llu doorbell pages, features %#x, kernel verbs %s\n",
-		 dev_name(&dev->ibdev.dev), abi >> 16, abi & 0xffff,
-		 dev->num_cqnq, dev->db_len / VSTELLAR_DB_PAGE_SIZE,
-		 dev->features, dev->kdb ? "on" : "off");
 	return 0;
 
 err_unregister:
@@ -773,19 +781,44 @@ err_unregister:
 	ib_unregister_device(&dev->ibdev);
 err_netdev:
 	vstellar_bind_netdev(dev, NULL);
-err_reset:
-	vstellar_com_abort(&dev->com, -ENODEV);
-	virtio_reset_device(vdev);
-	vstellar_kernel_db_fini(dev);
-	cancel_work_sync(&dev->event_work);
-	cancel_work_sync(&dev->config_work);
-err_queues:
-	vstellar_free_queues(dev);
-err_dealloc:
-	kfree(dev->cqnq_lock);
-	kfree(dev->cqnq);
-	vdev->priv = NULL;
-	ib_dealloc_device(&dev->ibdev);
+	return err;
+}
+
+static int vstellar_probe(struct virtio_device *vdev)
+{
+	struct vstellar_dev *dev;
+	u32 abi;
+	int err;
+
+	if (!virtio_has_feature(vdev, VIRTIO_F_VERSION_1)) {
+		dev_err(&vdev->dev, "the device lacks VIRTIO_F_VERSION_1\n");
+		return -ENODEV;
+	}
+	dev = vstellar_alloc_dev(vdev);
+	if (!dev)
+		return -ENOMEM;
+	err = vstellar_read_config(dev);
+	if (err)
+		goto err_free;
+	err = vstellar_start_device(dev);
+	if (err)
+		goto err_free;
+	vstellar_map_doorbells(dev);
+	err = vstellar_register(dev);
+	if (err)
+		goto err_stop;
+
+	abi = le32_to_cpu(dev->cfg.abi_version);
+	dev_info(&vdev->dev, "%s: interface %u.%u, %u CQ queue(s), %llu doorbell pages, features %#x, kernel verbs %s\n",
+		 dev_name(&dev->ibdev.dev), abi >> 16, abi & 0xffff,
+		 dev->num_cqnq, dev->db_len / VSTELLAR_DB_PAGE_SIZE,
+		 dev->features, dev->kdb ? "on" : "off");
+	return 0;
+
+err_stop:
+	vstellar_stop_device(dev);
+err_free:
+	vstellar_free_dev(dev);
 	return err;
 }
 
@@ -801,18 +834,10 @@ static void vstellar_remove(struct virtio_device *vdev)
 	dev->registered = false;
 	dev->netdev = NULL;	/* released by the unregistration */
 
-	vstellar_com_abort(&dev->com, -ENODEV);
-	virtio_reset_device(vdev);
-	vstellar_kernel_db_fini(dev);
-	cancel_work_sync(&dev->event_work);
-	cancel_work_sync(&dev->config_work);
-	vstellar_free_queues(dev);
+	vstellar_stop_device(dev);
 	WARN_ON(!xa_empty(&dev->cqs) || !xa_empty(&dev->qps) ||
 		!xa_empty(&dev->srqs));
-	kfree(dev->cqnq_lock);
-	kfree(dev->cqnq);
-	vdev->priv = NULL;
-	ib_dealloc_device(&dev->ibdev);
+	vstellar_free_dev(dev);
 }
 
 static struct virtio_driver vstellar_driver = {

@@ -1,17 +1,22 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * vStellar kernel verbs: the data path for kernel users. The MAD layer's
- * GSI QP (QP1) runs here, and with it the CM, so rdma_cm works; kernel RC
- * and UD QPs, SRQs and fast-registration MRs too, which is what NVMe over
- * RDMA and NFS over RDMA use. The rings live in DMA-coherent kernel memory
- * and the doorbells in the kernel's own doorbell page
- * (VSTELLAR_CMD_KERNEL_DB); SGEs carry the local DMA lkey and DMA
- * (guest-physical) addresses, or the key of a fast-registration MR. Only
- * create and destroy send commands: posting (fast registration and
- * invalidation included), polling and arming are memory operations plus,
- * when the device asks for it, one store to the kick page, so they work
- * in any context.
+ * vStellar kernel data path: posting WQEs (fast registration and
+ * invalidation included), polling CQEs and arming CQs for kernel users,
+ * on the rings of kernel CQs, QPs and SRQs. The MAD layer's GSI QP (QP1)
+ * runs here, and with it the CM and rdma_cm; so do the RC and UD QPs,
+ * SRQs and fast-registration MRs of NVMe over RDMA and NFS over RDMA.
+ * User space runs its own data path in the provider, on rings in its
+ * memory; these verbs refuse user objects.
+ *
+ * The rings are DMA-coherent kernel memory (allocated here, by the create
+ * verbs) and the doorbells are in the kernel's own doorbell page
+ * (VSTELLAR_CMD_KERNEL_DB). SGEs carry the local DMA lkey and DMA
+ * (guest-physical) addresses, or the key of a fast-registration MR. No
+ * verb here sends a command: each is memory operations plus, when the
+ * device asks for it, one store to the kick page, so they work in any
+ * context.
  */
+#include <linux/dma-mapping.h>
 #include <linux/io.h>
 #include <linux/log2.h>
 #include <rdma/ib_verbs.h>
@@ -60,7 +65,7 @@ void vstellar_kernel_db_fini(struct vstellar_dev *dev)
 }
 
 /* A slot the device handed out must be a doorbell slot of the page. */
-static bool vstellar_kdb_slot_ok(u32 slot)
+bool vstellar_kdb_slot_ok(u32 slot)
 {
 	return slot >= VSTELLAR_DB_FIRST_SLOT && slot < VSTELLAR_DB_SLOTS_PER_PAGE;
 }
@@ -86,55 +91,40 @@ static void vstellar_kdb_ring(struct vstellar_dev *dev, __le32 *word, u32 val)
 }
 
 /* ---------------------------------------------------------------- */
-/* CQs                                                               */
+/* Kernel rings                                                      */
 /* ---------------------------------------------------------------- */
 
-int vstellar_create_kernel_cq(struct ib_cq *ibcq,
-			      const struct ib_cq_init_attr *attr)
+/* A CQE, SQ, RQ or SRQ ring, or an MR's page list: one DMA-coherent buffer. */
+int vstellar_kring_alloc(struct vstellar_dev *dev, struct vstellar_kring *r,
+			 size_t size)
 {
-	struct vstellar_dev *dev = to_vdev(ibcq->device);
-	struct vstellar_cq *cq = to_vcq(ibcq);
-	struct vstellar_create_cq_params params = {};
-	struct vstellar_create_cq_result res;
-	int err;
-
-	if (!dev->kdb)
-		return -EOPNOTSUPP;
-	cq->log_cqe = order_base_2(max(attr->cqe, 2));
-	if (cq->log_cqe > VSTELLAR_MAX_LOG_CQE ||
-	    (1U << cq->log_cqe) > le32_to_cpu(dev->attr.max_cqe))
-		return -EINVAL;
-	err = vstellar_kring_alloc(dev, &cq->kring,
-				   sizeof(struct vstellar_cqe) << cq->log_cqe);
-	if (err)
-		return err;
-	params.log_cqe = cq->log_cqe;
-	params.cq_queue = attr->comp_vector % dev->num_cqnq;
-	vstellar_pages_of_kring(&params.ring, &cq->kring);
-	err = vstellar_cmd_create_cq(dev, 0, &params, &res);
-	if (err)
-		goto err_ring;
-	cq->cqn = res.cqn;
-	cq->db_slot = res.db_slot;
-	if (!vstellar_kdb_slot_ok(cq->db_slot)) {
-		err = -EIO;
-		goto err_destroy;
-	}
-	spin_lock_init(&cq->lock);
-	cq->ci = 0;
-	cq->arm_seq = 0;
-	cq->ibcq.cqe = 1 << cq->log_cqe;
-	err = xa_insert_irq(&dev->cqs, cq->cqn, cq, GFP_KERNEL);
-	if (err)
-		goto err_destroy;
-	return 0;
-
-err_destroy:
-	vstellar_cmd_destroy_cq(dev, 0, cq->cqn);
-err_ring:
-	vstellar_kring_free(dev, &cq->kring);
-	return err;
+	r->size = PAGE_ALIGN(size);
+	r->buf = dma_alloc_coherent(vstellar_dma_device(dev->vdev), r->size,
+				    &r->dma, GFP_KERNEL);
+	return r->buf ? 0 : -ENOMEM;
 }
+
+/* Frees @r if it was allocated: a no-op for the rings of user objects. */
+void vstellar_kring_free(struct vstellar_dev *dev, struct vstellar_kring *r)
+{
+	if (r->buf)
+		dma_free_coherent(vstellar_dma_device(dev->vdev), r->size,
+				  r->buf, r->dma);
+	r->buf = NULL;
+}
+
+/* RESET forgets every WQE, on both sides: indices restart at 0. */
+void vstellar_kqp_reset(struct vstellar_qp *qp)
+{
+	qp->sq_pi = 0;
+	qp->rq_pi = 0;
+	WRITE_ONCE(qp->sq_done, 0);
+	WRITE_ONCE(qp->rq_done, 0);
+}
+
+/* ---------------------------------------------------------------- */
+/* Polling and arming CQs                                            */
+/* ---------------------------------------------------------------- */
 
 static struct vstellar_cqe *vstellar_next_cqe(struct vstellar_cq *cq)
 {
@@ -299,123 +289,8 @@ int vstellar_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
 }
 
 /* ---------------------------------------------------------------- */
-/* QPs                                                               */
+/* Posting to QPs                                                    */
 /* ---------------------------------------------------------------- */
-
-int vstellar_create_kernel_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init)
-{
-	struct vstellar_dev *dev = to_vdev(ibqp->device);
-	struct vstellar_qp *qp = to_vqp(ibqp);
-	u32 max_wr = le32_to_cpu(dev->attr.max_qp_wr);
-	struct vstellar_create_qp_params params = {};
-	struct vstellar_create_qp_result res;
-	u32 ssge, rsge;
-	int err;
-
-	if (!dev->kdb)
-		return -EOPNOTSUPP;
-	switch (init->qp_type) {
-	case IB_QPT_GSI:
-		params.qp_type = VSTELLAR_QPT_GSI;
-		break;
-	case IB_QPT_UD:
-		params.qp_type = VSTELLAR_QPT_UD;
-		break;
-	case IB_QPT_RC:
-		if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_RC)))
-			return -EOPNOTSUPP;
-		params.qp_type = VSTELLAR_QPT_RC;
-		break;
-	default:
-		return -EOPNOTSUPP;
-	}
-	/* the device puts no GSI QP on an SRQ; a user SRQ has no kernel ring */
-	if (init->srq && (init->qp_type == IB_QPT_GSI ||
-			  !to_vsrq(init->srq)->kring.buf))
-		return -EOPNOTSUPP;
-	/* IB: a QP on an SRQ has no RQ; its receive caps are ignored */
-	if (init->srq) {
-		init->cap.max_recv_wr = 0;
-		init->cap.max_recv_sge = 0;
-	}
-	ssge = init->cap.max_send_sge;
-	rsge = init->cap.max_recv_sge;
-	if (init->cap.max_inline_data ||
-	    ssge > le32_to_cpu(dev->attr.max_send_sge) ||
-	    rsge > le32_to_cpu(dev->attr.max_recv_sge) ||
-	    init->cap.max_send_wr > max_wr || init->cap.max_recv_wr > max_wr)
-		return -EINVAL;
-	qp->sq_log_wqe = order_base_2(max(init->cap.max_send_wr, 1U));
-	qp->sq_log_stride = order_base_2(sizeof(struct vstellar_send_wqe) +
-					 sizeof(struct vstellar_sge) * ssge);
-	if (!init->srq) {
-		qp->rq_log_wqe = order_base_2(max(init->cap.max_recv_wr, 1U));
-		qp->rq_log_stride =
-			max(VSTELLAR_MIN_RQ_LOG_STRIDE,
-			    order_base_2(sizeof(struct vstellar_recv_wqe) +
-					 sizeof(struct vstellar_sge) * rsge));
-	}
-
-	err = vstellar_kring_alloc(dev, &qp->sq,
-				   (size_t)1 << (qp->sq_log_wqe + qp->sq_log_stride));
-	if (err)
-		return err;
-	if (!init->srq) {
-		err = vstellar_kring_alloc(dev, &qp->rq,
-					   (size_t)1 << (qp->rq_log_wqe +
-							 qp->rq_log_stride));
-		if (err)
-			goto err_sq;
-	}
-
-	qp->sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
-	params.pdn = to_vpd(ibqp->pd)->pdn;
-	params.send_cqn = to_vcq(init->send_cq)->cqn;
-	params.recv_cqn = to_vcq(init->recv_cq)->cqn;
-	params.sq_sig_all = qp->sq_sig_all;
-	params.sq_log_wqe = qp->sq_log_wqe;
-	params.sq_log_stride = qp->sq_log_stride;
-	params.rq_log_wqe = qp->rq_log_wqe;
-	params.rq_log_stride = qp->rq_log_stride;
-	params.max_send_sge = ssge;
-	params.max_recv_sge = rsge;
-	vstellar_pages_of_kring(&params.sq, &qp->sq);
-	if (init->srq) {
-		params.use_srq = true;
-		params.srqn = to_vsrq(init->srq)->srqn;
-	} else {
-		vstellar_pages_of_kring(&params.rq, &qp->rq);
-	}
-	err = vstellar_cmd_create_qp(dev, 0, &params, &res);
-	if (err)
-		goto err_rq;
-	qp->qpn = res.qpn;
-	qp->db_slot = res.db_slot;
-	if (!vstellar_kdb_slot_ok(qp->db_slot)) {
-		err = -EIO;
-		goto err_destroy;
-	}
-	spin_lock_init(&qp->sq_lock);
-	spin_lock_init(&qp->rq_lock);
-	vstellar_kqp_reset(qp);
-	/* the device answers to QP 1 for the GSI QP, whatever its own QPN */
-	ibqp->qp_num = init->qp_type == IB_QPT_GSI ? 1 : qp->qpn;
-	init->cap.max_send_wr = 1U << qp->sq_log_wqe;
-	init->cap.max_recv_wr = init->srq ? 0 : 1U << qp->rq_log_wqe;
-	qp->cap = init->cap;
-	err = xa_insert_irq(&dev->qps, qp->qpn, qp, GFP_KERNEL);
-	if (err)
-		goto err_destroy;
-	return 0;
-
-err_destroy:
-	vstellar_cmd_destroy_qp(dev, 0, qp->qpn);
-err_rq:
-	vstellar_kring_free(dev, &qp->rq);
-err_sq:
-	vstellar_kring_free(dev, &qp->sq);
-	return err;
-}
 
 static void vstellar_put_sges(struct vstellar_sge *dst,
 			      const struct ib_sge *src, int n)
@@ -677,73 +552,8 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 }
 
 /* ---------------------------------------------------------------- */
-/* SRQs                                                              */
+/* Posting to SRQs                                                   */
 /* ---------------------------------------------------------------- */
-
-int vstellar_create_kernel_srq(struct ib_srq *ibsrq,
-			       struct ib_srq_init_attr *init_attr)
-{
-	struct vstellar_dev *dev = to_vdev(ibsrq->device);
-	struct vstellar_srq *srq = to_vsrq(ibsrq);
-	struct ib_srq_attr *attr = &init_attr->attr;
-	struct vstellar_create_srq_params params = {};
-	struct vstellar_create_srq_result res;
-	u32 fit;
-	int err;
-
-	if (!dev->kdb)
-		return -EOPNOTSUPP;
-	if (!attr->max_wr || attr->max_wr > le32_to_cpu(dev->attr.max_srq_wr) ||
-	    attr->max_sge > le32_to_cpu(dev->attr.max_srq_sge))
-		return -EINVAL;
-	srq->log_wqe = order_base_2(attr->max_wr);
-	srq->log_stride = max(VSTELLAR_MIN_RQ_LOG_STRIDE,
-			      order_base_2(sizeof(struct vstellar_recv_wqe) +
-					   sizeof(struct vstellar_sge) *
-					   attr->max_sge));
-	if (srq->log_wqe > VSTELLAR_MAX_LOG_WQE ||
-	    attr->srq_limit >= (1U << srq->log_wqe))
-		return -EINVAL;
-	err = vstellar_kring_alloc(dev, &srq->kring,
-				   (size_t)1 << (srq->log_wqe + srq->log_stride));
-	if (err)
-		return err;
-
-	params.pdn = to_vpd(ibsrq->pd)->pdn;
-	params.log_wqe = srq->log_wqe;
-	params.log_stride = srq->log_stride;
-	params.max_sge = attr->max_sge;
-	params.srq_limit = attr->srq_limit;
-	vstellar_pages_of_kring(&params.ring, &srq->kring);
-	err = vstellar_cmd_create_srq(dev, 0, &params, &res);
-	if (err)
-		goto err_ring;
-	srq->srqn = res.srqn;
-	srq->db_slot = res.db_slot;
-	if (!vstellar_kdb_slot_ok(srq->db_slot)) {
-		err = -EIO;
-		goto err_destroy;
-	}
-	/* never more SGEs than a slot holds, whatever the device granted */
-	fit = ((1U << srq->log_stride) - sizeof(struct vstellar_recv_wqe)) /
-	      sizeof(struct vstellar_sge);
-	srq->max_sge = min(res.max_sge, fit);
-	spin_lock_init(&srq->lock);
-	srq->pi = 0;
-	atomic_set(&srq->done, 0);
-	attr->max_wr = 1U << srq->log_wqe;
-	attr->max_sge = srq->max_sge;
-	err = xa_insert_irq(&dev->srqs, srq->srqn, srq, GFP_KERNEL);
-	if (err)
-		goto err_destroy;
-	return 0;
-
-err_destroy:
-	vstellar_cmd_destroy_srq(dev, 0, srq->srqn);
-err_ring:
-	vstellar_kring_free(dev, &srq->kring);
-	return err;
-}
 
 /*
  * As post_recv, on the SRQ's ring and doorbell slot. A slot is free again
@@ -792,107 +602,4 @@ int vstellar_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 	if (err)
 		*bad_wr = wr;
 	return err;
-}
-
-/* ---------------------------------------------------------------- */
-/* DMA MRs                                                           */
-/* ---------------------------------------------------------------- */
-
-/*
- * The core counts a device as a kernel verbs provider only with
- * get_dma_mr. Local access is the local DMA lkey; a DMA MR with remote
- * access (an rkey over all memory) is refused.
- */
-struct ib_mr *vstellar_get_dma_mr(struct ib_pd *ibpd, int access_flags)
-{
-	struct vstellar_mr *mr;
-
-	if (!to_vdev(ibpd->device)->kdb)
-		return ERR_PTR(-EOPNOTSUPP);
-	if (access_flags & ~IB_ACCESS_LOCAL_WRITE)
-		return ERR_PTR(-EOPNOTSUPP);
-	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
-	if (!mr)
-		return ERR_PTR(-ENOMEM);
-	mr->dma = true;
-	mr->ibmr.lkey = VSTELLAR_LOCAL_DMA_LKEY;
-	return &mr->ibmr;
-}
-
-/* ---------------------------------------------------------------- */
-/* Fast-registration MRs (F_MEM_MGT)                                 */
-/* ---------------------------------------------------------------- */
-
-/*
- * An MR the device creates FREE (ALLOC_MR); IB_WR_REG_MR maps it to the
- * pages map_mr_sg listed, IB_WR_LOCAL_INV or a received SEND_WITH_INV
- * invalidates it. The page list is DMA-coherent memory the device reads
- * when it executes the REG_MR WQE.
- */
-struct ib_mr *vstellar_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type mr_type,
-			       u32 max_num_sg)
-{
-	struct vstellar_dev *dev = to_vdev(ibpd->device);
-	struct vstellar_reg_mr_result res;
-	struct vstellar_mr *mr;
-	int err;
-
-	if (!dev->kdb || !(dev->features & BIT(VIRTIO_VSTELLAR_F_MEM_MGT)) ||
-	    mr_type != IB_MR_TYPE_MEM_REG)
-		return ERR_PTR(-EOPNOTSUPP);
-	if (!max_num_sg || max_num_sg > le32_to_cpu(dev->cfg.max_fast_reg_pages))
-		return ERR_PTR(-EINVAL);
-	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
-	if (!mr)
-		return ERR_PTR(-ENOMEM);
-	err = vstellar_kring_alloc(dev, &mr->plist,
-				   sizeof(__le64) * max_num_sg);
-	if (err)
-		goto err_free;
-	err = vstellar_cmd_alloc_mr(dev, to_vpd(ibpd)->pdn, max_num_sg, &res);
-	if (err)
-		goto err_plist;
-	mr->mrn = res.mrn;
-	mr->max_pages = max_num_sg;
-	mr->ibmr.lkey = res.lkey;
-	mr->ibmr.rkey = res.rkey;
-	return &mr->ibmr;
-
-err_plist:
-	vstellar_kring_free(dev, &mr->plist);
-err_free:
-	kfree(mr);
-	return ERR_PTR(err);
-}
-
-static int vstellar_set_page(struct ib_mr *ibmr, u64 addr)
-{
-	struct vstellar_mr *mr = to_vmr(ibmr);
-	__le64 *list = mr->plist.buf;
-
-	if (mr->npages == mr->max_pages)
-		return -ENOMEM;
-	list[mr->npages++] = cpu_to_le64(addr);
-	return 0;
-}
-
-/*
- * ib_map_mr_sg set ibmr->page_size; the device takes the page sizes of
- * page_size_cap. The list is only read by a later REG_MR WQE, whose
- * doorbell store orders it.
- */
-int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
-		       unsigned int *sg_offset)
-{
-	struct vstellar_dev *dev = to_vdev(ibmr->device);
-	struct vstellar_mr *mr = to_vmr(ibmr);
-	u64 cap = le64_to_cpu(dev->cfg.page_size_cap);
-
-	if (!mr->plist.buf)
-		return -EINVAL;
-	if (!is_power_of_2(ibmr->page_size) ||
-	    !(cap & BIT_ULL(ilog2(ibmr->page_size))))
-		return -EINVAL;
-	mr->npages = 0;
-	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vstellar_set_page);
 }
