@@ -311,7 +311,8 @@ int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
 int vstellar_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid);
 
 /* vstellar_srq.c */
-int vstellar_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init_attr,
+int vstellar_create_srq(struct ib_srq *ibsrq,
+			struct ib_srq_init_attr *init_attr,
 			struct ib_udata *udata);
 int vstellar_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 			enum ib_srq_attr_mask attr_mask,

@@ -79,6 +79,22 @@ static __le64 *vstellar_page_list(struct vstellar_dev *dev, u16 opcode,
 	return list;
 }
 
+/* A command that carries the pages of @n rings (or of one MR). */
+static int vstellar_exec_with_pages(struct vstellar_dev *dev, u16 opcode,
+				    u32 uctx, const void *cmd, size_t cmd_len,
+				    const struct vstellar_pages *const *parts,
+				    unsigned int n, void *resp, size_t resp_len)
+{
+	u32 num_pages;
+	__le64 *pages;
+
+	pages = vstellar_page_list(dev, opcode, parts, n, &num_pages);
+	if (IS_ERR(pages))
+		return PTR_ERR(pages);
+	return vstellar_com_exec(&dev->com, opcode, uctx, cmd, cmd_len, pages,
+				 num_pages, resp, resp_len);
+}
+
 /* ---------------------------------------------------------------- */
 /* Commands that release an object                                   */
 /* ---------------------------------------------------------------- */
@@ -298,17 +314,11 @@ int vstellar_cmd_create_cq(struct vstellar_dev *dev, u32 uctx,
 		.ring_offset = cpu_to_le64(ring->offset),
 	};
 	struct vstellar_resp_create_cq resp;
-	u32 num_pages;
-	__le64 *pages;
 	int err;
 
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_CQ, &ring, 1,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_CQ, uctx,
-				&cmd, sizeof(cmd), pages, num_pages,
-				&resp, sizeof(resp));
+	err = vstellar_exec_with_pages(dev, VSTELLAR_CMD_CREATE_CQ, uctx,
+				       &cmd, sizeof(cmd), &ring, 1,
+				       &resp, sizeof(resp));
 	if (err)
 		return err;
 	res->cqn = le32_to_cpu(resp.cqn);
@@ -328,17 +338,11 @@ int vstellar_cmd_resize_cq(struct vstellar_dev *dev, u32 uctx, u32 cqn,
 		.ring_offset = cpu_to_le64(ring->offset),
 	};
 	struct vstellar_resp_resize_cq resp;
-	u32 num_pages;
-	__le64 *pages;
 	int err;
 
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_RESIZE_CQ, &ring, 1,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_CQ, uctx,
-				&cmd, sizeof(cmd), pages, num_pages,
-				&resp, sizeof(resp));
+	err = vstellar_exec_with_pages(dev, VSTELLAR_CMD_RESIZE_CQ, uctx,
+				       &cmd, sizeof(cmd), &ring, 1,
+				       &resp, sizeof(resp));
 	if (err)
 		return err;
 	*moved = le32_to_cpu(resp.cqe_moved);
@@ -374,8 +378,6 @@ int vstellar_cmd_create_qp(struct vstellar_dev *dev, u32 uctx,
 		.sq_offset = cpu_to_le64(params->sq.offset),
 	};
 	struct vstellar_resp_create_qp resp;
-	u32 num_pages;
-	__le64 *pages;
 	int err;
 
 	if (params->use_srq) {
@@ -389,13 +391,9 @@ int vstellar_cmd_create_qp(struct vstellar_dev *dev, u32 uctx,
 		cmd.rq_pages = cpu_to_le32(params->rq.npages);
 		cmd.rq_offset = cpu_to_le64(params->rq.offset);
 	}
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_QP, rings, nrings,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_QP, uctx,
-				&cmd, sizeof(cmd), pages, num_pages,
-				&resp, sizeof(resp));
+	err = vstellar_exec_with_pages(dev, VSTELLAR_CMD_CREATE_QP, uctx,
+				       &cmd, sizeof(cmd), rings, nrings,
+				       &resp, sizeof(resp));
 	if (err)
 		return err;
 	res->qpn = le32_to_cpu(resp.qpn);
@@ -529,17 +527,11 @@ int vstellar_cmd_create_srq(struct vstellar_dev *dev, u32 uctx,
 		.ring_offset = cpu_to_le64(ring->offset),
 	};
 	struct vstellar_resp_create_srq resp;
-	u32 num_pages;
-	__le64 *pages;
 	int err;
 
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_CREATE_SRQ, &ring, 1,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_CREATE_SRQ, uctx,
-				&cmd, sizeof(cmd), pages, num_pages,
-				&resp, sizeof(resp));
+	err = vstellar_exec_with_pages(dev, VSTELLAR_CMD_CREATE_SRQ, uctx,
+				       &cmd, sizeof(cmd), &ring, 1,
+				       &resp, sizeof(resp));
 	if (err)
 		return err;
 	res->srqn = le32_to_cpu(resp.srqn);
@@ -571,15 +563,10 @@ int vstellar_cmd_resize_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
 		.num_pages = cpu_to_le32(ring->npages),
 		.ring_offset = cpu_to_le64(ring->offset),
 	};
-	u32 num_pages;
-	__le64 *pages;
 
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_RESIZE_SRQ, &ring, 1,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	return vstellar_com_exec(&dev->com, VSTELLAR_CMD_RESIZE_SRQ, uctx,
-				 &cmd, sizeof(cmd), pages, num_pages, NULL, 0);
+	return vstellar_exec_with_pages(dev, VSTELLAR_CMD_RESIZE_SRQ, uctx,
+					&cmd, sizeof(cmd), &ring, 1,
+					NULL, 0);
 }
 
 int vstellar_cmd_query_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
@@ -618,17 +605,11 @@ int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 		.num_pages = cpu_to_le32(mem->npages),
 	};
 	struct vstellar_resp_reg_mr resp;
-	u32 num_pages;
-	__le64 *pages;
 	int err;
 
-	pages = vstellar_page_list(dev, VSTELLAR_CMD_REG_MR, &mem, 1,
-				   &num_pages);
-	if (IS_ERR(pages))
-		return PTR_ERR(pages);
-	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_REG_MR, uctx,
-				&cmd, sizeof(cmd), pages, num_pages,
-				&resp, sizeof(resp));
+	err = vstellar_exec_with_pages(dev, VSTELLAR_CMD_REG_MR, uctx,
+				       &cmd, sizeof(cmd), &mem, 1,
+				       &resp, sizeof(resp));
 	if (err)
 		return err;
 	res->mrn = le32_to_cpu(resp.mrn);

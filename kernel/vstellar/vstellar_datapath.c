@@ -90,6 +90,20 @@ static void vstellar_kdb_ring(struct vstellar_dev *dev, __le32 *word, u32 val)
 		writel(VSTELLAR_VQ_KICK, dev->kkick);
 }
 
+/*
+ * After a post: makes the WQEs from index @start to @pi visible, then
+ * stores @pi in the queue's doorbell word at @off of @slot. Nothing to do
+ * if nothing was posted.
+ */
+static void vstellar_kdb_publish(struct vstellar_dev *dev, u32 slot,
+				 size_t off, u32 start, u32 pi)
+{
+	if (pi == start)
+		return;
+	dma_wmb();	/* WQEs before the index that publishes them */
+	vstellar_kdb_ring(dev, vstellar_kdb_word(dev, slot, off), pi);
+}
+
 /* ---------------------------------------------------------------- */
 /* Kernel rings                                                      */
 /* ---------------------------------------------------------------- */
@@ -491,13 +505,8 @@ int vstellar_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 			break;
 		qp->sq_pi++;
 	}
-	if (qp->sq_pi != start) {
-		__le32 *pi = vstellar_kdb_word(dev, qp->db_slot,
-					       offsetof(struct vstellar_db_qp, sq_pi));
-
-		dma_wmb();	/* WQEs before the index that publishes them */
-		vstellar_kdb_ring(dev, pi, qp->sq_pi);
-	}
+	vstellar_kdb_publish(dev, qp->db_slot,
+			     offsetof(struct vstellar_db_qp, sq_pi), start, qp->sq_pi);
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
 	if (err)
 		*bad_wr = wr;
@@ -538,13 +547,8 @@ int vstellar_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		vstellar_put_recv_wqe(wqe, 1U << qp->rq_log_stride, wr);
 		qp->rq_pi++;
 	}
-	if (qp->rq_pi != start) {
-		__le32 *pi = vstellar_kdb_word(dev, qp->db_slot,
-					       offsetof(struct vstellar_db_qp, rq_pi));
-
-		dma_wmb();	/* WQEs before the index that publishes them */
-		vstellar_kdb_ring(dev, pi, qp->rq_pi);
-	}
+	vstellar_kdb_publish(dev, qp->db_slot,
+			     offsetof(struct vstellar_db_qp, rq_pi), start, qp->rq_pi);
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
 	if (err)
 		*bad_wr = wr;
@@ -591,13 +595,8 @@ int vstellar_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 		vstellar_put_recv_wqe(slot, 1U << srq->log_stride, wr);
 		srq->pi++;
 	}
-	if (srq->pi != start) {
-		__le32 *pi = vstellar_kdb_word(dev, srq->db_slot,
-					       offsetof(struct vstellar_db_srq, pi));
-
-		dma_wmb();	/* WQEs before the index that publishes them */
-		vstellar_kdb_ring(dev, pi, srq->pi);
-	}
+	vstellar_kdb_publish(dev, srq->db_slot,
+			     offsetof(struct vstellar_db_srq, pi), start, srq->pi);
 	spin_unlock_irqrestore(&srq->lock, flags);
 	if (err)
 		*bad_wr = wr;

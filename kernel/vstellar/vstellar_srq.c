@@ -127,7 +127,8 @@ static int vstellar_srq_copy_to_user(struct vstellar_srq *srq,
 	return ib_copy_to_udata(udata, &uresp, min(sizeof(uresp), udata->outlen));
 }
 
-int vstellar_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init_attr,
+int vstellar_create_srq(struct ib_srq *ibsrq,
+			struct ib_srq_init_attr *init_attr,
 			struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibsrq->device);
