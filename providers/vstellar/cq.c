@@ -41,7 +41,7 @@ static void vstellar_cqe_retire(struct vstellar_cq *cq,
 	struct vstellar_qp *qp = cq->last_qp;
 
 	if (!qp || qp->qpn != qpn) {
-		qp = vstellar_qp_find(ctx, qpn);
+		qp = vstellar_qp_table_lookup(ctx, qpn);
 		cq->last_qp = qp;
 	}
 	if (!qp)

@@ -4,6 +4,8 @@
  * rings in this process's memory and the producer index into the
  * context's doorbell page; the kick page is touched only when the device
  * set need_kick. Both ibv_post_send/recv and the extended ibv_wr_* API.
+ * And the context's QP table, by which the poller (cq.c) finds the QP a
+ * CQE names.
  */
 #include <config.h>
 
@@ -19,6 +21,62 @@
 #include <util/util.h>
 
 #include "vstellar.h"
+
+/* ------------------------------------------------------------------ */
+/* QP table: CQEs name their QP by QPN                                  */
+/* ------------------------------------------------------------------ */
+
+void vstellar_qp_table_init(struct vstellar_context *ctx)
+{
+	pthread_mutex_init(&ctx->qp_table_lock, NULL);
+}
+
+void vstellar_qp_table_fini(struct vstellar_context *ctx)
+{
+	pthread_mutex_destroy(&ctx->qp_table_lock);
+}
+
+void vstellar_qp_table_insert(struct vstellar_context *ctx,
+			      struct vstellar_qp *qp)
+{
+	struct vstellar_qp **head =
+		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	qp->hash_next = *head;
+	*head = qp;
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+}
+
+void vstellar_qp_table_remove(struct vstellar_context *ctx,
+			      struct vstellar_qp *qp)
+{
+	struct vstellar_qp **p =
+		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	for (; *p; p = &(*p)->hash_next) {
+		if (*p == qp) {
+			*p = qp->hash_next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+}
+
+struct vstellar_qp *vstellar_qp_table_lookup(struct vstellar_context *ctx,
+					     uint32_t qpn)
+{
+	struct vstellar_qp *qp;
+
+	pthread_mutex_lock(&ctx->qp_table_lock);
+	for (qp = ctx->qp_table[qpn % VSTELLAR_QP_TABLE_SIZE]; qp;
+	     qp = qp->hash_next)
+		if (qp->qpn == qpn)
+			break;
+	pthread_mutex_unlock(&ctx->qp_table_lock);
+	return qp;
+}
 
 /* ------------------------------------------------------------------ */
 /* Doorbells                                                            */

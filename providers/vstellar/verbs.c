@@ -186,51 +186,6 @@ int vstellar_dealloc_mw(struct ibv_mw *mw)
 }
 
 /* ------------------------------------------------------------------ */
-/* QP table (CQEs name their QP by QPN)                                 */
-/* ------------------------------------------------------------------ */
-
-static void vstellar_qp_table_add(struct vstellar_context *ctx,
-				  struct vstellar_qp *qp)
-{
-	struct vstellar_qp **head =
-		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
-
-	pthread_mutex_lock(&ctx->qp_table_lock);
-	qp->hash_next = *head;
-	*head = qp;
-	pthread_mutex_unlock(&ctx->qp_table_lock);
-}
-
-static void vstellar_qp_table_del(struct vstellar_context *ctx,
-				  struct vstellar_qp *qp)
-{
-	struct vstellar_qp **p =
-		&ctx->qp_table[qp->qpn % VSTELLAR_QP_TABLE_SIZE];
-
-	pthread_mutex_lock(&ctx->qp_table_lock);
-	for (; *p; p = &(*p)->hash_next) {
-		if (*p == qp) {
-			*p = qp->hash_next;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&ctx->qp_table_lock);
-}
-
-struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
-				     uint32_t qpn)
-{
-	struct vstellar_qp *qp;
-
-	pthread_mutex_lock(&ctx->qp_table_lock);
-	for (qp = ctx->qp_table[qpn % VSTELLAR_QP_TABLE_SIZE]; qp;
-	     qp = qp->hash_next)
-		if (qp->qpn == qpn)
-			break;
-	pthread_mutex_unlock(&ctx->qp_table_lock);
-	return qp;
-}
-/* ------------------------------------------------------------------ */
 /* CQ                                                                   */
 /* ------------------------------------------------------------------ */
 
@@ -412,69 +367,76 @@ int vstellar_destroy_cq(struct ibv_cq *ibcq)
 /* QP                                                                   */
 /* ------------------------------------------------------------------ */
 
-struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
-				     struct ibv_qp_init_attr_ex *attr)
-{
-	struct vstellar_context *ctx = to_vctx(context);
-	struct vstellar_create_qp_cmd_resp resp = {};
-	struct vstellar_create_qp_cmd cmd = {};
-	struct ibv_qp_cap *cap = &attr->cap;
-	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
-				1U << VSTELLAR_MAX_LOG_WQE);
-	uint32_t sq_log_wqe, rq_log_wqe, sq_log_stride, rq_log_stride;
-	uint32_t send_bytes, recv_bytes, fit, comp_mask;
-	struct vstellar_qp *qp;
-	int ret;
+/* The sizes of a new QP's rings: log2 of their slots and of a slot's bytes. */
+struct vstellar_qp_rings {
+	uint32_t sq_log_wqe, sq_log_stride;
+	uint32_t rq_log_wqe, rq_log_stride;
+};
 
-	/* create flags: none is supported, so only 0 is (pyverbs asks so) */
+/*
+ * Whether the device offers what @attr asks for: the init attributes we
+ * know, its send operations (those of memory windows only with F_MW) and
+ * its QP type (UC with F_UC, an SRQ with F_SRQ). No create flag is
+ * supported, so only 0 is (pyverbs asks for it).
+ */
+static bool vstellar_qp_attr_supported(struct vstellar_context *ctx,
+				       const struct ibv_qp_init_attr_ex *attr)
+{
 	if (attr->comp_mask & ~(IBV_QP_INIT_ATTR_PD |
 				IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
 				IBV_QP_INIT_ATTR_CREATE_FLAGS) ||
 	    !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) ||
 	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
-	     attr->create_flags)) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
+	     attr->create_flags))
+		return false;
 	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
 	    ((attr->send_ops_flags & ~VSTELLAR_SEND_OPS) ||
 	     ((attr->send_ops_flags & VSTELLAR_SEND_OPS_MW) &&
-	      !(ctx->features & (1U << VIRTIO_VSTELLAR_F_MW))))) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
+	      !(ctx->features & (1U << VIRTIO_VSTELLAR_F_MW)))))
+		return false;
 	if ((attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD &&
 	     attr->qp_type != IBV_QPT_UC) ||
 	    (attr->qp_type == IBV_QPT_UC &&
 	     !(ctx->features & (1U << VIRTIO_VSTELLAR_F_UC))) ||
-	    (attr->srq && !(ctx->features & (1U << VIRTIO_VSTELLAR_F_SRQ)))) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
+	    (attr->srq && !(ctx->features & (1U << VIRTIO_VSTELLAR_F_SRQ))))
+		return false;
 	/* UC: SEND and RDMA WRITE (with or without immediate) only */
 	if (attr->qp_type == IBV_QPT_UC &&
 	    (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
 	    (attr->send_ops_flags & (IBV_QP_EX_WITH_RDMA_READ |
 				     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-				     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	/* IB: with an SRQ the QP has no receive queue of its own */
-	if (attr->srq) {
+				     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)))
+		return false;
+	return true;
+}
+
+/*
+ * The rings that hold @cap: a power of two of slots, each large enough for
+ * the WQE header and its SGEs or inline data, and no smaller than the
+ * device's minimum stride. False if @cap asks for more than the device
+ * has. With an SRQ the QP has no receive queue of its own (IB): @cap's
+ * receive side is zeroed first.
+ */
+static bool vstellar_qp_size_rings(struct vstellar_context *ctx, bool srq,
+				   struct ibv_qp_cap *cap,
+				   struct vstellar_qp_rings *r)
+{
+	uint32_t max_wr = min_t(uint32_t, ctx->max_qp_wr,
+				1U << VSTELLAR_MAX_LOG_WQE);
+	uint32_t send_bytes, recv_bytes, fit;
+
+	if (srq) {
 		cap->max_recv_wr = 0;
 		cap->max_recv_sge = 0;
 	}
 	if (cap->max_send_wr > max_wr || cap->max_recv_wr > max_wr ||
 	    cap->max_send_sge > ctx->max_send_sge ||
 	    cap->max_recv_sge > ctx->max_recv_sge ||
-	    cap->max_inline_data > ctx->max_inline_data) {
-		errno = EINVAL;
-		return NULL;
-	}
+	    cap->max_inline_data > ctx->max_inline_data)
+		return false;
 
-	sq_log_wqe = log2_up(max_t(uint32_t, cap->max_send_wr, 1));
-	rq_log_wqe = log2_up(max_t(uint32_t, cap->max_recv_wr, 1));
+	r->sq_log_wqe = log2_up(max_t(uint32_t, cap->max_send_wr, 1));
+	r->rq_log_wqe = log2_up(max_t(uint32_t, cap->max_recv_wr, 1));
 	fit = max_t(uint32_t, cap->max_send_sge, 1) *
 	      sizeof(struct vstellar_sge);
 	send_bytes = sizeof(struct vstellar_send_wqe) +
@@ -482,101 +444,171 @@ struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
 	recv_bytes = sizeof(struct vstellar_recv_wqe) +
 		     max_t(uint32_t, cap->max_recv_sge, 1) *
 			     sizeof(struct vstellar_sge);
-	sq_log_stride = max_t(uint32_t, log2_up(send_bytes),
-			      ctx->min_sq_log_stride);
-	rq_log_stride = max_t(uint32_t, log2_up(recv_bytes),
-			      ctx->min_rq_log_stride);
-	if (sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
-	    rq_log_stride > VSTELLAR_MAX_LOG_STRIDE) {
-		errno = EINVAL;
-		return NULL;
-	}
+	r->sq_log_stride = max_t(uint32_t, log2_up(send_bytes),
+				 ctx->min_sq_log_stride);
+	r->rq_log_stride = max_t(uint32_t, log2_up(recv_bytes),
+				 ctx->min_rq_log_stride);
+	return r->sq_log_stride <= VSTELLAR_MAX_LOG_STRIDE &&
+	       r->rq_log_stride <= VSTELLAR_MAX_LOG_STRIDE;
+}
 
-	qp = calloc(1, sizeof(*qp));
+/* A QP's rings and locks; what vstellar_qp_alloc made, or part of it. */
+static void vstellar_qp_free(struct vstellar_qp *qp)
+{
+	vstellar_ring_free(qp->rq.ring, qp->rq.ring_size);
+	vstellar_ring_free(qp->sq.ring, qp->sq.ring_size);
+	pthread_spin_destroy(&qp->rq.lock);
+	pthread_spin_destroy(&qp->sq.lock);
+	free(qp);
+}
+
+/*
+ * A new QP with its locks and its rings in our memory (the kernel pins
+ * them); with an SRQ, no receive ring.
+ */
+static struct vstellar_qp *vstellar_qp_alloc(const struct vstellar_qp_rings *r,
+					     struct ibv_srq *srq)
+{
+	struct vstellar_qp *qp = calloc(1, sizeof(*qp));
+
 	if (!qp)
 		return NULL;
-	if (pthread_spin_init(&qp->sq.lock, PTHREAD_PROCESS_PRIVATE))
-		goto err_free;
-	if (pthread_spin_init(&qp->rq.lock, PTHREAD_PROCESS_PRIVATE))
-		goto err_sqlock;
-	qp->sq.log_wqe = sq_log_wqe;
-	qp->sq.log_stride = sq_log_stride;
-	qp->sq.ring = vstellar_ring_alloc((size_t)1 << (sq_log_wqe + sq_log_stride),
-					  &qp->sq.ring_size);
-	if (!qp->sq.ring)
-		goto err_rqlock;
-	cmd.drv.sq_buf_addr = (uintptr_t)qp->sq.ring;
-	cmd.drv.sq_log_wqe = sq_log_wqe;
-	cmd.drv.sq_log_stride = sq_log_stride;
-	if (attr->srq) {
-		qp->srq = to_vsrq(attr->srq);
-	} else {
-		qp->rq.log_wqe = rq_log_wqe;
-		qp->rq.log_stride = rq_log_stride;
-		qp->rq.ring = vstellar_ring_alloc(
-			(size_t)1 << (rq_log_wqe + rq_log_stride),
-			&qp->rq.ring_size);
-		if (!qp->rq.ring)
-			goto err_sq;
-		cmd.drv.rq_buf_addr = (uintptr_t)qp->rq.ring;
-		cmd.drv.rq_log_wqe = rq_log_wqe;
-		cmd.drv.rq_log_stride = rq_log_stride;
+	if (pthread_spin_init(&qp->sq.lock, PTHREAD_PROCESS_PRIVATE)) {
+		free(qp);
+		return NULL;
 	}
-	/* create_flags is 0 (checked above): the command need not carry it */
+	if (pthread_spin_init(&qp->rq.lock, PTHREAD_PROCESS_PRIVATE)) {
+		pthread_spin_destroy(&qp->sq.lock);
+		free(qp);
+		return NULL;
+	}
+	qp->sq.log_wqe = r->sq_log_wqe;
+	qp->sq.log_stride = r->sq_log_stride;
+	qp->sq.ring = vstellar_ring_alloc(
+		(size_t)1 << (r->sq_log_wqe + r->sq_log_stride),
+		&qp->sq.ring_size);
+	if (!qp->sq.ring)
+		goto err;
+	if (srq) {
+		qp->srq = to_vsrq(srq);
+		return qp;
+	}
+	qp->rq.log_wqe = r->rq_log_wqe;
+	qp->rq.log_stride = r->rq_log_stride;
+	qp->rq.ring = vstellar_ring_alloc(
+		(size_t)1 << (r->rq_log_wqe + r->rq_log_stride),
+		&qp->rq.ring_size);
+	if (!qp->rq.ring)
+		goto err;
+	return qp;
+
+err:
+	vstellar_qp_free(qp);
+	return NULL;
+}
+
+/*
+ * CREATE_QP through the kernel with the rings' addresses and sizes; the
+ * QPN and doorbell slot the device answers. -1 with errno set on failure.
+ */
+static int vstellar_qp_create_cmd(struct ibv_context *context,
+				  struct vstellar_qp *qp,
+				  struct ibv_qp_init_attr_ex *attr,
+				  struct vstellar_create_qp_cmd_resp *resp)
+{
+	struct vstellar_context *ctx = to_vctx(context);
+	struct vstellar_create_qp_cmd cmd = {};
+	uint32_t comp_mask;
+	int ret;
+
+	cmd.drv.sq_buf_addr = (uintptr_t)qp->sq.ring;
+	cmd.drv.sq_log_wqe = qp->sq.log_wqe;
+	cmd.drv.sq_log_stride = qp->sq.log_stride;
+	if (!qp->srq) {
+		cmd.drv.rq_buf_addr = (uintptr_t)qp->rq.ring;
+		cmd.drv.rq_log_wqe = qp->rq.log_wqe;
+		cmd.drv.rq_log_stride = qp->rq.log_stride;
+	}
+	/* create_flags is 0 (checked before): the command need not carry it */
 	comp_mask = attr->comp_mask;
 	attr->comp_mask &= ~IBV_QP_INIT_ATTR_CREATE_FLAGS;
 	ret = ibv_cmd_create_qp_ex(context, &qp->vqp, attr, &cmd.ibv_cmd,
-				   sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+				   sizeof(cmd), &resp->ibv_resp, sizeof(*resp));
 	attr->comp_mask = comp_mask;
 	if (ret) {
 		errno = ret;
-		goto err_rq;
+		return -1;
 	}
-	if (!vstellar_db_slot_ok(ctx, resp.drv.db_slot)) {
+	if (!vstellar_db_slot_ok(ctx, resp->drv.db_slot)) {
 		verbs_err(&ctx->ibv_ctx, "vstellar: bad create_qp response\n");
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		errno = EPROTO;
-		goto err_rq;
+		return -1;
 	}
-	qp->qpn = resp.drv.qpn;
-	qp->db = vstellar_db_slot(ctx, resp.drv.db_slot);
+	qp->qpn = resp->drv.qpn;
+	qp->db = vstellar_db_slot(ctx, resp->drv.db_slot);
 	qp->sq_sig_all = attr->sq_sig_all;
+	return 0;
+}
 
-	/* what the device granted, within what our slots hold */
-	fit = ((1U << sq_log_stride) - sizeof(struct vstellar_send_wqe)) /
-	      sizeof(struct vstellar_sge);
-	qp->sq.max_sge = min_t(uint32_t, resp.drv.max_send_sge, fit);
-	fit = ((1U << rq_log_stride) - sizeof(struct vstellar_recv_wqe)) /
-	      sizeof(struct vstellar_sge);
-	qp->rq.max_sge = qp->srq ? 0 :
-		min_t(uint32_t, resp.drv.max_recv_sge, fit);
-	qp->max_inline_data = min_t(uint32_t, resp.drv.max_inline_data,
-				    (1U << sq_log_stride) -
-					    sizeof(struct vstellar_send_wqe));
+/*
+ * What the device granted, within what our slots hold (inline data only
+ * with F_INLINE); the caller learns it through @cap.
+ */
+static void vstellar_qp_set_caps(struct vstellar_context *ctx,
+				 struct vstellar_qp *qp,
+				 const struct vstellar_create_qp_resp *granted,
+				 struct ibv_qp_cap *cap)
+{
+	uint32_t send_room = (1U << qp->sq.log_stride) -
+			     sizeof(struct vstellar_send_wqe);
+
+	qp->sq.max_sge = min_t(uint32_t, granted->max_send_sge,
+			       send_room / sizeof(struct vstellar_sge));
+	if (!qp->srq)
+		qp->rq.max_sge = min_t(uint32_t, granted->max_recv_sge,
+				       ((1U << qp->rq.log_stride) -
+					sizeof(struct vstellar_recv_wqe)) /
+					       sizeof(struct vstellar_sge));
+	qp->max_inline_data = min_t(uint32_t, granted->max_inline_data,
+				    send_room);
 	if (!(ctx->features & (1U << VIRTIO_VSTELLAR_F_INLINE)))
 		qp->max_inline_data = 0;
-	cap->max_send_wr = 1U << sq_log_wqe;
-	cap->max_recv_wr = qp->srq ? 0 : 1U << rq_log_wqe;
+	cap->max_send_wr = 1U << qp->sq.log_wqe;
+	cap->max_recv_wr = qp->srq ? 0 : 1U << qp->rq.log_wqe;
 	cap->max_send_sge = qp->sq.max_sge;
 	cap->max_recv_sge = qp->rq.max_sge;
 	cap->max_inline_data = qp->max_inline_data;
+}
 
+struct ibv_qp *vstellar_create_qp_ex(struct ibv_context *context,
+				     struct ibv_qp_init_attr_ex *attr)
+{
+	struct vstellar_context *ctx = to_vctx(context);
+	struct vstellar_create_qp_cmd_resp resp = {};
+	struct vstellar_qp_rings rings;
+	struct vstellar_qp *qp;
+
+	if (!vstellar_qp_attr_supported(ctx, attr)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (!vstellar_qp_size_rings(ctx, attr->srq, &attr->cap, &rings)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	qp = vstellar_qp_alloc(&rings, attr->srq);
+	if (!qp)
+		return NULL;
+	if (vstellar_qp_create_cmd(context, qp, attr, &resp)) {
+		vstellar_qp_free(qp);
+		return NULL;
+	}
+	vstellar_qp_set_caps(ctx, qp, &resp.drv, &attr->cap);
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
 		vstellar_qp_ex_init(qp, attr->send_ops_flags);
-	vstellar_qp_table_add(ctx, qp);
+	vstellar_qp_table_insert(ctx, qp);
 	return &qp->vqp.qp;
-
-err_rq:
-	vstellar_ring_free(qp->rq.ring, qp->rq.ring_size);
-err_sq:
-	vstellar_ring_free(qp->sq.ring, qp->sq.ring_size);
-err_rqlock:
-	pthread_spin_destroy(&qp->rq.lock);
-err_sqlock:
-	pthread_spin_destroy(&qp->sq.lock);
-err_free:
-	free(qp);
-	return NULL;
 }
 
 struct ibv_qp *vstellar_create_qp(struct ibv_pd *pd,
@@ -653,7 +685,7 @@ int vstellar_destroy_qp(struct ibv_qp *ibqp)
 	ret = ibv_cmd_destroy_qp(ibqp);
 	if (ret)
 		return ret;
-	vstellar_qp_table_del(ctx, qp);
+	vstellar_qp_table_remove(ctx, qp);
 	/* drop the poll caches that may still point at it */
 	cq = to_vcq(ibqp->send_cq);
 	pthread_spin_lock(&cq->lock);
@@ -666,11 +698,7 @@ int vstellar_destroy_qp(struct ibv_qp *ibqp)
 		cq->last_qp = NULL;
 	pthread_spin_unlock(&cq->lock);
 
-	vstellar_ring_free(qp->rq.ring, qp->rq.ring_size);
-	vstellar_ring_free(qp->sq.ring, qp->sq.ring_size);
-	pthread_spin_destroy(&qp->rq.lock);
-	pthread_spin_destroy(&qp->sq.lock);
-	free(qp);
+	vstellar_qp_free(qp);
 	return 0;
 }
 /* ------------------------------------------------------------------ */

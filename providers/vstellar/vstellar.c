@@ -139,7 +139,7 @@ static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,
 					   RDMA_DRIVER_UNKNOWN);
 	if (!ctx)
 		return NULL;
-	pthread_mutex_init(&ctx->qp_table_lock, NULL);
+	vstellar_qp_table_init(ctx);
 
 	if (!vstellar_qp_layout_matches()) {
 		verbs_err(&ctx->ibv_ctx,
@@ -204,7 +204,7 @@ static struct verbs_context *vstellar_alloc_context(struct ibv_device *ibdev,
 err:
 	if (ctx->db_page)
 		munmap(ctx->db_page, ctx->db_page_size);
-	pthread_mutex_destroy(&ctx->qp_table_lock);
+	vstellar_qp_table_fini(ctx);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 	return NULL;
@@ -218,7 +218,7 @@ static void vstellar_free_context(struct ibv_context *ibctx)
 		munmap(ctx->kick_page, VSTELLAR_DB_PAGE_SIZE);
 	if (ctx->db_page)
 		munmap(ctx->db_page, ctx->db_page_size);
-	pthread_mutex_destroy(&ctx->qp_table_lock);
+	vstellar_qp_table_fini(ctx);
 	verbs_uninit_context(&ctx->ibv_ctx);
 	free(ctx);
 }

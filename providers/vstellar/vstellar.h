@@ -241,7 +241,9 @@ static inline struct vstellar_ah *to_vah(struct ibv_ah *ibah)
 
 /*
  * What the provider's files share: vstellar.c (device, context, the ops
- * table), verbs.c (control verbs), cq.c (polling), qp.c (posting).
+ * table), verbs.c (control verbs), cq.c (polling), qp.c (posting and the
+ * QP table). Calls go one way: verbs.c and cq.c use qp.c, verbs.c uses
+ * cq.c; qp.c uses neither.
  */
 #define VSTELLAR_SEND_OPS                                                      \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |      \
@@ -284,8 +286,6 @@ struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 int vstellar_dereg_mr(struct verbs_mr *vmr);
 struct ibv_mw *vstellar_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
 int vstellar_dealloc_mw(struct ibv_mw *mw);
-int vstellar_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
-		     struct ibv_mw_bind *mw_bind);
 struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,
 				  struct ibv_comp_channel *channel,
 				  int comp_vector);
@@ -310,8 +310,6 @@ int vstellar_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
 int vstellar_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
 int vstellar_destroy_srq(struct ibv_srq *ibsrq);
 int vstellar_destroy_ah(struct ibv_ah *ibah);
-struct vstellar_qp *vstellar_qp_find(struct vstellar_context *ctx,
-				     uint32_t qpn);
 
 /* cq.c */
 int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
@@ -325,6 +323,16 @@ int vstellar_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		       struct ibv_recv_wr **bad_wr);
 int vstellar_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 			   struct ibv_recv_wr **bad_wr);
+int vstellar_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		     struct ibv_mw_bind *mw_bind);
 void vstellar_qp_ex_init(struct vstellar_qp *qp, uint64_t ops);
+void vstellar_qp_table_init(struct vstellar_context *ctx);
+void vstellar_qp_table_fini(struct vstellar_context *ctx);
+void vstellar_qp_table_insert(struct vstellar_context *ctx,
+			      struct vstellar_qp *qp);
+void vstellar_qp_table_remove(struct vstellar_context *ctx,
+			      struct vstellar_qp *qp);
+struct vstellar_qp *vstellar_qp_table_lookup(struct vstellar_context *ctx,
+					     uint32_t qpn);
 
 #endif /* VSTELLAR_PROVIDER_H */
