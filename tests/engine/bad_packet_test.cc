@@ -132,7 +132,7 @@ TEST(BadPackets, ForgedResponsesAreIgnored) {
   still_works(t);
 }
 
-// Issue 13 #3: a request that breaks the rules but arrives ahead of the
+// A request that breaks the rules but arrives ahead of the
 // expected PSN is dropped unanswered, so a blind packet with a guessed QPN
 // and any PSN in the window cannot kill the connection. In order, the same
 // packet is fatal, as IB says (OutOfBoundsRkeyOrAddressIsNaked).
@@ -171,7 +171,7 @@ std::vector<uint8_t> encode_read_req(Pair& t, const wire::Packet& p) {
   return v;
 }
 
-// Issue 13 #3: a READ request behind the expected PSN is executed again
+// A READ request behind the expected PSN is executed again
 // only if it asks again for (a tail of) a READ this QP executed, with the
 // same key; a spoofed one asking for more (an amplification: 48 bytes in,
 // megabytes out) or for PSNs that were no READ is dropped.
@@ -201,7 +201,7 @@ TEST(BadPackets, ReadReplaysAreBoundToReadsExecuted) {
   EXPECT_EQ(t.b.eng->stats().tx_bytes, before.tx_bytes) << "nothing was sent for them";
   EXPECT_EQ(t.b.qp->state(), QpState::RTS);
   // Longer than the READ: answered no further than the READ went (a
-  // requester asks for runs of lost PSNs at once, issue 23), never more
+  // requester asks for runs of lost PSNs at once), never more
   // than the peer asked for before.
   t.net.inject(kIpA, kIpB, encode_read_req(t, read_req(read_psn, va, rkey, 64 * seg, seg)));
   t.net.run_for(1'000'000);
@@ -219,7 +219,7 @@ TEST(BadPackets, ReadReplaysAreBoundToReadsExecuted) {
   still_works(t);
 }
 
-// Issue 13 #3: a responder NAKs fatally only the PSN it expects next, which
+// A responder NAKs fatally only the PSN it expects next, which
 // is its cumulative PSN. A forged fatal NAK naming any other PSN is ignored,
 // so it cannot fail the WQE in flight.
 TEST(BadPackets, ForgedFatalNakIsIgnored) {

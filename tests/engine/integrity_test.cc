@@ -1,4 +1,4 @@
-// Integrity mode (issue 13): with a shared key, every packet carries a MAC;
+// Integrity mode: with a shared key, every packet carries a MAC;
 // nothing forged, altered or keyed differently gets through, and the
 // transport repairs what was dropped for it.
 #include "engine_internal.h"  // white box: a QP's PSNs for forging
@@ -174,7 +174,7 @@ TEST(Integrity, DatagramsAreSignedToo) {
   EXPECT_EQ(t.b.eng->stats().bad_mac, 0u);
 }
 
-// Issue 24 #4: a sealed packet captured and sent again verified as well as
+// A sealed packet captured and sent again verified as well as
 // the first time. A READ request replayed 10 s later was executed again
 // (the responder re-reads a READ it executed); now its counter is one B has
 // seen, and nothing goes back.

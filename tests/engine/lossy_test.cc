@@ -239,7 +239,7 @@ TEST(LossyRecovery, ManyMessagesHeavyLossLargeWindow) {
   run_mix(t, 120, 99);
 }
 
-// Issue 23: a lost READ response costs the resend of what was lost, not of
+// A lost READ response costs the resend of what was lost, not of
 // the rest of the READ, and a lost READ request (which holds every later
 // one at the responder) does not collapse the window or inflate the RTO.
 // 1 MiB READs over one path: at 5% loss the responder sends little more

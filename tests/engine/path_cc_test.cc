@@ -25,7 +25,7 @@ TEST(Paths, RoundRobinAndSingle) {
   for (int i = 0; i < 20; i++) EXPECT_EQ(one.pick(1), 5);
 }
 
-// Bursts (issue 16): OBS and RR keep a path for `burst` first
+// Bursts: OBS and RR keep a path for `burst` first
 // transmissions; a retransmission neither uses nor ends the run, a timeout
 // on the run's path ends it.
 TEST(Paths, BurstKeepsAPathForRuns) {

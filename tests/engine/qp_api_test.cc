@@ -105,7 +105,7 @@ TEST(QpApi, GsiGidsOnlyOnAGsiQp) {
 namespace vstellar::test {
 namespace {
 
-// Issue 16, hostile scale: progress() visits a QP while it has work or an
+// Hostile scale: progress() visits a QP while it has work or an
 // armed timer, and not once it is idle, however many idle QPs there are.
 TEST(QpApi, OnlyQpsWithWorkAreVisited) {
   Pair t;

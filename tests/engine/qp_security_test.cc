@@ -1,4 +1,4 @@
-// Security regressions of the engine's QPs (issue 13).
+// Security regressions of the engine's QPs.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -16,7 +16,7 @@ void ToReset(Side& s) {
   ASSERT_EQ(s.eng->modify_qp(s.qp, at, QP_STATE), 0);
 }
 
-// Issue 13 #10: a QP taken to RESET and connected again with the same PSNs
+// A QP taken to RESET and connected again with the same PSNs
 // must not keep the cumulative-ACK state of its first connection; with it,
 // the new connection's first ACKs completed nothing and its WQEs never
 // finished.
@@ -62,7 +62,7 @@ struct QpnBench {
   }
 };
 
-// Issue 13 #4: QPNs were never reused, so creating and destroying QPs used
+// QPNs were never reused, so creating and destroying QPs used
 // the space up and then no QP could be created by anyone. Here the space
 // is shrunk to 4,096 QPNs; 20,000 create/destroy cycles must all succeed,
 // and a freed QPN must not come back at once (quarantine).
@@ -92,7 +92,7 @@ TEST(QpSecurity, QpnsAreReusedAfterAQuarantine) {
   EXPECT_GT(reused, 0u);
 }
 
-// Issue 16: an engine of a multi-threaded vstellard hands out only QPNs of
+// An engine of a multi-threaded vstellard hands out only QPNs of
 // its shard (qpn % shards), which is what steers arriving datagrams to it;
 // the rest of the space (and its quarantine) works as before.
 TEST(QpSecurity, ShardedEnginesHandOutOnlyTheirQpns) {
@@ -119,7 +119,7 @@ TEST(QpSecurity, ShardedEnginesHandOutOnlyTheirQpns) {
   EXPECT_FALSE(bad.validate());
 }
 
-// Issue 13 #3/#4: QPNs were sequential from 0x11, so a host on the fabric
+// QPNs were sequential from 0x11, so a host on the fabric
 // could guess the peer QPN of a connection. They are random now: two
 // daemons (engines with the kernel's CSPRNG) give different sequences, and
 // consecutive QPNs are not neighbours.
@@ -141,7 +141,7 @@ TEST(QpSecurity, QpnsAreUnpredictable) {
   EXPECT_EQ(std::set<uint32_t>(qa.begin(), qa.end()).size(), qa.size());
 }
 
-// Issue 24 #3: a forged fatal NAK whose cumulative PSN equals its NAK PSN
+// A forged fatal NAK whose cumulative PSN equals its NAK PSN
 // passed for any outstanding PSN. Here a READ is still unanswered when
 // the forged NAK names the WRITE behind it: no responder could have
 // expected that WRITE's PSN yet, so the NAK is ignored.

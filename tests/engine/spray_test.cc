@@ -1,4 +1,4 @@
-// Spraying under congestion and failure (issue 14): the simulator's shaped,
+// Spraying under congestion and failure: the simulator's shaped,
 // bounded queues (tail drop, token-bucket bursts, an ECMP stage with a
 // black-hole uplink), path health, the retry rule, the congestion signal of
 // the most loaded path, and READs paced by the requester's window.

@@ -232,7 +232,7 @@ TEST(Srq, ResizeKeepsPostedWqesInOrder) {
   EXPECT_EQ(e.resize_srq(t.srq, 4), EINVAL) << "the armed limit must stay below max_wr";
 }
 
-// Issue 24 #2: one SEND whose rsn was head + 4095 moved every WQE of the
+// One SEND whose rsn was head + 4095 moved every WQE of the
 // shared SRQ into its QP (the only bound was the PSN window), and the other
 // QPs got RNR from then on. A receive no earlier PSN could have led up to
 // is not taken now.

@@ -218,7 +218,7 @@ TEST(Udp, RecoversFromLossOnOneLink) {
 namespace vstellar::test {
 namespace {
 
-// Issue 16 (vstellard --threads): links bound to the same ports as one
+// vstellard --threads: links bound to the same ports as one
 // SO_REUSEPORT group; a datagram reaches link dst_qpn % shards, whatever
 // source port it comes from.
 TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
@@ -272,7 +272,7 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
   }
 }
 
-// Issue 24 #4: the kernel takes at most net.ipv4.igmp_max_memberships (20)
+// The kernel takes at most net.ipv4.igmp_max_memberships (20)
 // groups on one socket, and the link had one: after 20 joins of all its
 // devices together every ATTACH_MCAST failed. The link opens another
 // socket when the open ones are full, and a datagram to any group arrives

@@ -1,4 +1,4 @@
-// Fuzz target: control commands (issue 13).
+// Fuzz target: control commands.
 //
 // One device's Commands and DataPath without a vhost-user connection, as in
 // tests/vstellard/commands_test.cc, over 4 MiB of guest RAM. The input is a

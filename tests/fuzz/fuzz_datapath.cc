@@ -1,4 +1,4 @@
-// Fuzz target: WQEs and doorbells (issue 13).
+// Fuzz target: WQEs and doorbells.
 //
 // One device's Commands and DataPath, as in fuzz_commands.cc, but with a
 // Session that holds a real memory table: 4 MiB of RAM at GPA 0 and a

@@ -1,4 +1,4 @@
-// Fuzz target: vhost-user messages (issue 13).
+// Fuzz target: vhost-user messages.
 //
 // The daemon's side of one vhost-user connection: bytes (and file
 // descriptors) arrive on a non-blocking unix socket, MessageReader cuts
@@ -14,8 +14,8 @@
 // along as SCM_RIGHTS, bit 2 names them "vstellar-doorbell" instead of
 // "memory-backend-memfd". They are 64 KiB each, or, with bit 3, sparse
 // files of 2^(20 + 3k) bytes (k = bits 4-7, at most 2^62): a frontend that
-// lies about how much guest memory there is costs it nothing (issue 24 #1:
-// a region of 2^60 bytes made PVDMA's block table throw). After each
+// lies about how much guest memory there is costs it nothing (a region
+// of 2^60 bytes once made PVDMA's block table throw). After each
 // record the reader drains the socket and every whole message is handled;
 // an error ends the connection, as in the daemon.
 //

@@ -1,4 +1,4 @@
-// Fuzz target: wire packets into the engine (issue 13).
+// Fuzz target: wire packets into the engine.
 //
 // Two engines on a SimNet with one connected RC QP each, as in
 // tests/engine/sim_pair.h. The input is a list of datagrams, each injected

@@ -1,5 +1,5 @@
-// Regression tests for control-path problems of issue 13:
-//   #10 the 32-bit handle counter could wrap onto live objects.
+// Regression tests for control-path problems:
+//   - the 32-bit handle counter could wrap onto live objects.
 // Commands alone (no vhost-user connection), as in commands_test.cc.
 #include <endian.h>
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@ class ControlSecurity : public ::testing::Test, protected PartsHarness {
   void TearDown() override { cmds_.DestroyAll(); }
 };
 
-// Issue 13 #10: after 2^32 allocations the handle counter wraps. A handle
+// After 2^32 allocations the handle counter wraps. A handle
 // must never be 0 and never one that is still in use: before the fix the
 // wrapped counter handed out 0 and then overwrote a live PD's entry.
 TEST_F(ControlSecurity, WrappedHandleCounterSkipsZeroAndLiveHandles) {

@@ -1,8 +1,8 @@
-// Regression tests for daemon-level problems of issue 13, each against an
+// Regression tests for daemon-level problems, each against an
 // in-process daemon and test frontends (as device_test.cc):
-//   #1 a device that keeps its control queue full starved the others;
-//   #8 one byte of a vhost-user header stopped the daemon;
-//   #10 a kick fd replaced by SET_VRING_KICK stayed in epoll.
+//   - a device that keeps its control queue full starved the others;
+//   - one byte of a vhost-user header stopped the daemon;
+//   - a kick fd replaced by SET_VRING_KICK stayed in epoll.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <poll.h>
@@ -34,7 +34,7 @@ class DaemonSecurity : public DaemonTest {
   }
 };
 
-// Issue 13 #10: SET_VRING_KICK closed the old kick fd before the daemon
+// SET_VRING_KICK closed the old kick fd before the daemon
 // took it out of epoll, so the registration stayed (the frontend still
 // holds the eventfd) and could not be removed any more. A write to the old
 // eventfd then woke the loop forever (it is never read): a busy loop.
@@ -53,7 +53,7 @@ TEST_F(DaemonSecurity, ReplacedKickFdLeavesEpoll) {
   close(fresh);
 }
 
-// Issue 13 #1: ProcessControl ran while the control queue had requests,
+// ProcessControl ran while the control queue had requests,
 // with no budget. A guest that refills its queue as fast as the device
 // empties it (here: the after-copy hook re-posts one request for each it
 // takes, a guest kernel on another CPU) kept the loop in that one device,
@@ -114,7 +114,7 @@ TEST_F(DaemonSecurity, ControlQueueFloodDoesNotStarveAnotherDevice) {
   EXPECT_LT(flood_at_victim.load(), kFloodLimit - 1) << "served only after the flood ended";
 }
 
-// Issue 13 #8: vhost-user sockets were read blocking with MSG_WAITALL, so
+// The vhost-user sockets were read blocking with MSG_WAITALL, so
 // a frontend that sent one header byte and stopped held the loop in
 // recvmsg: no other device was served. Now the partial message waits in
 // the connection's buffer, the other device works, and the stalled
@@ -152,7 +152,7 @@ TEST_F(DaemonSecurity, OneHeaderByteDoesNotBlockOtherDevices) {
   close(stall);
 }
 
-// #9: memory that cannot be sealed against shrinking (QEMU's doorbell memfd
+// Memory that cannot be sealed against shrinking (QEMU's doorbell memfd
 // before it was made with seals) could be truncated by its owner under the
 // daemon's mappings, and a later access would fault. Such a memory table is
 // refused: that device goes, and the daemon serves the others.

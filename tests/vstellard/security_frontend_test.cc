@@ -1,9 +1,9 @@
-// Regression tests for problems of issue 24, where the frontend (QEMU, or
+// Regression tests for problems where the frontend (QEMU, or
 // whatever connects to the socket) or a guest sizes what the daemon keeps:
-//   #1 a memory-table region on a huge sparse memfd made PVDMA's block
+//   - a memory-table region on a huge sparse memfd made PVDMA's block
 //      table throw std::bad_alloc, which nothing caught (SIGABRT);
-//   #2 RESIZE_SRQ grew the engine's ring uncharged;
-//   #3 SET_VRING_ADDR moved a running ring;
+//   - RESIZE_SRQ grew the engine's ring uncharged;
+//   - SET_VRING_ADDR moved a running ring;
 // Session and Pvdma alone, as the daemon calls them, and an in-process
 // daemon with test frontends (daemon_test.h).
 #include <gtest/gtest.h>
@@ -90,7 +90,7 @@ class GuestQuotas : public DaemonTest {
   }
 };
 
-// Issue 24 #1: "within its file" holds for any size on a sparse file, so
+// "Within its file" holds for any size on a sparse file, so
 // the size a frontend declares must be bounded by itself.
 TEST_F(FrontendSecurity, SessionRefusesMoreGuestMemoryThanTheLimit) {
   DeviceState state{DeviceConfig::Default()};
@@ -111,7 +111,7 @@ TEST_F(FrontendSecurity, SessionRefusesMoreGuestMemoryThanTheLimit) {
   close(fd);
 }
 
-// Issue 24 #1: the block table (8 bytes per 2 MiB) of a region is charged
+// The block table (8 bytes per 2 MiB) of a region is charged
 // to the device before it is allocated; one that does not fit refuses the
 // table and throws nothing.
 TEST_F(FrontendSecurity, PvdmaChargesTheBlockTableBeforeAllocatingIt) {
@@ -144,7 +144,7 @@ TEST_F(FrontendSecurity, PvdmaChargesTheBlockTableBeforeAllocatingIt) {
   close(fd);
 }
 
-// Issue 24 #1 against the daemon: before, the first table below made
+// The same against the daemon: before, the first table below made
 // vstellard die with SIGABRT. Now it is refused, that connection closes,
 // and the daemon serves the next one.
 TEST_F(FrontendSecurity, HugeSparseRegionIsRefusedAndTheDaemonServesOn) {
@@ -177,7 +177,7 @@ TEST_F(FrontendSecurity, HugeSparseRegionIsRefusedAndTheDaemonServesOn) {
   EXPECT_GE(st[0].memory, Pvdma::RegionFootprint(0, good->mem_size()));
 }
 
-// Issue 24 #3: the size, base and address of a ring are the frontend's to
+// The size, base and address of a ring are the frontend's to
 // change only while the ring is stopped; SET_VRING_ADDR was taken on a
 // running one, so the device went on with a ring moved under it.
 TEST_F(FrontendSecurity, RunningRingCannotBeReconfigured) {
@@ -218,7 +218,7 @@ TEST_F(FrontendSecurity, RunningRingCannotBeReconfigured) {
   close(ram);
 }
 
-// Issue 24 #2: CREATE_SRQ of one WQE was charged about 1 KiB, and
+// CREATE_SRQ of one WQE was charged about 1 KiB, and
 // RESIZE_SRQ to 4,096 WQEs then added some 1.4 MiB (the engine's ring and
 // the wr_id map) that nothing charged. Now the difference is charged before
 // the ring grows, a resize over the device's limit fails with NO_RESOURCES

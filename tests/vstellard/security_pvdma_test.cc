@@ -1,7 +1,7 @@
-// Regression tests for guest-memory problems of issue 13:
-//   #6 memory-table churn leaked fds and mappings;
-//   #7 ATC entries of two devices could alias (12-bit owner in the key);
-//   #9 a guest-RAM file shrunk after attach killed the daemon (SIGBUS).
+// Regression tests for guest-memory problems:
+//   - memory-table churn leaked fds and mappings;
+//   - ATC entries of two devices could alias (12-bit owner in the key);
+//   - a guest-RAM file shrunk after attach killed the daemon (SIGBUS).
 // They use only the Pvdma/translator API, as the daemon does on
 // SET_MEM_TABLE, MR registration and data-path accesses.
 #include <dirent.h>
@@ -80,7 +80,7 @@ size_t Mappings() {
   return n;
 }
 
-// #6: a guest that keeps moving its doorbell BAR makes QEMU send a new
+// A guest that keeps moving its doorbell BAR makes QEMU send a new
 // memory table each time: RAM unchanged, the doorbell region elsewhere.
 TEST(SecurityPvdma, MemTableChurnKeepsFdsAndMappingsFlat) {
   File ram(8 * MiB, true), db(64 * 1024, false);
@@ -106,7 +106,7 @@ TEST(SecurityPvdma, MemTableChurnKeepsFdsAndMappingsFlat) {
   EXPECT_EQ(db.mem[0], uint8_t(500));
 }
 
-// #6: a region that left the table is unmapped, but an eMTT MR registered
+// A region that left the table is unmapped, but an eMTT MR registered
 // on it keeps it mapped (its host pointers stay valid) until the MR goes.
 TEST(SecurityPvdma, EmttMrKeepsItsRegionUntilItIsGone) {
   File a(4 * MiB, true, 0xaa), b(4 * MiB, true, 0xbb);
@@ -140,7 +140,7 @@ TEST(SecurityPvdma, EmttMrKeepsItsRegionUntilItIsGone) {
   EXPECT_LE(Mappings(), maps_with_a);
 }
 
-// #6: ATC entries made for a region that left the table are never used
+// ATC entries made for a region that left the table are never used
 // again (the region is unmapped: a hit would be a dangling pointer).
 TEST(SecurityPvdma, AtcDoesNotServeADroppedRegion) {
   File a(4 * MiB, true, 0xaa), b(4 * MiB, true, 0xbb);
@@ -157,7 +157,7 @@ TEST(SecurityPvdma, AtcDoesNotServeADroppedRegion) {
   EXPECT_EQ(*p, 0xbb);
 }
 
-// #7: two devices whose Pvdma ids differ only above bit 12 (the 4,096th
+// Two devices whose Pvdma ids differ only above bit 12 (the 4,096th
 // connection after a live one) must never see each other's translations.
 TEST(SecurityPvdma, AtcOwnersDifferingAboveBit12DoNotAlias) {
   File a(4 * MiB, true, 0xaa), b(4 * MiB, true, 0xbb);
@@ -183,7 +183,7 @@ TEST(SecurityPvdma, AtcOwnersDifferingAboveBit12DoNotAlias) {
   EXPECT_EQ(atc.stats().hits, 1u);
 }
 
-// #9: a memfd that allows sealing is sealed against shrinking at attach,
+// A memfd that allows sealing is sealed against shrinking at attach,
 // so the frontend can no longer shrink it under the daemon's mappings.
 TEST(SecurityPvdma, SealableMemfdIsSealedAgainstShrinking) {
   File ram(8 * MiB, true, 0x5a);
@@ -199,7 +199,7 @@ TEST(SecurityPvdma, SealableMemfdIsSealedAgainstShrinking) {
   EXPECT_EQ(x, 0x5a);
 }
 
-// #9: a file that cannot be sealed and was shrunk is refused when a block
+// A file that cannot be sealed and was shrunk is refused when a block
 // is mapped (no SIGBUS on the access that follows).
 TEST(SecurityPvdma, ShrunkUnsealableFileIsRefusedAtMapTime) {
   File ram(8 * MiB, false);
@@ -213,7 +213,7 @@ TEST(SecurityPvdma, ShrunkUnsealableFileIsRefusedAtMapTime) {
   EXPECT_FALSE(pv.Read(6 * MiB, &x, 1));
 }
 
-// #9: a region its file does not cover is refused at attach.
+// A region its file does not cover is refused at attach.
 TEST(SecurityPvdma, RegionLargerThanItsFileIsRefusedAtAttach) {
   File ram(2 * MiB, false);
   Pvdma pv;
