@@ -35,13 +35,6 @@ T As(const CmdResult& r) {
   return v;
 }
 
-std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages) {
-  std::vector<uint8_t> v(n + 8 * pages.size());
-  std::memcpy(v.data(), body, n);
-  std::memcpy(v.data() + n, pages.data(), 8 * pages.size());
-  return v;
-}
-
 // Little helpers acting like the guest driver.
 struct Driver {
   Frontend& f;
@@ -79,26 +72,8 @@ struct Driver {
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
     return r.status() ? 0 : As<vstellar_resp_create_cq>(r).cqn;
   }
-  vstellar_cmd_create_qp QpCmd(uint32_t pd, uint32_t cq) {
-    vstellar_cmd_create_qp c{};
-    c.pdn = pd;
-    c.send_cqn = c.recv_cqn = cq;
-    c.qp_type = VSTELLAR_QPT_RC;
-    c.sq_log_wqe = 6;  // 64 x 128 B = 2 pages
-    c.sq_log_stride = 7;
-    c.rq_log_wqe = 6;  // 64 x 64 B = 1 page
-    c.rq_log_stride = 6;
-    c.page_shift = 12;
-    c.max_send_sge = 4;
-    c.max_recv_sge = 2;
-    c.max_inline_data = 64;
-    c.sq_pages = 2;
-    c.rq_pages = 1;
-    return c;
-  }
   uint32_t CreateQp(uint32_t pd, uint32_t cq, uint64_t gpa) {
-    auto c = QpCmd(pd, cq);
-    auto body = WithPages(&c, sizeof(c), {gpa, gpa + 4096, gpa + 8192});
+    auto body = CreateQpBody(RcQpBody(pd, cq), gpa);
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
     return r.status() ? 0 : As<vstellar_resp_create_qp>(r).qpn;
   }
@@ -293,19 +268,19 @@ TEST_F(Device, HostileRequestsFailAloneWithAClearStatus) {
   EXPECT_EQ(d.CreateCq(4 * MiB, 200), 0u);
   EXPECT_EQ(d.last, VSTELLAR_STATUS_LIMIT);
   {
-    auto c = d.QpCmd(pd, cq);
+    auto c = RcQpBody(pd, cq);
     c.sq_log_wqe = 30;
     auto body = WithPages(&c, sizeof(c), {5 * MiB, 5 * MiB + 4096, 5 * MiB + 8192});
     EXPECT_EQ(d.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_LIMIT);
-    c = d.QpCmd(pd, cq);
+    c = RcQpBody(pd, cq);
     c.max_send_sge = 1000;
     body = WithPages(&c, sizeof(c), {5 * MiB, 5 * MiB + 4096, 5 * MiB + 8192});
     EXPECT_EQ(d.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_LIMIT);
-    c = d.QpCmd(pd, cq);
+    c = RcQpBody(pd, cq);
     c.sq_pages = 1;  // ring needs 2
     body = WithPages(&c, sizeof(c), {5 * MiB, 5 * MiB + 4096});
     EXPECT_EQ(d.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_BAD_FIELD);
-    c = d.QpCmd(pd, cq);
+    c = RcQpBody(pd, cq);
     c.qp_type = 99;
     body = WithPages(&c, sizeof(c), {5 * MiB, 5 * MiB + 4096, 5 * MiB + 8192});
     EXPECT_EQ(d.Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24).status(), VSTELLAR_STATUS_BAD_FIELD);

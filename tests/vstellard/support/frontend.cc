@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,62 @@ constexpr uint16_t kDescNext = 1, kDescWrite = 2;
 }  // namespace
 
 Frontend::Frontend(FrontendOptions o) : o_(o), qs_(VSTELLAR_VQ_CQN0 + o.cq_queues) {}
+
+std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages) {
+  std::vector<uint8_t> v(n + 8 * pages.size());
+  std::memcpy(v.data(), body, n);
+  std::memcpy(v.data() + n, pages.data(), 8 * pages.size());
+  return v;
+}
+
+std::vector<uint64_t> PagesFrom(uint64_t gpa, uint64_t n) {
+  std::vector<uint64_t> pages;
+  for (uint64_t i = 0; i < n; i++) pages.push_back(gpa + 4096 * i);
+  return pages;
+}
+
+std::vector<uint8_t> CreateCqBody(uint32_t log_cqe, uint64_t gpa) {
+  const uint32_t pages = uint32_t(std::max<uint64_t>(1, (uint64_t(sizeof(vstellar_cqe)) << log_cqe) / 4096));
+  vstellar_cmd_create_cq c{};
+  c.log_cqe = log_cqe;
+  c.page_shift = 12;
+  c.num_pages = pages;
+  return WithPages(c, PagesFrom(gpa, pages));
+}
+
+std::vector<uint8_t> RegMrBody(uint32_t pdn, uint64_t gpa, uint64_t len, uint32_t access) {
+  const std::vector<uint64_t> pages = PagesFrom(gpa, (len + 4095) / 4096);
+  vstellar_cmd_reg_mr m{};
+  m.pdn = pdn;
+  m.access_flags = access;
+  m.iova = gpa;
+  m.length = len;
+  m.page_shift = 12;
+  m.num_pages = uint32_t(pages.size());
+  return WithPages(m, pages);
+}
+
+vstellar_cmd_create_qp RcQpBody(uint32_t pdn, uint32_t cqn) {
+  vstellar_cmd_create_qp c{};
+  c.pdn = pdn;
+  c.send_cqn = c.recv_cqn = cqn;
+  c.qp_type = VSTELLAR_QPT_RC;
+  c.sq_log_wqe = 6;
+  c.sq_log_stride = 7;
+  c.rq_log_wqe = 6;
+  c.rq_log_stride = 6;
+  c.page_shift = 12;
+  c.max_send_sge = 4;
+  c.max_recv_sge = 2;
+  c.max_inline_data = 64;
+  c.sq_pages = 2;
+  c.rq_pages = 1;
+  return c;
+}
+
+std::vector<uint8_t> CreateQpBody(const vstellar_cmd_create_qp& c, uint64_t ring) {
+  return WithPages(c, PagesFrom(ring, uint64_t(c.sq_pages) + c.rq_pages));
+}
 
 vstellar_cmd_modify_qp RcModifyBody(uint32_t qpn, uint32_t dest, uint8_t path_mtu) {
   vstellar_cmd_modify_qp m{};
@@ -37,6 +94,22 @@ vstellar_cmd_modify_qp RcModifyBody(uint32_t qpn, uint32_t dest, uint8_t path_mt
   m.attr.av.dgid[12] = 127;
   m.attr.av.dgid[15] = 1;
   return m;
+}
+
+void Frontend::RingDoorbell(uint32_t page, uint32_t off, uint32_t value, bool kick) {
+  std::atomic_thread_fence(std::memory_order_release);
+  DoorbellWord(page, off).store(htole32(value), std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (kick && DoorbellWord(page, 0).load()) Kick(VSTELLAR_VQ_KICK);
+}
+
+bool Frontend::TakeCqe(uint64_t gpa, uint32_t log, uint32_t ci, vstellar_cqe* out) {
+  uint8_t* e = mem_ + gpa + sizeof(vstellar_cqe) * (ci & ((1u << log) - 1));
+  const uint8_t want = ((ci >> log) & 1) ? 0 : 1;
+  const uint8_t owner = std::atomic_ref<uint8_t>(e[sizeof(vstellar_cqe) - 1]).load(std::memory_order_acquire);
+  if ((owner & VSTELLAR_CQE_OWNER) != want) return false;
+  std::memcpy(out, e, sizeof(*out));
+  return true;
 }
 
 Frontend::~Frontend() {

@@ -311,14 +311,15 @@ int Write(const Args& a) {
   return errors ? 1 : 0;
 }
 
-// ---- scale: many devices on one daemon (issue 16) ----
+// ---- scale: many devices on one daemon ----
 
 // One device as a guest's driver and provider drive it, reduced to what
 // the scale run needs: a user context, PD, CQ (256 CQEs), MR (256 KiB) and
 // one RC QP (64 SQ slots of 128 bytes), RDMA WRITEs posted through the
-// doorbell page and completions polled by their owner bit.
-// (Guest in tests/vstellard/support/vstellard/datapath_fixture.h is the full
-// version, under gtest.)
+// doorbell page and completions polled by their owner bit. The command
+// bodies, the doorbell and the CQE test are the test frontend's
+// (tests/vstellard/support); Guest in support/vstellard/datapath_fixture.h
+// is the full version, under gtest.
 struct ScaleDev {
   static constexpr uint64_t kCq = 0x200000, kSq = 0x210000, kMr = 0x400000, kMrLen = 256 << 10;
   static constexpr uint32_t kLogCqe = 8, kSqLog = 6, kSqStride = 128;
@@ -334,53 +335,22 @@ struct ScaleDev {
     if (out && r.status() == 0) std::memcpy(out, r.body.data(), std::min<size_t>(resp, r.body.size()));
     return r.status();
   }
-  template <typename T>
-  static std::vector<uint8_t> With(const T& body, const std::vector<uint64_t>& pages) {
-    std::vector<uint8_t> v(sizeof(T) + 8 * pages.size());
-    std::memcpy(v.data(), &body, sizeof(T));
-    std::memcpy(v.data() + sizeof(T), pages.data(), 8 * pages.size());
-    return v;
-  }
   // A CQ of 256 CQEs whose ring is the two pages at `gpa`.
   uint16_t CreateCq(uint64_t gpa, vstellar_resp_create_cq* rc) {
-    vstellar_cmd_create_cq c{};
-    c.log_cqe = kLogCqe;
-    c.page_shift = 12;
-    c.num_pages = 2;
     std::memset(f->mem() + gpa, 0, 8192);
-    auto body = With(c, {gpa, gpa + 4096});
+    auto body = CreateCqBody(kLogCqe, gpa);
     return Cmd(VSTELLAR_CMD_CREATE_CQ, uctx, body.data(), body.size(), sizeof(*rc), rc);
   }
   uint16_t RegMr(vstellar_resp_reg_mr* rm) {
-    vstellar_cmd_reg_mr m{};
-    m.pdn = pd;
-    m.access_flags = VSTELLAR_ACCESS_VALID;
-    m.iova = kMr;
-    m.length = kMrLen;
-    m.page_shift = 12;
-    std::vector<uint64_t> pages;
-    for (uint64_t a = kMr; a < kMr + kMrLen; a += 4096) pages.push_back(a);
-    m.num_pages = uint32_t(pages.size());
-    auto body = With(m, pages);
+    auto body = RegMrBody(pd, kMr, kMrLen, VSTELLAR_ACCESS_VALID);
     return Cmd(VSTELLAR_CMD_REG_MR, uctx, body.data(), body.size(), sizeof(*rm), rm);
   }
   // An RC QP on the device's CQ whose SQ (2 pages) and RQ (1 page) are at `gpa`.
   uint16_t CreateQp(uint64_t gpa, vstellar_resp_create_qp* rq) {
     std::memset(f->mem() + gpa, 0, 3 * 4096);
-    vstellar_cmd_create_qp q{};
-    q.pdn = pd;
-    q.send_cqn = q.recv_cqn = cq;
-    q.qp_type = VSTELLAR_QPT_RC;
-    q.sq_log_wqe = kSqLog;
-    q.sq_log_stride = 7;
-    q.rq_log_wqe = 6;
-    q.rq_log_stride = 6;
-    q.page_shift = 12;
-    q.max_send_sge = 4;
-    q.max_recv_sge = 2;
-    q.sq_pages = 2;
-    q.rq_pages = 1;
-    auto body = With(q, {gpa, gpa + 4096, gpa + 8192});
+    vstellar_cmd_create_qp q = RcQpBody(pd, cq);  // kSqLog slots of kSqStride bytes
+    q.max_inline_data = 0;  // the WRITEs gather from the MR
+    auto body = CreateQpBody(q, gpa);
     return Cmd(VSTELLAR_CMD_CREATE_QP, uctx, body.data(), body.size(), sizeof(*rq), rq);
   }
   bool Setup() {
@@ -417,9 +387,6 @@ struct ScaleDev {
     }
     return true;
   }
-  std::atomic_ref<uint32_t> Db(uint32_t off) {
-    return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(f->doorbell_page(page) + off));
-  }
   // Keeps `depth` WRITEs of `size` bytes into the peer's MR outstanding.
   void Post(uint32_t depth, uint32_t size, uint32_t peer_rkey) {
     bool posted = false;
@@ -439,22 +406,12 @@ struct ScaleDev {
       outstanding++;
       posted = true;
     }
-    if (!posted) return;
-    std::atomic_thread_fence(std::memory_order_release);
-    Db(VSTELLAR_DB_SLOT_SIZE * qp_slot + offsetof(vstellar_db_qp, sq_pi)).store(htole32(sq_pi));
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (Db(0).load()) f->Kick(VSTELLAR_VQ_KICK);
+    if (posted) f->RingDoorbell(page, VSTELLAR_DB_SLOT_SIZE * qp_slot + offsetof(vstellar_db_qp, sq_pi), sq_pi);
   }
   void Reap() {
-    const uint32_t n = 1u << kLogCqe;
-    for (;;) {
-      uint8_t* e = f->mem() + kCq + 32ull * (cq_ci & (n - 1));
-      const uint8_t want = ((cq_ci >> kLogCqe) & 1) ? 0 : 1;
-      if ((std::atomic_ref<uint8_t>(e[31]).load(std::memory_order_acquire) & VSTELLAR_CQE_OWNER) != want) break;
-      vstellar_cqe c;
-      std::memcpy(&c, e, sizeof(c));
+    for (vstellar_cqe c; f->TakeCqe(kCq, kLogCqe, cq_ci, &c);) {
       cq_ci++;
-      Db(VSTELLAR_DB_SLOT_SIZE * cq_slot + offsetof(vstellar_db_cq, ci)).store(htole32(cq_ci));
+      f->DoorbellWord(page, VSTELLAR_DB_SLOT_SIZE * cq_slot + offsetof(vstellar_db_cq, ci)).store(htole32(cq_ci));
       outstanding--;
       if (c.status == 0) done++;
       else errors++;

@@ -42,13 +42,6 @@ constexpr uint32_t kLogCqe = 6, kSqLog = 6, kSqStride = 128, kRqLog = 6, kRqStri
 constexpr uint64_t kSrqGpa = 0x3f0000;    // SRQ ring: 16 slots of 64 bytes, one page
 constexpr uint32_t kSrqLog = 4;
 
-inline std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages) {
-  std::vector<uint8_t> v(n + 8 * pages.size());
-  std::memcpy(v.data(), body, n);
-  std::memcpy(v.data() + n, pages.data(), 8 * pages.size());
-  return v;
-}
-
 template <typename T>
 T As(const CmdResult& r) {
   T v{};
@@ -86,12 +79,8 @@ struct Guest {
   }
   // One CQ of 64 CQEs at kCqGpa.
   void CreateCq() {
-    vstellar_cmd_create_cq c{};
-    c.log_cqe = kLogCqe;
-    c.page_shift = 12;
-    c.num_pages = 1;
     std::memset(f.mem() + kCqGpa, 0, 4096);
-    auto body = WithPages(&c, sizeof(c), {kCqGpa});
+    auto body = CreateCqBody(kLogCqe, kCqGpa);
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_CQ, body.data(), body.size(), 8);
     ASSERT_EQ(r.status(), 0);
     cq = As<vstellar_resp_create_cq>(r).cqn;
@@ -107,17 +96,7 @@ struct Guest {
     ASSERT_EQ(r.status(), 0);
     pd = As<vstellar_resp_alloc_pd>(r).pdn;
     CreateCq();
-    vstellar_cmd_reg_mr m{};
-    std::vector<uint8_t> body;
-    m.pdn = pd;
-    m.access_flags = VSTELLAR_ACCESS_VALID;
-    m.iova = kMrGpa;
-    m.length = kMrLen;
-    m.page_shift = 12;
-    std::vector<uint64_t> pages;
-    for (uint64_t a = kMrGpa; a < kMrGpa + kMrLen; a += 4096) pages.push_back(a);
-    m.num_pages = uint32_t(pages.size());
-    body = WithPages(&m, sizeof(m), pages);
+    auto body = RegMrBody(pd, kMrGpa, kMrLen, VSTELLAR_ACCESS_VALID);
     r = Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
     ASSERT_EQ(r.status(), 0);
     lkey = As<vstellar_resp_reg_mr>(r).lkey;
@@ -169,21 +148,10 @@ struct Guest {
     GQp q;
     q.ring = kRingGpa + 0x4000ull * nqp++;
     std::memset(f.mem() + q.ring, 0, 3 * 4096);
-    vstellar_cmd_create_qp c{};
-    c.pdn = pd;
-    c.send_cqn = c.recv_cqn = cq;
+    vstellar_cmd_create_qp c = RcQpBody(pd, cq);  // kSqLog x kSqStride, kRqLog x kRqStride
     c.qp_type = type;
-    c.sq_log_wqe = kSqLog;
-    c.sq_log_stride = 7;
-    c.rq_log_wqe = kRqLog;
-    c.rq_log_stride = 6;
-    c.page_shift = 12;
     c.max_send_sge = max_send_sge;
-    c.max_recv_sge = 2;
-    c.max_inline_data = 64;
-    c.sq_pages = 2;
-    c.rq_pages = 1;
-    auto body = WithPages(&c, sizeof(c), {q.ring, q.ring + 4096, q.ring + 8192});
+    auto body = CreateQpBody(c, q.ring);
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
     if (status) {
       *status = r.status();
@@ -220,19 +188,12 @@ struct Guest {
     GQp q;
     q.ring = kRingGpa + 0x4000ull * nqp++;
     std::memset(f.mem() + q.ring, 0, 2 * 4096);
-    vstellar_cmd_create_qp c{};
-    c.pdn = pd;
-    c.send_cqn = c.recv_cqn = cq;
+    vstellar_cmd_create_qp c = RcQpBody(pd, cq);
     c.qp_type = type;
     c.create_flags = VSTELLAR_QP_CREATE_USE_SRQ;
     c.srq.srqn = srqn;
-    c.sq_log_wqe = kSqLog;
-    c.sq_log_stride = 7;
-    c.page_shift = 12;
-    c.max_send_sge = 4;
-    c.max_inline_data = 64;
-    c.sq_pages = 2;
-    auto body = WithPages(&c, sizeof(c), {q.ring, q.ring + 4096});
+    c.rq_log_wqe = c.rq_log_stride = c.max_recv_sge = c.rq_pages = 0;
+    auto body = CreateQpBody(c, q.ring);
     CmdResult r = Cmd(VSTELLAR_CMD_CREATE_QP, body.data(), body.size(), 24);
     if (status) *status = r.status();
     if (r.status()) return q;
@@ -267,16 +228,10 @@ struct Guest {
     return r.status() ? 0xff : As<vstellar_resp_query_qp>(r).attr.qp_state;
   }
 
-  uint8_t* db() { return f.doorbell_page(page); }
-  std::atomic_ref<uint32_t> DbWord(uint32_t off) { return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(db() + off)); }
+  std::atomic_ref<uint32_t> DbWord(uint32_t off) { return f.DoorbellWord(page, off); }
   uint32_t NeedKick() { return DbWord(0).load(); }
   // The provider's doorbell: index store, store-load fence, kick if asked.
-  void Ring(uint32_t off, uint32_t value, bool kick = true) {
-    std::atomic_thread_fence(std::memory_order_release);
-    DbWord(off).store(htole32(value), std::memory_order_release);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (kick && NeedKick()) f.Kick(VSTELLAR_VQ_KICK);
-  }
+  void Ring(uint32_t off, uint32_t value, bool kick = true) { f.RingDoorbell(page, off, value, kick); }
   uint8_t* SqSlot(const GQp& q, uint32_t idx) { return f.mem() + q.ring + (idx & ((1u << kSqLog) - 1)) * kSqStride; }
   uint8_t* RqSlot(const GQp& q, uint32_t idx) { return f.mem() + q.ring + 8192 + (idx & ((1u << kRqLog) - 1)) * kRqStride; }
 
@@ -326,9 +281,7 @@ struct Guest {
     c.log_cqe = log;
     c.page_shift = 12;
     c.num_pages = pages;
-    std::vector<uint64_t> pl;
-    for (uint32_t i = 0; i < pages; i++) pl.push_back(gpa + 4096ull * i);
-    auto body = WithPages(&c, sizeof(c), pl);
+    auto body = WithPages(c, PagesFrom(gpa, pages));
     CmdResult r = Cmd(VSTELLAR_CMD_RESIZE_CQ, body.data(), body.size(), sizeof(vstellar_resp_resize_cq));
     if (r.status() == 0 && !cqn) {
       cq_gpa = gpa;
@@ -341,14 +294,9 @@ struct Guest {
   // Polls the next CQE by its owner bit; stores the consumer index.
   std::optional<vstellar_cqe> Poll(int timeout_ms = 5000) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    const uint32_t n = 1u << cq_log;
-    uint8_t* e = f.mem() + cq_gpa + 32ull * (cq_ci & (n - 1));
-    const uint8_t want = ((cq_ci >> cq_log) & 1) ? 0 : 1;
     for (;;) {
-      const uint8_t owner = std::atomic_ref<uint8_t>(e[31]).load(std::memory_order_acquire);
-      if ((owner & VSTELLAR_CQE_OWNER) == want) {
-        vstellar_cqe c;
-        std::memcpy(&c, e, sizeof(c));
+      vstellar_cqe c;
+      if (f.TakeCqe(cq_gpa, cq_log, cq_ci, &c)) {
         cq_ci++;
         DbWord(VSTELLAR_DB_SLOT_SIZE * cq_slot + offsetof(vstellar_db_cq, ci)).store(htole32(cq_ci));
         return c;

@@ -11,6 +11,8 @@
 //   buffers at 0x1fc000. Memory from 2 MiB on is free for tests.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,7 +30,7 @@ struct FrontendOptions {
   // SET_CONFIG gives the id; 0: the bare name, no SET_CONFIG.
   uint32_t db_region_id = 0;
   uint64_t doorbell_gpa = 0;  // 0: 0xfe000000, or above RAM
-  bool sealable_doorbell = true;  // its memfd allows seals (QEMU's since issue 13 #9)
+  bool sealable_doorbell = true;  // its memfd allows seals (QEMU's does)
   uint32_t ring_num = 64;
   uint32_t cq_queues = 1;
   bool event_idx = false;     // negotiate VIRTIO_RING_F_EVENT_IDX
@@ -41,6 +43,29 @@ struct CmdResult {
   std::vector<uint8_t> body;
   uint16_t status() const { return hdr.status; }
 };
+
+// Command bodies as the guest driver builds them, for tests and the
+// benchmark. Guest-physical pages are 4 KiB and listed one by one.
+//
+// A command's fixed body followed by its page list (8 bytes a page), as
+// CREATE_CQ, CREATE_QP, CREATE_SRQ, REG_MR and the RESIZEs carry it.
+std::vector<uint8_t> WithPages(const void* body, size_t n, const std::vector<uint64_t>& pages);
+template <typename T>
+std::vector<uint8_t> WithPages(const T& body, const std::vector<uint64_t>& pages) {
+  return WithPages(&body, sizeof(T), pages);
+}
+// The `n` contiguous pages from `gpa` on.
+std::vector<uint64_t> PagesFrom(uint64_t gpa, uint64_t n);
+// CREATE_CQ of 1 << log_cqe CQEs whose ring is the contiguous pages at `gpa`.
+std::vector<uint8_t> CreateCqBody(uint32_t log_cqe, uint64_t gpa);
+// REG_MR of the `len` bytes at `gpa` (iova == gpa) with `access`.
+std::vector<uint8_t> RegMrBody(uint32_t pdn, uint64_t gpa, uint64_t len, uint32_t access);
+// CREATE_QP's fixed body for an RC QP whose send and receive CQ is `cqn`:
+// 64 SQ slots of 128 bytes (2 pages), then 64 RQ slots of 64 bytes (1
+// page); 4 send and 2 receive SGEs, 64 bytes of inline data.
+vstellar_cmd_create_qp RcQpBody(uint32_t pdn, uint32_t cqn);
+// ... with its page list: the SQ's and then the RQ's pages, from `ring` on.
+std::vector<uint8_t> CreateQpBody(const vstellar_cmd_create_qp& c, uint64_t ring);
 
 // MODIFY_QP's body with what an RC connection to QP `dest` on 127.0.0.1
 // needs (timeouts, retries, 4 RDMA reads each way, all access); the caller
@@ -92,6 +117,20 @@ class Frontend {
   // it is user context i's doorbell page.
   uint8_t* doorbell() { return db_; }
   uint8_t* doorbell_page(uint32_t i) { return db_ ? db_ + uint64_t(i) * VSTELLAR_DB_PAGE_SIZE : nullptr; }
+  // Word `off` of doorbell page `page` (word 0 is need_kick), shared with
+  // the device.
+  std::atomic_ref<uint32_t> DoorbellWord(uint32_t page, uint32_t off) {
+    return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(doorbell_page(page) + off));
+  }
+  // Publishes `value` at word `off` as the provider does: the WQEs it
+  // covers are in memory before it (release), it is visible before
+  // need_kick is read (full fence), and the kick queue is kicked only if
+  // the device set need_kick (and `kick` allows).
+  void RingDoorbell(uint32_t page, uint32_t off, uint32_t value, bool kick = true);
+  // Whether the CQE at consumer index `ci` of the ring of 1 << log CQEs at
+  // `gpa` is new (its owner bit is this pass's); if so, copied to *out.
+  // The caller advances ci and stores it in the CQ's doorbell slot.
+  bool TakeCqe(uint64_t gpa, uint32_t log, uint32_t ci, vstellar_cqe* out);
 
   // A control command: header + body (+ pages) at kReqGpa, response buffer
   // of 16 + resp_len bytes at kRespGpa. Waits for the device.
