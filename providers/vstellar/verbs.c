@@ -462,6 +462,17 @@ static void vstellar_qp_free(struct vstellar_qp *qp)
 	free(qp);
 }
 
+/* A work queue's ring of 1 << log_wqe slots of 1 << log_stride bytes. */
+static bool vstellar_wq_alloc(struct vstellar_wq *wq, uint32_t log_wqe,
+			      uint32_t log_stride)
+{
+	wq->log_wqe = log_wqe;
+	wq->log_stride = log_stride;
+	wq->ring = vstellar_ring_alloc((size_t)1 << (log_wqe + log_stride),
+				       &wq->ring_size);
+	return wq->ring;
+}
+
 /*
  * A new QP with its locks and its rings in our memory (the kernel pins
  * them); with an SRQ, no receive ring.
@@ -482,23 +493,11 @@ static struct vstellar_qp *vstellar_qp_alloc(const struct vstellar_qp_rings *r,
 		free(qp);
 		return NULL;
 	}
-	qp->sq.log_wqe = r->sq_log_wqe;
-	qp->sq.log_stride = r->sq_log_stride;
-	qp->sq.ring = vstellar_ring_alloc(
-		(size_t)1 << (r->sq_log_wqe + r->sq_log_stride),
-		&qp->sq.ring_size);
-	if (!qp->sq.ring)
+	if (!vstellar_wq_alloc(&qp->sq, r->sq_log_wqe, r->sq_log_stride))
 		goto err;
-	if (srq) {
+	if (srq)
 		qp->srq = to_vsrq(srq);
-		return qp;
-	}
-	qp->rq.log_wqe = r->rq_log_wqe;
-	qp->rq.log_stride = r->rq_log_stride;
-	qp->rq.ring = vstellar_ring_alloc(
-		(size_t)1 << (r->rq_log_wqe + r->rq_log_stride),
-		&qp->rq.ring_size);
-	if (!qp->rq.ring)
+	else if (!vstellar_wq_alloc(&qp->rq, r->rq_log_wqe, r->rq_log_stride))
 		goto err;
 	return qp;
 
