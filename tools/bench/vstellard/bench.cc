@@ -524,6 +524,153 @@ size_t LiveDevices(const std::string& j) {
   return n;
 }
 
+// The daemon binary: --vstellard, or the build tree's
+// (build/tools/bench/vstellard/ -> build/qemu-device/vstellard/vstellard).
+std::string DaemonExe(const Args& a) {
+  if (!a.vstellard.empty()) return a.vstellard;
+  char self[4096];
+  const ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string exe(self, k > 0 ? size_t(k) : 0);
+  return exe.substr(0, exe.rfind('/')) + "/../../../qemu-device/vstellard/vstellard";
+}
+
+// Connects devs[i] (8 MiB guests) one after the other, each until its first
+// control command is answered; each device's time into *attach_s.
+bool AttachDevices(DaemonProcess& d, std::vector<ScaleDev>& devs, std::vector<double>* attach_s, std::string* err) {
+  for (ScaleDev& dev : devs) {
+    FrontendOptions fo;
+    fo.mem_size = 8ull << 20;
+    dev.f = std::make_unique<Frontend>(fo);
+    const auto t0 = Clock::now();
+    bool ok = dev.f->Connect(d.socket(), err) && dev.f->StartQueues(err);
+    CmdResult r;
+    if (ok) r = dev.f->Command(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, sizeof(vstellar_resp_query_device), 30000);
+    ok = ok && r.done && r.status() == 0;
+    attach_s->push_back(Since(t0));
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The daemon's CPU time and sleeps (voluntary context switches) per second
+// over two idle seconds.
+void IdleCost(DaemonProcess& d, double* cpu, uint64_t* sleeps) {
+  const double c0 = d.CpuSeconds();
+  const uint64_t s0 = d.Status("voluntary_ctxt_switches");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  *cpu = (d.CpuSeconds() - c0) / 2;
+  *sleeps = (d.Status("voluntary_ctxt_switches") - s0) / 2;
+}
+
+// What the hostile device got before it was refused, and the statuses
+// that refused it.
+struct HostileTake {
+  uint32_t qps = 0, cqs = 0, mrs = 0;
+  uint16_t qp_status = 0, cq_status = 0, mr_status = 0;
+};
+
+// One more device (64 MiB guest) takes all it can: QPs, all connected and
+// so in the engine's RTS list, then CQs, then MRs, until the device's
+// limits or its memory budget refuse.
+bool TakeAllItCan(DaemonProcess& d, ScaleDev& h, HostileTake* got, std::string* err) {
+  FrontendOptions fo;
+  fo.mem_size = 64ull << 20;
+  h.f = std::make_unique<Frontend>(fo);
+  if (!h.f->Connect(d.socket(), err) || !h.f->StartQueues(err) || !h.Setup()) return false;
+  std::vector<uint32_t> qpns{h.qpn};
+  for (vstellar_resp_create_qp rq{}; (got->qp_status = h.CreateQp(0x1000000 + 0x4000ull * qpns.size(), &rq)) == 0;)
+    qpns.push_back(rq.qpn);
+  for (size_t i = 0; i + 1 < qpns.size(); i += 2)
+    if (!h.ConnectQp(qpns[i], qpns[i + 1]) || !h.ConnectQp(qpns[i + 1], qpns[i])) return false;
+  got->qps = uint32_t(qpns.size());
+  got->cqs = 1;
+  for (vstellar_resp_create_cq rc{}; (got->cq_status = h.CreateCq(0x2000000 + 0x2000ull * got->cqs, &rc)) == 0;)
+    got->cqs++;
+  got->mrs = 1;
+  for (vstellar_resp_reg_mr rm{}; (got->mr_status = h.RegMr(&rm)) == 0;) got->mrs++;
+  return true;
+}
+
+// What the busy run measured.
+struct BusyRun {
+  double jain = 0, gbps = 0, daemon_cpu = 0;
+  uint64_t min_done = 0, max_done = 0, errors = 0;
+};
+
+// Every device keeps `depth` WRITEs of `size` bytes to its partner
+// (device i ^ a.pair) in flight for a.seconds after 200 ms of warm-up;
+// then what is in flight finishes (at most 10 s).
+BusyRun WriteToPartners(DaemonProcess& d, std::vector<ScaleDev>& devs, const Args& a, uint32_t size,
+                        uint32_t depth) {
+  BusyRun b;
+  const uint32_t n = uint32_t(devs.size());
+  const auto tb = Clock::now();
+  const auto warm_end = tb + std::chrono::milliseconds(200);
+  bool counting = false;
+  double c0 = 0;
+  while (Since(tb) < a.seconds + 0.2) {
+    if (!counting && Clock::now() >= warm_end) {
+      for (auto& v : devs) v.done = 0;
+      counting = true;
+      c0 = d.CpuSeconds();
+    }
+    uint64_t before = 0, after = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      ScaleDev& v = devs[i];
+      before += v.done + v.errors;
+      v.Reap();
+      after += v.done + v.errors;
+      if ((i ^ a.pair) < n) v.Post(depth, size, devs[i ^ a.pair].rkey);
+    }
+    // Nothing completed: leave the cores to the daemon for a moment
+    // (guests' vCPUs would not spin on 64 CQs either).
+    if (after == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  b.daemon_cpu = (d.CpuSeconds() - c0) / a.seconds;
+  double sum = 0, sq = 0;
+  b.min_done = ~0ull;
+  for (auto& v : devs) {
+    sum += double(v.done);
+    sq += double(v.done) * double(v.done);
+    b.min_done = std::min(b.min_done, v.done);
+    b.max_done = std::max(b.max_done, v.done);
+    b.errors += v.errors;
+  }
+  b.jain = sq > 0 ? sum * sum / (double(n) * sq) : 0;
+  b.gbps = sum * size * 8 / a.seconds / 1e9;
+  const auto td = Clock::now();
+  for (bool left = true; left && Since(td) < 10;) {
+    left = false;
+    for (auto& v : devs) {
+      v.Reap();
+      left |= v.outstanding > 0;
+    }
+  }
+  return b;
+}
+
+// Until the daemon has destroyed every device (at most 60 s).
+void WaitAllDestroyed(DaemonProcess& d) {
+  for (const auto t0 = Clock::now(); LiveDevices(d.Stats()) > 0 && Since(t0) < 60;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// n devices again, set up, paired (0-1, 2-3, ...) and connected, then gone.
+bool SecondRound(DaemonProcess& d, uint32_t n, std::string* err) {
+  std::vector<ScaleDev> devs(n);
+  bool ok = true;
+  for (uint32_t i = 0; i < n && ok; i++) {
+    FrontendOptions fo;
+    fo.mem_size = 8ull << 20;
+    devs[i].f = std::make_unique<Frontend>(fo);
+    ok = devs[i].f->Connect(d.socket(), err) && devs[i].f->StartQueues(err) && devs[i].Setup();
+  }
+  for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
+  devs.clear();
+  WaitAllDestroyed(d);
+  return ok;
+}
+
 // N devices on one vstellard process (with the UDP engine): each gets a
 // context, PD, CQ, MR and an RC QP connected to its neighbour's. Measured
 // on the daemon's process: attach time, memory (private and shared, bare
@@ -538,13 +685,7 @@ int Scale(const Args& a) {
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
   setrlimit(RLIMIT_NOFILE, &rl);
-  std::string exe = a.vstellard;
-  if (exe.empty()) {  // build/tools/bench/vstellard/ -> build/qemu-device/vstellard/vstellard
-    char self[4096];
-    const ssize_t k = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    exe = std::string(self, k > 0 ? size_t(k) : 0);
-    exe = exe.substr(0, exe.rfind('/')) + "/../../../qemu-device/vstellard/vstellard";
-  }
+  const std::string exe = DaemonExe(a);
   char tmpl[] = "/tmp/vstellard-bench-XXXXXX";
   if (!mkdtemp(tmpl)) return 1;
   int rc = 0;
@@ -562,113 +703,34 @@ int Scale(const Args& a) {
     settle();
     const uint64_t anon0 = d.Status("RssAnon"), shm0 = d.Status("RssShmem");
     std::string err;
-    bool ok = true;
     const auto ta = Clock::now();
-    for (uint32_t i = 0; i < n && ok; i++) {
-      FrontendOptions fo;
-      fo.mem_size = 8ull << 20;
-      devs[i].f = std::make_unique<Frontend>(fo);
-      const auto t0 = Clock::now();
-      ok = devs[i].f->Connect(d.socket(), &err) && devs[i].f->StartQueues(&err);
-      CmdResult r;
-      if (ok) r = devs[i].f->Command(VSTELLAR_CMD_QUERY_DEVICE, 0, nullptr, 0, sizeof(vstellar_resp_query_device), 30000);
-      ok = ok && r.done && r.status() == 0;
-      attach_s.push_back(Since(t0));
-    }
+    bool ok = AttachDevices(d, devs, &attach_s, &err);
     const double attach_total = Since(ta);
     settle();
     const uint64_t anon1 = d.Status("RssAnon"), shm1 = d.Status("RssShmem");
-    auto idle = [&](double* cpu, uint64_t* sleeps) {
-      const double c0 = d.CpuSeconds();
-      const uint64_t s0 = d.Status("voluntary_ctxt_switches");
-      std::this_thread::sleep_for(std::chrono::seconds(2));
-      *cpu = (d.CpuSeconds() - c0) / 2;
-      *sleeps = (d.Status("voluntary_ctxt_switches") - s0) / 2;
-    };
     double idle_bare = 0, idle_qps = 0;
     uint64_t sleeps_bare = 0, sleeps_qps = 0;
-    if (ok) idle(&idle_bare, &sleeps_bare);
+    if (ok) IdleCost(d, &idle_bare, &sleeps_bare);
     const auto tsu = Clock::now();
     for (uint32_t i = 0; i < n && ok; i++) ok = devs[i].Setup();
     for (uint32_t i = 0; i < n && ok; i++)
       if ((i ^ a.pair) < n) ok = devs[i].Connect(devs[i ^ a.pair].qpn);
     const double setup_total = Since(tsu);
-    // Hostile: one more device takes all it can (QPs, all connected and so
-    // in the engine's RTS list, CQs, MRs) until the device's limits or its
-    // memory budget refuse; then it stays idle while the others work.
+    // Hostile: one more device takes all it can, then stays idle while the
+    // others work.
     ScaleDev h;
-    uint32_t h_qps = 0, h_cqs = 0, h_mrs = 0;
-    uint16_t h_qp_st = 0, h_cq_st = 0, h_mr_st = 0;
-    if (ok && a.hostile) {
-      FrontendOptions fo;
-      fo.mem_size = 64ull << 20;
-      h.f = std::make_unique<Frontend>(fo);
-      ok = h.f->Connect(d.socket(), &err) && h.f->StartQueues(&err) && h.Setup();
-      std::vector<uint32_t> qpns{h.qpn};
-      for (vstellar_resp_create_qp rq{}; ok && (h_qp_st = h.CreateQp(0x1000000 + 0x4000ull * qpns.size(), &rq)) == 0;)
-        qpns.push_back(rq.qpn);
-      for (size_t i = 0; ok && i + 1 < qpns.size(); i += 2)
-        ok = h.ConnectQp(qpns[i], qpns[i + 1]) && h.ConnectQp(qpns[i + 1], qpns[i]);
-      h_qps = uint32_t(qpns.size());
-      h_cqs = 1;
-      for (vstellar_resp_create_cq rc{}; ok && (h_cq_st = h.CreateCq(0x2000000 + 0x2000ull * h_cqs, &rc)) == 0;) h_cqs++;
-      h_mrs = 1;
-      for (vstellar_resp_reg_mr rm{}; ok && (h_mr_st = h.RegMr(&rm)) == 0;) h_mrs++;
-    }
+    HostileTake took;
+    if (ok && a.hostile) ok = TakeAllItCan(d, h, &took, &err);
     settle();
     const uint64_t anon2 = d.Status("RssAnon"), shm2 = d.Status("RssShmem");
     std::string j = d.Stats();
     const uint64_t accounted = JsonNumber(j, "used", j.find("\"memory\":{\"limit\""));
     const size_t live = LiveDevices(j);
-    if (ok) idle(&idle_qps, &sleeps_qps);
+    if (ok) IdleCost(d, &idle_qps, &sleeps_qps);
     // Busy: every device keeps `depth` WRITEs to its neighbour in flight.
     const uint32_t size = uint32_t(std::min<uint64_t>(a.size, ScaleDev::kMrLen)), depth = 8;
-    double jain = 0, busy_gbps = 0, busy_cpu = 0;
-    uint64_t min_done = 0, max_done = 0, errors = 0;
-    if (ok && a.seconds > 0 && n >= 2) {
-      const auto tb = Clock::now();
-      const auto warm_end = tb + std::chrono::milliseconds(200);
-      bool counting = false;
-      double c0 = 0;
-      while (Since(tb) < a.seconds + 0.2) {
-        if (!counting && Clock::now() >= warm_end) {
-          for (auto& v : devs) v.done = 0;
-          counting = true;
-          c0 = d.CpuSeconds();
-        }
-        uint64_t before = 0, after = 0;
-        for (uint32_t i = 0; i < n; i++) {
-          ScaleDev& v = devs[i];
-          before += v.done + v.errors;
-          v.Reap();
-          after += v.done + v.errors;
-          if ((i ^ a.pair) < n) v.Post(depth, size, devs[i ^ a.pair].rkey);
-        }
-        // Nothing completed: leave the cores to the daemon for a moment
-        // (guests' vCPUs would not spin on 64 CQs either).
-        if (after == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-      busy_cpu = (d.CpuSeconds() - c0) / a.seconds;
-      double sum = 0, sq = 0;
-      min_done = ~0ull;
-      for (auto& v : devs) {
-        sum += double(v.done);
-        sq += double(v.done) * double(v.done);
-        min_done = std::min(min_done, v.done);
-        max_done = std::max(max_done, v.done);
-        errors += v.errors;
-      }
-      jain = sq > 0 ? sum * sum / (double(n) * sq) : 0;
-      busy_gbps = sum * size * 8 / a.seconds / 1e9;
-      const auto td = Clock::now();  // what is in flight finishes first
-      for (bool left = true; left && Since(td) < 10;) {
-        left = false;
-        for (auto& v : devs) {
-          v.Reap();
-          left |= v.outstanding > 0;
-        }
-      }
-    }
+    BusyRun busy;
+    if (ok && a.seconds > 0 && n >= 2) busy = WriteToPartners(d, devs, a, size, depth);
     j = d.Stats();
     const size_t eng = j.find("\"engine\":");
     const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
@@ -676,23 +738,13 @@ int Scale(const Args& a) {
     const auto tdown = Clock::now();
     devs.clear();
     h.f.reset();
-    while (LiveDevices(d.Stats()) > 0 && Since(tdown) < 60) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    WaitAllDestroyed(d);
     const double destroy_total = Since(tdown);
     settle();
     const uint64_t anon3 = d.Status("RssAnon");
     // A second round of the same devices: a daemon that leaked would grow
     // again; one whose allocator kept the freed memory reuses it.
-    devs = std::vector<ScaleDev>(n);
-    for (uint32_t i = 0; i < n && ok; i++) {
-      FrontendOptions fo;
-      fo.mem_size = 8ull << 20;
-      devs[i].f = std::make_unique<Frontend>(fo);
-      ok = devs[i].f->Connect(d.socket(), &err) && devs[i].f->StartQueues(&err) && devs[i].Setup();
-    }
-    for (uint32_t i = 0; i + 1 < n && ok; i += 2) ok = devs[i].Connect(devs[i + 1].qpn) && devs[i + 1].Connect(devs[i].qpn);
-    devs.clear();
-    for (const auto t2 = Clock::now(); LiveDevices(d.Stats()) > 0 && Since(t2) < 60;)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (ok) ok = SecondRound(d, n, &err);
     settle();
     const uint64_t anon4 = d.Status("RssAnon");
     if (!ok) {
@@ -716,11 +768,12 @@ int Scale(const Args& a) {
           a.threads, a.pair, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
           destroy_total / n, per(anon1, anon0), per(shm1, shm0), per(anon2, anon0), per(shm2, shm0),
           double(accounted) / n, (unsigned long long)anon0, (unsigned long long)anon3, (unsigned long long)anon4, idle_bare,
-          (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy_gbps,
-          busy_cpu, jain, (unsigned long long)min_done, (unsigned long long)max_done, (unsigned long long)errors,
-          (unsigned long long)retx, (unsigned long long)timeouts, (unsigned long long)forwarded, a.hostile ? "true" : "false", h_qps, h_cqs, h_mrs,
-          h_qp_st, h_cq_st, h_mr_st, (unsigned long long)anon2);
-      rc = errors ? 1 : 0;
+          (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy.gbps,
+          busy.daemon_cpu, busy.jain, (unsigned long long)busy.min_done, (unsigned long long)busy.max_done,
+          (unsigned long long)busy.errors,
+          (unsigned long long)retx, (unsigned long long)timeouts, (unsigned long long)forwarded, a.hostile ? "true" : "false", took.qps, took.cqs, took.mrs,
+          took.qp_status, took.cq_status, took.mr_status, (unsigned long long)anon2);
+      rc = busy.errors ? 1 : 0;
     }
   }
   rmdir(tmpl);
