@@ -10,6 +10,58 @@
 
 namespace vstellard {
 
+namespace {
+
+// The rings a CREATE_QP describes: sizes within the device's limits, a WQE
+// with its SGEs (or inline data) fitting one slot, offsets and page counts
+// that match. A QP on an SRQ has no RQ to check.
+uint16_t CheckQpRings(const vstellar_cmd_create_qp& cmd, const virtio_vstellar_config& c, bool has_rq) {
+  const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
+  const uint32_t shift = cmd.page_shift;
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  const uint32_t ssge = le32toh(cmd.max_send_sge), rsge = le32toh(cmd.max_recv_sge);
+  const uint32_t inl = le32toh(cmd.max_inline_data);
+  if (cmd.sq_log_wqe > VSTELLAR_MAX_LOG_WQE || cmd.rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
+      (1ull << cmd.sq_log_wqe) > cfg32(c.max_qp_wr) || (1ull << cmd.rq_log_wqe) > cfg32(c.max_qp_wr) ||
+      ssge > cfg32(c.max_send_sge) || rsge > cfg32(c.max_recv_sge) || inl > cfg32(c.max_inline_data))
+    return VSTELLAR_STATUS_LIMIT;
+  if (cmd.sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE || cmd.sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
+      (has_rq && (cmd.rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  const uint64_t sstride = 1ull << cmd.sq_log_stride, rstride = 1ull << cmd.rq_log_stride;
+  if (sizeof(vstellar_send_wqe) + 16ull * ssge > sstride || sizeof(vstellar_send_wqe) + inl > sstride ||
+      (has_rq && sizeof(vstellar_recv_wqe) + 16ull * rsge > rstride))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  const uint64_t ps = 1ull << shift, soff = le64toh(cmd.sq_offset);
+  const uint64_t roff = has_rq ? le64toh(cmd.rq_offset) : 0;
+  if (soff >= ps || roff >= ps || soff % 64 || roff % 16) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint64_t(sqp) + rqp > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (sqp != PagesFor(soff, sstride << cmd.sq_log_wqe, shift) ||
+      (has_rq && rqp != PagesFor(roff, rstride << cmd.rq_log_wqe, shift)))
+    return VSTELLAR_STATUS_BAD_FIELD;
+  return VSTELLAR_STATUS_OK;
+}
+
+// The data path's view of a new QP's rings (checked by CheckQpRings): their
+// geometry, the wr_id and opcode of each slot, the limits granted.
+void SetQpRings(const vstellar_cmd_create_qp& cmd, bool has_rq, QpObj* o) {
+  o->sq.shift = o->rq.shift = cmd.page_shift;
+  o->sq.offset = le64toh(cmd.sq_offset);
+  o->sq.log_n = cmd.sq_log_wqe;
+  o->sq.log_stride = cmd.sq_log_stride;
+  o->rq.offset = has_rq ? le64toh(cmd.rq_offset) : 0;
+  o->rq.log_n = cmd.rq_log_wqe;
+  o->rq.log_stride = cmd.rq_log_stride;
+  o->sq_wrid.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o->sq_op.assign(size_t{1} << cmd.sq_log_wqe, 0);
+  o->rq_wrid.assign(size_t{1} << cmd.rq_log_wqe, 0);
+  o->max_send_sge = le32toh(cmd.max_send_sge);
+  o->max_recv_sge = le32toh(cmd.max_recv_sge);
+  o->max_inline = le32toh(cmd.max_inline_data);
+}
+
+}  // namespace
+
 // What a QP holds beyond its table entry: the engine's QP, its multicast
 // groups and its doorbell slot.
 void Commands::ReleaseQp(uint32_t qpn, QpObj& q) {
@@ -21,31 +73,31 @@ void Commands::ReleaseQp(uint32_t qpn, QpObj& q) {
   FreeSlot(q.owner, q.slot);
 }
 
-template <>
-uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_create_qp>(b);
-  const virtio_vstellar_config& c = config();
-  const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
-  if (uint64_t(len) != sizeof(cmd) + 8ull * (uint64_t(sqp) + rqp)) return VSTELLAR_STATUS_BAD_LENGTH;
-  if (cmd.create_flags & ~VSTELLAR_QP_CREATE_VALID) return VSTELLAR_STATUS_BAD_FIELD;
-  // On an SRQ (RC or UD) the QP has no RQ: no ring, no receive SGEs.
-  SrqObj* srq = nullptr;
-  uint32_t srqh = 0;
+// The objects a CREATE_QP names, each this context's: its PD, its CQs, and
+// its SRQ if it receives from one (then it has no RQ: no ring, no receive
+// SGEs, and the SRQ is in the same PD).
+uint16_t Commands::FindQpObjects(uint32_t uctx, const vstellar_cmd_create_qp& cmd, QpObjects* out) {
   if (cmd.create_flags & VSTELLAR_QP_CREATE_USE_SRQ) {
     if (!SrqsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
-    srqh = le32toh(cmd.srq.srqn);
-    srq = obj_.srqs.Owned(uctx, srqh);
-    if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
-    if (cmd.srq.reserved || rqp || cmd.rq_log_wqe || cmd.rq_log_stride || le32toh(cmd.max_recv_sge) ||
-        cmd.qp_type == VSTELLAR_QPT_GSI || srq->pdn != le32toh(cmd.pdn))
+    out->srqh = le32toh(cmd.srq.srqn);
+    out->srq = obj_.srqs.Owned(uctx, out->srqh);
+    if (!out->srq) return VSTELLAR_STATUS_BAD_HANDLE;
+    if (cmd.srq.reserved || cmd.rq_pages || cmd.rq_log_wqe || cmd.rq_log_stride || le32toh(cmd.max_recv_sge) ||
+        cmd.qp_type == VSTELLAR_QPT_GSI || out->srq->pdn != le32toh(cmd.pdn))
       return VSTELLAR_STATUS_BAD_FIELD;
   }
-  const uint32_t pdn = le32toh(cmd.pdn), send_cqn = le32toh(cmd.send_cqn), recv_cqn = le32toh(cmd.recv_cqn);
-  PdObj* pd = obj_.pds.Owned(uctx, pdn);
-  CqObj* scq = obj_.cqs.Owned(uctx, send_cqn);
-  CqObj* rcq = obj_.cqs.Owned(uctx, recv_cqn);
-  if (!pd || !scq || !rcq) return VSTELLAR_STATUS_BAD_HANDLE;
-  const uint8_t type = cmd.qp_type;
+  out->pdn = le32toh(cmd.pdn);
+  out->send_cqn = le32toh(cmd.send_cqn);
+  out->recv_cqn = le32toh(cmd.recv_cqn);
+  out->pd = obj_.pds.Owned(uctx, out->pdn);
+  out->send_cq = obj_.cqs.Owned(uctx, out->send_cqn);
+  out->recv_cq = obj_.cqs.Owned(uctx, out->recv_cqn);
+  if (!out->pd || !out->send_cq || !out->recv_cq) return VSTELLAR_STATUS_BAD_HANDLE;
+  return VSTELLAR_STATUS_OK;
+}
+
+// Whether this context may make a QP of this type on this device.
+uint16_t Commands::CheckQpType(uint32_t uctx, uint8_t type) const {
   if (type == VSTELLAR_QPT_UD || type == VSTELLAR_QPT_GSI) {
     if (!DatagramsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
     if (type == VSTELLAR_QPT_GSI) {
@@ -58,100 +110,93 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   } else if (type != VSTELLAR_QPT_RC) {
     return VSTELLAR_STATUS_BAD_FIELD;
   }
+  return VSTELLAR_STATUS_OK;
+}
+
+// Validate (the objects named, the type, the rings), read the page lists,
+// charge the quota, create the engine's QP, reply.
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_create_qp>(b);
+  const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
+  if (uint64_t(len) != sizeof(cmd) + 8ull * (uint64_t(sqp) + rqp)) return VSTELLAR_STATUS_BAD_LENGTH;
+  if (cmd.create_flags & ~VSTELLAR_QP_CREATE_VALID) return VSTELLAR_STATUS_BAD_FIELD;
+  QpObjects on;
+  if (uint16_t s = FindQpObjects(uctx, cmd, &on)) return s;
+  const uint8_t type = cmd.qp_type;
+  if (uint16_t s = CheckQpType(uctx, type)) return s;
   if (cmd.sq_sig_all > 1) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t shift = cmd.page_shift;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t ssge = le32toh(cmd.max_send_sge), rsge = le32toh(cmd.max_recv_sge);
-  const uint32_t inl = le32toh(cmd.max_inline_data);
-  if (cmd.sq_log_wqe > VSTELLAR_MAX_LOG_WQE || cmd.rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||
-      (1ull << cmd.sq_log_wqe) > cfg32(c.max_qp_wr) || (1ull << cmd.rq_log_wqe) > cfg32(c.max_qp_wr) ||
-      ssge > cfg32(c.max_send_sge) || rsge > cfg32(c.max_recv_sge) || inl > cfg32(c.max_inline_data))
-    return VSTELLAR_STATUS_LIMIT;
-  if (cmd.sq_log_stride < VSTELLAR_MIN_SQ_LOG_STRIDE || cmd.sq_log_stride > VSTELLAR_MAX_LOG_STRIDE ||
-      (!srq && (cmd.rq_log_stride < VSTELLAR_MIN_RQ_LOG_STRIDE || cmd.rq_log_stride > VSTELLAR_MAX_LOG_STRIDE)))
-    return VSTELLAR_STATUS_BAD_FIELD;
-  // A WQE with its SGEs (or inline data) must fit one slot.
-  const uint64_t sstride = 1ull << cmd.sq_log_stride, rstride = 1ull << cmd.rq_log_stride;
-  if (sizeof(vstellar_send_wqe) + 16ull * ssge > sstride || sizeof(vstellar_send_wqe) + inl > sstride ||
-      (!srq && sizeof(vstellar_recv_wqe) + 16ull * rsge > rstride))
-    return VSTELLAR_STATUS_BAD_FIELD;
-  const uint64_t ps = 1ull << shift, soff = le64toh(cmd.sq_offset);
-  const uint64_t roff = srq ? 0 : le64toh(cmd.rq_offset);
-  if (soff >= ps || roff >= ps || soff % 64 || roff % 16) return VSTELLAR_STATUS_BAD_FIELD;
-  if (uint64_t(sqp) + rqp > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (sqp != PagesFor(soff, sstride << cmd.sq_log_wqe, shift) ||
-      (!srq && rqp != PagesFor(roff, rstride << cmd.rq_log_wqe, shift)))
-    return VSTELLAR_STATUS_BAD_FIELD;
-  if (obj_.qps.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
+  const bool has_rq = !on.srq;
+  if (uint16_t s = CheckQpRings(cmd, config(), has_rq)) return s;
+  if (obj_.qps.size() >= cfg32(config().max_qp)) return VSTELLAR_STATUS_LIMIT;
+
   QpObj o{};
   const uint8_t* pages = b + sizeof(cmd);
-  if (uint16_t s = ReadPages(pages, sqp, shift, &o.sq.pages)) return s;
-  if (uint16_t s = ReadPages(pages + 8ull * sqp, rqp, shift, &o.rq.pages)) return s;
+  if (uint16_t s = ReadPages(pages, sqp, cmd.page_shift, &o.sq.pages)) return s;
+  if (uint16_t s = ReadPages(pages + 8ull * sqp, rqp, cmd.page_shift, &o.rq.pages)) return s;
   vstellar::QpInitAttr init;
-  init.send_cq = scq->cq;
-  init.recv_cq = rcq->cq;
+  init.send_cq = on.send_cq->cq;
+  init.recv_cq = on.recv_cq->cq;
   init.cap.max_send_wr = 1u << cmd.sq_log_wqe;
   init.cap.max_recv_wr = 1u << cmd.rq_log_wqe;
-  init.cap.max_send_sge = ssge;
-  init.cap.max_recv_sge = rsge;
-  init.cap.max_inline_data = inl;
+  init.cap.max_send_sge = le32toh(cmd.max_send_sge);
+  init.cap.max_recv_sge = le32toh(cmd.max_recv_sge);
+  init.cap.max_inline_data = le32toh(cmd.max_inline_data);
   init.sq_sig_all = cmd.sq_sig_all;
   init.qp_type = vstellar::QpType(type);
-  init.srq = srq ? srq->srq : nullptr;
+  init.srq = on.srq ? on.srq->srq : nullptr;
   // The engine's rings and window, and our wr_id and opcode arrays.
   const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
   if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))
     return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.qp = sh_.engine->create_qp(pd->pd, init);
+  o.qp = sh_.engine->create_qp(on.pd->pd, init);
   if (!o.qp) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
   }
   o.owner = uctx;
   o.type = type;
-  o.srqh = srqh;
-  o.pdn = pdn;
-  o.send_cqn = send_cqn;
-  o.recv_cqn = recv_cqn;
-  o.sq.shift = o.rq.shift = shift;
-  o.sq.offset = soff;
-  o.sq.log_n = cmd.sq_log_wqe;
-  o.sq.log_stride = cmd.sq_log_stride;
-  o.rq.offset = roff;
-  o.rq.log_n = cmd.rq_log_wqe;
-  o.rq.log_stride = cmd.rq_log_stride;
-  o.sq_wrid.assign(size_t{1} << cmd.sq_log_wqe, 0);
-  o.sq_op.assign(size_t{1} << cmd.sq_log_wqe, 0);
-  o.rq_wrid.assign(size_t{1} << cmd.rq_log_wqe, 0);
-  o.max_send_sge = ssge;
-  o.max_recv_sge = rsge;
-  o.max_inline = inl;
+  o.srqh = on.srqh;
+  o.pdn = on.pdn;
+  o.send_cqn = on.send_cqn;
+  o.recv_cqn = on.recv_cqn;
+  SetQpRings(cmd, has_rq, &o);
   dp_.ResetDbSlot(uctx, o.slot);
+
   const uint32_t qpn = o.qp->qpn();
   vstellar_resp_create_qp r{};
   r.qpn = htole32(qpn);
   r.db_slot = htole32(o.slot);
-  r.max_send_sge = htole32(ssge);
-  r.max_recv_sge = htole32(rsge);
-  r.max_inline_data = htole32(inl);
+  r.max_send_sge = htole32(o.max_send_sge);
+  r.max_recv_sge = htole32(o.max_recv_sge);
+  r.max_inline_data = htole32(o.max_inline);
   obj_.qps[qpn] = std::move(o);
   if (type == VSTELLAR_QPT_GSI) SyncGsiGids();
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
 }
 
-template <>
-uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_modify_qp>(b);
+namespace {
+
+// The peer host an address vector names: RoCEv2-style, its GID is an
+// IPv4-mapped IPv6 address (0 when it is not one).
+uint32_t PeerIp(const vstellar_av& av) {
+  if (!IsV4Mapped(av.dgid)) return 0;
+  uint32_t ip;
+  std::memcpy(&ip, av.dgid + 12, 4);
+  return be32toh(ip);
+}
+
+// The attributes of a MODIFY_QP as the wire holds them: reserved bytes
+// zero, known mask bits, each value given in its range (the rd_atomic
+// depths within the device's limits). Which attributes a transition needs
+// is the engine's check.
+uint16_t CheckQpAttr(const vstellar_cmd_modify_qp& cmd, const virtio_vstellar_config& c) {
   const vstellar_qp_attr& a = cmd.attr;
-  const uint32_t qpn = le32toh(cmd.qpn);
-  QpObj* q = obj_.qps.Owned(uctx, qpn);
-  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
   if (cmd.reserved || a.reserved || !IsZero(a.av.reserved, sizeof(a.av.reserved))) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t mask = le32toh(a.attr_mask);
   if (mask & ~VSTELLAR_QP_ATTR_MASK_VALID) return VSTELLAR_STATUS_BAD_FIELD;
-  vstellar::QpAttr qa;
   if ((mask & VSTELLAR_QP_STATE) && a.qp_state > VSTELLAR_QPS_ERR) return VSTELLAR_STATUS_BAD_FIELD;
   if ((mask & VSTELLAR_QP_CUR_STATE) && a.cur_qp_state > VSTELLAR_QPS_ERR) return VSTELLAR_STATUS_BAD_FIELD;
   if ((mask & VSTELLAR_QP_ACCESS_FLAGS) && (le32toh(a.access_flags) & ~VSTELLAR_ACCESS_VALID))
@@ -167,21 +212,22 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
       ((mask & VSTELLAR_QP_RNR_RETRY) && a.rnr_retry > 7) ||
       ((mask & VSTELLAR_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31))
     return VSTELLAR_STATUS_BAD_FIELD;
-  const virtio_vstellar_config& c = config();
   if (((mask & VSTELLAR_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > cfg32(c.max_qp_init_rd_atom)) ||
       ((mask & VSTELLAR_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > cfg32(c.max_qp_rd_atom)))
     return VSTELLAR_STATUS_LIMIT;
-  if (mask & VSTELLAR_QP_AV) {
-    // RoCEv2-style: the GID is an IPv4-mapped IPv6 address of the peer host.
-    if (!IsV4Mapped(a.av.dgid)) return VSTELLAR_STATUS_BAD_FIELD;
-    uint32_t ip;
-    std::memcpy(&ip, a.av.dgid + 12, 4);
-    qa.ah.ip = be32toh(ip);
-    qa.ah.port = sh_.peer_port;
-    if (qa.ah.ip == 0) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_AV) && PeerIp(a.av) == 0) return VSTELLAR_STATUS_BAD_FIELD;
+  return VSTELLAR_STATUS_OK;
+}
+
+// The engine's form of checked wire attributes; `next` is the state asked
+// for (or the QP's own), the peer reached on the port every vstellard
+// listens on.
+vstellar::QpAttr EngineQpAttr(const vstellar_qp_attr& a, uint8_t next, uint16_t peer_port) {
+  vstellar::QpAttr qa;
+  if (le32toh(a.attr_mask) & VSTELLAR_QP_AV) {
+    qa.ah.ip = PeerIp(a.av);
+    qa.ah.port = peer_port;
   }
-  vstellar::Qp* qp = q->qp;
-  const uint8_t next = (mask & VSTELLAR_QP_STATE) ? a.qp_state : uint8_t(qp->state());
   qa.qp_state = vstellar::QpState(next);
   qa.cur_qp_state = vstellar::QpState(a.cur_qp_state);
   qa.path_mtu = a.path_mtu;
@@ -198,6 +244,22 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
   qa.timeout = a.timeout;
   qa.retry_cnt = a.retry_cnt;
   qa.rnr_retry = a.rnr_retry;
+  return qa;
+}
+
+}  // namespace
+
+// Check the wire attributes, ask the engine's state machine, modify.
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  auto cmd = Get<vstellar_cmd_modify_qp>(b);
+  QpObj* q = obj_.qps.Owned(uctx, le32toh(cmd.qpn));
+  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
+  if (uint16_t s = CheckQpAttr(cmd, config())) return s;
+  const uint32_t mask = le32toh(cmd.attr.attr_mask);
+  vstellar::Qp* qp = q->qp;
+  const uint8_t next = (mask & VSTELLAR_QP_STATE) ? cmd.attr.qp_state : uint8_t(qp->state());
+  const vstellar::QpAttr qa = EngineQpAttr(cmd.attr, next, sh_.peer_port);
   // Our attr_mask bits are the IB (and engine) numbering. The engine owns
   // the state machine: a state the QP is not in, or a transition that does
   // not exist, is BAD_STATE; attributes the transition lacks, does not

@@ -61,6 +61,15 @@ class Commands {
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);
+  // CREATE_QP's steps (commands_qp.cc).
+  struct QpObjects {
+    PdObj* pd = nullptr;
+    CqObj *send_cq = nullptr, *recv_cq = nullptr;
+    SrqObj* srq = nullptr;  // null: the QP has its own RQ
+    uint32_t pdn = 0, send_cqn = 0, recv_cqn = 0, srqh = 0;
+  };
+  uint16_t FindQpObjects(uint32_t uctx, const vstellar_cmd_create_qp& cmd, QpObjects* out);
+  uint16_t CheckQpType(uint32_t uctx, uint8_t type) const;
   void ReleaseQp(uint32_t qpn, QpObj& q);
   void DestroyAllOf(uint32_t uctx);
   const virtio_vstellar_config& config() const { return state_.config(); }
