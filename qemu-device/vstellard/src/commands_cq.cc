@@ -17,6 +17,24 @@ namespace {
 // a time, in practice).
 constexpr uint32_t kEngineCqStaging = 256;
 
+// A CQE ring's page size and entries, within the device's limits (CREATE_CQ
+// and RESIZE_CQ).
+uint16_t CheckCqSize(const virtio_vstellar_config& c, uint32_t shift, uint32_t log_cqe) {
+  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
+  return VSTELLAR_STATUS_OK;
+}
+
+// Where a CQE ring starts in its first page, and a page list that holds it
+// exactly.
+uint16_t CheckCqPages(const virtio_vstellar_config& c, uint32_t shift, uint32_t log_cqe, uint64_t ring_off,
+                      uint32_t n) {
+  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  return VSTELLAR_STATUS_OK;
+}
+
 }  // namespace
 
 template <>
@@ -27,13 +45,10 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   const uint32_t shift = le32toh(cmd.page_shift), n = le32toh(cmd.num_pages);
   const uint64_t ring_off = le64toh(cmd.ring_offset);
   if (uint64_t(len) != sizeof(cmd) + 8ull * n) return VSTELLAR_STATUS_BAD_LENGTH;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
-  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
+  if (uint16_t s = CheckCqSize(c, shift, log_cqe)) return s;
   if (cq_queue >= VSTELLAR_MAX_CQ_QUEUES || transport_.QueueSize(VSTELLAR_VQ_CQN0 + cq_queue) == 0)
     return VSTELLAR_STATUS_BAD_FIELD;
-  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
-  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint16_t s = CheckCqPages(c, shift, log_cqe, ring_off, n)) return s;
   if (obj_.cqs.size() >= cfg32(c.max_cq)) return VSTELLAR_STATUS_LIMIT;
   CqObj o{};
   const uint32_t staging = std::min(1u << log_cqe, kEngineCqStaging);
@@ -77,11 +92,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, 
   const uint32_t cqn = le32toh(cmd.cqn);
   CqObj* cq = obj_.cqs.Owned(uctx, cqn);
   if (!cq) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
-  if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
-  if (ring_off >= (uint64_t{1} << shift) || ring_off % sizeof(vstellar_cqe)) return VSTELLAR_STATUS_BAD_FIELD;
-  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (n != PagesFor(ring_off, uint64_t(sizeof(vstellar_cqe)) << log_cqe, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint16_t s = CheckCqSize(c, shift, log_cqe)) return s;
+  if (uint16_t s = CheckCqPages(c, shift, log_cqe, ring_off, n)) return s;
   CqObj geom{};
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &geom.pages)) return s;
   geom.page_shift = shift;

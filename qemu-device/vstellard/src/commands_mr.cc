@@ -13,6 +13,22 @@
 
 namespace vstellard {
 
+// A new MR (registered or fast-registration) in the table, and the reply
+// that gives the guest its handle and keys; NO_RESOURCES if the engine
+// made none.
+uint16_t Commands::AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCharge charge,
+                         std::vector<uint8_t>* resp) {
+  if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
+  const uint32_t h = obj_.NewHandle();
+  obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge)};
+  vstellar_resp_reg_mr r{};
+  r.mrn = htole32(h);
+  r.lkey = htole32(mr->lkey());
+  r.rkey = htole32(mr->rkey());
+  Put(resp, r);
+  return VSTELLAR_STATUS_OK;
+}
+
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_reg_mr>(b);
@@ -48,16 +64,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (sh_.translation == TranslationMode::kEmtt) t = EmttTranslator::Create(pvdma_, std::move(l), &status);
   else t = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
   if (!t) return status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL);
-  vstellar::Mr* mr = sh_.engine->reg_mr(pd->pd, iova, length, access, std::move(t));
-  if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
-  const uint32_t h = obj_.NewHandle();
-  obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge)};
-  vstellar_resp_reg_mr r{};
-  r.mrn = htole32(h);
-  r.lkey = htole32(mr->lkey());
-  r.rkey = htole32(mr->rkey());
-  Put(resp, r);
-  return VSTELLAR_STATUS_OK;
+  return AddMr(uctx, pdn, sh_.engine->reg_mr(pd->pd, iova, length, access, std::move(t)), std::move(charge), resp);
 }
 
 template <>
@@ -92,16 +99,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, u
   // host pointer, built at every REG_MR WQE.
   MemoryCharge charge;
   if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
-  vstellar::Mr* mr = sh_.engine->alloc_mr(pd->pd, n);
-  if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
-  const uint32_t h = obj_.NewHandle();
-  obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge)};
-  vstellar_resp_reg_mr r{};
-  r.mrn = htole32(h);
-  r.lkey = htole32(mr->lkey());
-  r.rkey = htole32(mr->rkey());
-  Put(resp, r);
-  return VSTELLAR_STATUS_OK;
+  return AddMr(uctx, pdn, sh_.engine->alloc_mr(pd->pd, n), std::move(charge), resp);
 }
 
 }  // namespace vstellard

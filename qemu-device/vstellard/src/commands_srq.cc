@@ -10,6 +10,19 @@
 
 namespace vstellard {
 
+namespace {
+
+// Where an SRQ's ring of 2^log_bytes bytes starts in its first page, and a
+// page list that holds it exactly (CREATE_SRQ and RESIZE_SRQ).
+uint16_t CheckSrqPages(const virtio_vstellar_config& c, uint32_t shift, uint32_t log_bytes, uint64_t off, uint32_t n) {
+  if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
+  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
+  if (n != PagesFor(off, uint64_t(1) << log_bytes, shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  return VSTELLAR_STATUS_OK;
+}
+
+}  // namespace
+
 // An SRQ's host memory: the engine's ring, our page list and wr_id map (an
 // entry per WQE held).
 uint64_t Commands::SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const {
@@ -37,9 +50,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
       sizeof(vstellar_recv_wqe) + 16ull * max_sge > (1ull << cmd.log_stride) ||
       limit >= (1u << cmd.log_wqe))
     return VSTELLAR_STATUS_BAD_FIELD;
-  if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
-  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + cmd.log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint16_t s = CheckSrqPages(c, shift, cmd.log_wqe + cmd.log_stride, off, n)) return s;
   if (obj_.srqs.size() >= cfg32(c.max_qp)) return VSTELLAR_STATUS_LIMIT;
   SrqObj o{};
   vstellar::SrqInitAttr init;
@@ -102,9 +113,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
   if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr)) return VSTELLAR_STATUS_LIMIT;
   const uint32_t log_stride = srq->ring.log_stride;
-  if (off >= (1ull << shift) || off % 16) return VSTELLAR_STATUS_BAD_FIELD;
-  if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;
-  if (n != PagesFor(off, uint64_t(1) << (cmd.log_wqe + log_stride), shift)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (uint16_t s = CheckSrqPages(c, shift, cmd.log_wqe + log_stride, off, n)) return s;
   RingGeom ring;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &ring.pages)) return s;
   ring.shift = shift;
