@@ -29,7 +29,8 @@ uint32_t NextKey(uint32_t k) { return (k & ~0xffu) | ((k + 1) & 0xff); }
 // fast-registration key, a user QP of device B writes through it, the
 // kernel invalidates it and B's next write gets a remote access error.
 // Then every kind of bad REG_MR fails alone, on its own QP, with a status
-// that says why, and the daemon keeps serving both devices.
+// that says why, and the daemon keeps serving both devices. One piece: the
+// bad requests run against the registration the good path left behind.
 TEST_F(DataPath, KernelFastRegistrationAndBadPageLists) {
   StartDaemon();
   TwoDevices();
@@ -206,7 +207,8 @@ TEST_F(DataPath, KernelFastRegistrationAndBadPageLists) {
 // Memory windows between two user contexts: a type 2 window bound through
 // B's QP serves A's READ; binds to another context's MR, to an MR without
 // MW_BIND, and deallocating someone else's window fail alone; an MR with a
-// bound window cannot be deregistered.
+// bound window cannot be deregistered. One piece: the foreign binds are
+// tried against the window and MRs the first part set up.
 TEST_F(DataPath, MemoryWindowsAndForeignBinds) {
   StartDaemon();
   TwoGuests();

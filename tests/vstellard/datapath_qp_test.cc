@@ -10,6 +10,11 @@
 
 namespace vstellard::datapath_test {
 
+// Every RC operation in turn on one connected pair: SEND/RECV over several
+// packets, inline SEND with immediate and a CQ notification, unsignaled
+// WRITE then WRITE_IMM, READ, both atomics, a bad rkey. One piece because
+// each step follows on the rings, CQ indices and QP state the ones before
+// left.
 void DataPath::SendRecvWriteReadAtomicsBetweenTwoDevices() {
   StartDaemon();
   TwoGuests();
@@ -180,6 +185,9 @@ TEST_F(DataPath, RingWrapsAndPhaseBitFlips) {
   }
 }
 
+// Each kind of bad WQE on a fresh QP of one device: the error CQE and
+// event, the flush of later WQEs, and the way back through RESET. A table
+// of cases run by one loop, so every case is checked the same way.
 TEST_F(DataPath, BadWqesMoveTheQpToErrWithAnErrorCqe) {
   StartDaemon();
   TwoGuests();

@@ -211,6 +211,9 @@ TEST_F(Device, AtcRegistrationPinsNothing) {
   EXPECT_EQ(StatsOf(0).pvdma.blocks_pinned, before);
 }
 
+// Every hostile control request, one after the other on one device: each
+// must fail with its own status and leave the device serving the next, so
+// the cases run in one test on one device rather than one device each.
 TEST_F(Device, HostileRequestsFailAloneWithAClearStatus) {
   StartDaemon();
   auto f = Connect();
