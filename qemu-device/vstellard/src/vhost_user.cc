@@ -102,176 +102,185 @@ Outcome Session::Handle(Message&& m) {
   return out;
 }
 
+// Checks the header, then hands the request to the handler of its group.
+// Requests that touch the memory table or a vring need SET_OWNER first.
 Outcome Session::HandleOne(Message& m) {
   const Header& h = m.hdr;
-  std::string err;
-  const auto req = static_cast<Request>(h.request);
-
   if ((h.flags & kFlagVersionMask) != kFlagVersion)
     return Fail("unsupported vhost-user version in flags " + std::to_string(h.flags));
   if (h.flags & ~(kFlagVersionMask | kFlagNeedReply))
     return Fail("reserved or reply flag set in request flags " + std::to_string(h.flags));
   if (h.size != m.payload.size()) return Fail("header size does not match payload");
 
-  // Only the fd-carrying requests may carry fds.
-  auto no_fds = [&]() {
-    if (!m.fds.empty()) {
-      err = "request " + std::to_string(h.request) + " carries unexpected fds";
-      return false;
-    }
-    return true;
-  };
-  auto needs_owner = [&]() {
-    if (!owner_) {
-      err = "request " + std::to_string(h.request) + " before SET_OWNER";
-      return false;
-    }
-    return true;
-  };
-
-  Outcome out;
-  switch (req) {
+  std::string err;
+  switch (static_cast<Request>(h.request)) {
     case Request::kGetFeatures:
-      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_FEATURES with payload" : err);
-      out.reply = ReplyU64(h, offered_features());
-      return out;
+    case Request::kSetFeatures:
+    case Request::kGetProtocolFeatures:
+    case Request::kSetProtocolFeatures:
+      return HandleFeatures(m);
 
-    case Request::kSetFeatures: {
-      uint64_t f;
-      if (!no_fds() || !Payload(m, &f, &err)) return Fail(err);
+    case Request::kSetOwner:
+    case Request::kResetOwner:
+    case Request::kGetQueueNum:
+      return HandleOwner(m);
+
+    case Request::kSetMemTable:
+      if (!HasOwner(h, &err)) return Fail(err);
+      return SetMemTable(m);
+
+    case Request::kSetVringNum:
+    case Request::kSetVringBase:
+    case Request::kGetVringBase:
+    case Request::kSetVringEnable:
+      return HandleVringState(m);
+
+    case Request::kSetVringAddr: {
+      VringAddr a;
+      if (!HasOwner(h, &err) || !NoFds(m, &err) || !Payload(m, &a, &err)) return Fail(err);
+      return SetVringAddr(a);
+    }
+
+    case Request::kSetVringKick:
+      if (!HasOwner(h, &err)) return Fail(err);
+      return SetVringFd(m, &Vring::kick);
+    case Request::kSetVringCall:
+      if (!HasOwner(h, &err)) return Fail(err);
+      return SetVringFd(m, &Vring::call);
+    case Request::kSetVringErr:
+      if (!HasOwner(h, &err)) return Fail(err);
+      return SetVringFd(m, &Vring::err);
+
+    case Request::kGetConfig:
+      if (!NoFds(m, &err)) return Fail(err);
+      return GetConfig(m);
+    case Request::kSetConfig:
+      if (!NoFds(m, &err)) return Fail(err);
+      return SetConfig(m);
+
+    case Request::kSetLogBase:
+    case Request::kSetLogFd:
+      return Outcome{std::nullopt, "dirty logging (migration) is not supported"};
+
+    default:
+      return Outcome{std::nullopt, "unsupported request " + std::to_string(h.request)};
+  }
+}
+
+bool Session::HasOwner(const Header& h, std::string* err) const {
+  if (owner_) return true;
+  *err = "request " + std::to_string(h.request) + " before SET_OWNER";
+  return false;
+}
+
+// Only the fd-carrying requests may carry fds.
+bool Session::NoFds(const Message& m, std::string* err) {
+  if (m.fds.empty()) return true;
+  *err = "request " + std::to_string(m.hdr.request) + " carries unexpected fds";
+  return false;
+}
+
+// A request that carries nothing: no payload, no fds.
+bool Session::Empty(const Message& m, const char* name, std::string* err) {
+  if (!m.payload.empty()) {
+    *err = std::string(name) + " with payload";
+    return false;
+  }
+  return NoFds(m, err);
+}
+
+// GET/SET_FEATURES and GET/SET_PROTOCOL_FEATURES: a set acks only what was
+// offered.
+Outcome Session::HandleFeatures(const Message& m) {
+  const Header& h = m.hdr;
+  std::string err;
+  uint64_t f;
+  switch (static_cast<Request>(h.request)) {
+    case Request::kGetFeatures:
+      if (!Empty(m, "GET_FEATURES", &err)) return Fail(err);
+      return Outcome{ReplyU64(h, offered_features()), {}};
+    case Request::kGetProtocolFeatures:
+      if (!Empty(m, "GET_PROTOCOL_FEATURES", &err)) return Fail(err);
+      return Outcome{ReplyU64(h, offered_protocol_features()), {}};
+    case Request::kSetFeatures:
+      if (!NoFds(m, &err) || !Payload(m, &f, &err)) return Fail(err);
       if (f & ~offered_features()) return Fail("SET_FEATURES acks features never offered");
       state_.set_acked_features(f);
       features_set_ = true;
-      break;
-    }
-
-    case Request::kGetProtocolFeatures:
-      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_PROTOCOL_FEATURES with payload" : err);
-      out.reply = ReplyU64(h, offered_protocol_features());
-      return out;
-
-    case Request::kSetProtocolFeatures: {
-      uint64_t f;
-      if (!no_fds() || !Payload(m, &f, &err)) return Fail(err);
-      if (f & ~offered_protocol_features())
-        return Fail("SET_PROTOCOL_FEATURES acks features never offered");
+      return Outcome{};
+    default:  // kSetProtocolFeatures
+      if (!NoFds(m, &err) || !Payload(m, &f, &err)) return Fail(err);
+      if (f & ~offered_protocol_features()) return Fail("SET_PROTOCOL_FEATURES acks features never offered");
       acked_protocol_ = f;
-      break;
-    }
+      return Outcome{};
+  }
+}
 
+// SET_OWNER, RESET_OWNER (which forgets the memory table and every vring)
+// and GET_QUEUE_NUM.
+Outcome Session::HandleOwner(const Message& m) {
+  const Header& h = m.hdr;
+  std::string err;
+  switch (static_cast<Request>(h.request)) {
     case Request::kSetOwner:
-      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "SET_OWNER with payload" : err);
+      if (!Empty(m, "SET_OWNER", &err)) return Fail(err);
       if (owner_) return Fail("SET_OWNER twice");
       owner_ = true;
-      break;
-
+      return Outcome{};
     case Request::kResetOwner:
-      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "RESET_OWNER with payload" : err);
+      if (!Empty(m, "RESET_OWNER", &err)) return Fail(err);
       owner_ = false;
       features_set_ = false;
       state_.set_acked_features(0);
       regions_.clear();
       for (Vring& v : vrings_) v = Vring{};
-      break;
-
-    case Request::kGetQueueNum:
-      if (!m.payload.empty() || !no_fds()) return Fail(err.empty() ? "GET_QUEUE_NUM with payload" : err);
+      return Outcome{};
+    default:  // kGetQueueNum
+      if (!Empty(m, "GET_QUEUE_NUM", &err)) return Fail(err);
       if (!(acked_protocol_ & Bit(kProtocolMq))) return Fail("GET_QUEUE_NUM without the MQ protocol feature");
-      out.reply = ReplyU64(h, vrings_.size());
-      return out;
+      return Outcome{ReplyU64(h, vrings_.size()), {}};
+  }
+}
 
-    case Request::kSetMemTable:
-      if (!needs_owner()) return Fail(err);
-      out = SetMemTable(m);
-      break;
-
-    case Request::kSetVringNum: {
-      VringState s;
-      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
-        return Fail(err);
+// The requests that carry a VringState {index, num}: SET_VRING_NUM,
+// SET_VRING_BASE, GET_VRING_BASE (which stops the ring) and
+// SET_VRING_ENABLE. A running ring's size and base cannot change.
+Outcome Session::HandleVringState(const Message& m) {
+  const Header& h = m.hdr;
+  std::string err;
+  VringState s;
+  if (!HasOwner(h, &err) || !NoFds(m, &err) || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
+    return Fail(err);
+  Vring& v = vrings_[s.index];
+  switch (static_cast<Request>(h.request)) {
+    case Request::kSetVringNum:
       if (!IsPow2(s.num) || s.num > kMaxVringSize)
         return Fail("vring " + std::to_string(s.index) + ": size " + std::to_string(s.num) +
                     " is not a power of two up to 32768");
-      if (vrings_[s.index].running()) return Fail("SET_VRING_NUM on a running vring");
-      vrings_[s.index].num = s.num;
-      vrings_[s.index].addr_set = false;
-      break;
-    }
-
-    case Request::kSetVringAddr: {
-      VringAddr a;
-      if (!needs_owner() || !no_fds() || !Payload(m, &a, &err)) return Fail(err);
-      out = SetVringAddr(a);
-      break;
-    }
-
-    case Request::kSetVringBase: {
-      VringState s;
-      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
-        return Fail(err);
+      if (v.running()) return Fail("SET_VRING_NUM on a running vring");
+      v.num = s.num;
+      v.addr_set = false;
+      return Outcome{};
+    case Request::kSetVringBase:
       if (s.num > 0xffff) return Fail("SET_VRING_BASE: index " + std::to_string(s.num) + " over 16 bits");
-      if (vrings_[s.index].running()) return Fail("SET_VRING_BASE on a running vring");
-      vrings_[s.index].base = static_cast<uint16_t>(s.num);
-      break;
-    }
-
+      if (v.running()) return Fail("SET_VRING_BASE on a running vring");
+      v.base = static_cast<uint16_t>(s.num);
+      return Outcome{};
     case Request::kGetVringBase: {
-      VringState s;
-      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
-        return Fail(err);
-      Vring& v = vrings_[s.index];
       // Stops the ring: the kick fd is dropped, the state goes back.
       v.started = false;
       v.enabled = false;
       v.kick = Fd();
       VringState r{s.index, v.base};
-      out.reply = ReplyBytes(h, &r, sizeof(r));
-      return out;
+      return Outcome{ReplyBytes(h, &r, sizeof(r)), {}};
     }
-
-    case Request::kSetVringKick:
-      if (!needs_owner()) return Fail(err);
-      out = SetVringFd(m, &Vring::kick);
-      break;
-    case Request::kSetVringCall:
-      if (!needs_owner()) return Fail(err);
-      out = SetVringFd(m, &Vring::call);
-      break;
-    case Request::kSetVringErr:
-      if (!needs_owner()) return Fail(err);
-      out = SetVringFd(m, &Vring::err);
-      break;
-
-    case Request::kSetVringEnable: {
-      VringState s;
-      if (!needs_owner() || !no_fds() || !Payload(m, &s, &err) || !CheckVringIndex(s.index, &err))
-        return Fail(err);
+    default:  // kSetVringEnable
       if (!HasBit(state_.acked_features(), kFeatureProtocolFeatures))
         return Fail("SET_VRING_ENABLE without VHOST_USER_F_PROTOCOL_FEATURES");
       if (s.num > 1) return Fail("SET_VRING_ENABLE: state " + std::to_string(s.num) + " is not 0 or 1");
-      vrings_[s.index].enabled = s.num == 1;
-      break;
-    }
-
-    case Request::kGetConfig:
-      if (!no_fds()) return Fail(err);
-      return GetConfig(m);
-
-    case Request::kSetConfig:
-      if (!no_fds()) return Fail(err);
-      return SetConfig(m);
-
-    case Request::kSetLogBase:
-    case Request::kSetLogFd:
-      out.error = "dirty logging (migration) is not supported";
-      break;
-
-    default:
-      out.error = "unsupported request " + std::to_string(h.request);
-      break;
+      v.enabled = s.num == 1;
+      return Outcome{};
   }
-
-  return out;
 }
 
 Outcome Session::SetMemTable(Message& m) {

@@ -170,6 +170,12 @@ class Session : public DeviceTransport {
 
  private:
   Outcome HandleOne(Message& m);
+  Outcome HandleFeatures(const Message& m);
+  Outcome HandleOwner(const Message& m);
+  Outcome HandleVringState(const Message& m);
+  bool HasOwner(const Header& h, std::string* err) const;
+  static bool NoFds(const Message& m, std::string* err);
+  static bool Empty(const Message& m, const char* name, std::string* err);
   Outcome SetMemTable(Message& m);
   Outcome SetVringAddr(const VringAddr& a);
   Outcome SetVringFd(Message& m, Fd Vring::*which);
