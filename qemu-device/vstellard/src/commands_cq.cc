@@ -20,7 +20,7 @@ constexpr uint32_t kEngineCqStaging = 256;
 // A CQE ring's page size and entries, within the device's limits (CREATE_CQ
 // and RESIZE_CQ).
 uint16_t CheckCqSize(const virtio_vstellar_config& c, uint32_t shift, uint32_t log_cqe) {
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (!PageShiftSupported(c, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (log_cqe > VSTELLAR_MAX_LOG_CQE || (uint64_t{1} << log_cqe) > cfg32(c.max_cqe)) return VSTELLAR_STATUS_LIMIT;
   return VSTELLAR_STATUS_OK;
 }

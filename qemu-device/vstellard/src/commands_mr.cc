@@ -44,7 +44,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if ((access & (VSTELLAR_ACCESS_REMOTE_WRITE | VSTELLAR_ACCESS_REMOTE_ATOMIC)) &&
       !(access & VSTELLAR_ACCESS_LOCAL_WRITE))
     return VSTELLAR_STATUS_BAD_FIELD;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (!PageShiftSupported(c, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (length == 0 || iova + length < iova) return VSTELLAR_STATUS_BAD_FIELD;
   if (length > le64toh(c.max_mr_size)) return VSTELLAR_STATUS_LIMIT;
   if (n > cfg32(c.max_cmd_pages)) return VSTELLAR_STATUS_LIMIT;

@@ -18,7 +18,7 @@ namespace {
 uint16_t CheckQpRings(const vstellar_cmd_create_qp& cmd, const virtio_vstellar_config& c, bool has_rq) {
   const uint32_t sqp = le32toh(cmd.sq_pages), rqp = le32toh(cmd.rq_pages);
   const uint32_t shift = cmd.page_shift;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (!PageShiftSupported(c, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   const uint32_t ssge = le32toh(cmd.max_send_sge), rsge = le32toh(cmd.max_recv_sge);
   const uint32_t inl = le32toh(cmd.max_inline_data);
   if (cmd.sq_log_wqe > VSTELLAR_MAX_LOG_WQE || cmd.rq_log_wqe > VSTELLAR_MAX_LOG_WQE ||

@@ -42,7 +42,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   const uint32_t pdn = le32toh(cmd.pdn);
   PdObj* pd = obj_.pds.Owned(uctx, pdn);
   if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (!PageShiftSupported(c, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr) ||
       max_sge > cfg32(c.max_recv_sge))
     return VSTELLAR_STATUS_LIMIT;
@@ -110,7 +110,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   const uint32_t srqn = le32toh(cmd.srqn);
   SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
   if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
-  if (shift >= 64 || !(le64toh(c.page_size_cap) & Bit(int(shift)))) return VSTELLAR_STATUS_BAD_FIELD;
+  if (!PageShiftSupported(c, shift)) return VSTELLAR_STATUS_BAD_FIELD;
   if (cmd.log_wqe > VSTELLAR_MAX_LOG_WQE || (1ull << cmd.log_wqe) > cfg32(c.max_qp_wr)) return VSTELLAR_STATUS_LIMIT;
   const uint32_t log_stride = srq->ring.log_stride;
   if (uint16_t s = CheckSrqPages(c, shift, cmd.log_wqe + log_stride, off, n)) return s;

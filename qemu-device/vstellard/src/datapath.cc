@@ -381,7 +381,7 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
   const uint32_t access = le32toh(r.access);
   const bool windows = state_.HasFeature(VIRTIO_VSTELLAR_F_MW);
   const uint32_t allowed = VSTELLAR_ACCESS_VALID | (windows ? VSTELLAR_ACCESS_MW_BIND : 0u);
-  if (n == 0 || n > mr->max_pages() || shift >= 64 || !(le64toh(c.page_size_cap) & (uint64_t{1} << shift)) ||
+  if (n == 0 || n > mr->max_pages() || !PageShiftSupported(c, shift) ||
       length == 0 || iova + length < iova || length > le64toh(c.max_mr_size) || (access & ~allowed))
     return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
   const uint64_t ps = uint64_t{1} << shift;

@@ -7,6 +7,8 @@
 // DeviceTransport below.
 #pragma once
 
+#include <endian.h>
+
 #include <cstdint>
 
 #include <vstellar/virtio_vstellar.h>
@@ -32,6 +34,12 @@ struct DeviceConfig {
   uint64_t max_guest_memory = uint64_t{1} << 40;
   static DeviceConfig Default();
 };
+
+// Whether the device offers pages of 2^shift bytes (its page_size_cap)
+// for rings, MRs and fast registration.
+inline bool PageShiftSupported(const virtio_vstellar_config& c, uint32_t shift) {
+  return shift < 64 && (le64toh(c.page_size_cap) >> shift & 1);
+}
 
 class DeviceState {
  public:
