@@ -204,6 +204,36 @@ size_t EngineCore::gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, Ho
   return left == 0 ? n : SIZE_MAX;
 }
 
+namespace {
+
+// The header of the READ request that asks for PSNs [psn, psn + n), `total`
+// bytes from the WQE's offset r.off on.
+size_t encode_read_req(const SendWqe& w, const PktRec& r, uint32_t psn, uint32_t total, wire::Base& b,
+                       uint8_t* hdr) {
+  b.op = wire::Op::READ_REQ;
+  wire::ReadReqExt e;
+  e.va = w.raddr + r.off;
+  e.rkey = w.rkey;
+  e.len = total;
+  e.msg_off = r.off;
+  e.seg = uint16_t(w.seg);
+  e.reads_before = uint16_t(std::min<uint32_t>(psn - w.read_fence, UINT16_MAX));
+  return wire::encode(b, e, hdr);
+}
+
+size_t encode_atomic(const SendWqe& w, wire::Base& b, uint8_t* hdr) {
+  const bool cas = w.op == WrOpcode::ATOMIC_CMP_AND_SWP;
+  b.op = cas ? wire::Op::CMP_SWAP : wire::Op::FETCH_ADD;
+  wire::AtomicExt e;
+  e.va = w.raddr;
+  e.rkey = w.rkey;
+  e.swap_add = cas ? w.swap : w.cmp_add;
+  e.compare = cas ? w.cmp_add : 0;
+  return wire::encode(b, e, hdr);
+}
+
+}  // namespace
+
 // (Re)transmit the packet(s) of PSNs [psn, psn+npsn); npsn > 1 only for the
 // first request of a READ chunk.
 bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now) {
@@ -261,29 +291,12 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
       hlen = wire::encode(b, de, hdr);
       break;
     }
-    case PktKind::READ: {
-      b.op = wire::Op::READ_REQ;
-      wire::ReadReqExt e;
-      e.va = w.raddr + r.off;
-      e.rkey = w.rkey;
-      e.len = total;
-      e.msg_off = r.off;
-      e.seg = uint16_t(w.seg);
-      e.reads_before = uint16_t(std::min<uint32_t>(psn - w.read_fence, UINT16_MAX));
-      hlen = wire::encode(b, e, hdr);
+    case PktKind::READ:
+      hlen = encode_read_req(w, r, psn, total, b, hdr);
       break;
-    }
-    case PktKind::ATOMIC: {
-      bool cas = w.op == WrOpcode::ATOMIC_CMP_AND_SWP;
-      b.op = cas ? wire::Op::CMP_SWAP : wire::Op::FETCH_ADD;
-      wire::AtomicExt e;
-      e.va = w.raddr;
-      e.rkey = w.rkey;
-      e.swap_add = cas ? w.swap : w.cmp_add;
-      e.compare = cas ? w.cmp_add : 0;
-      hlen = wire::encode(b, e, hdr);
+    case PktKind::ATOMIC:
+      hlen = encode_atomic(w, b, hdr);
       break;
-    }
   }
   for (uint32_t k = 0; k < npsn; k++) {
     PktRec& x = qp.rec(psn + k);

@@ -52,6 +52,8 @@ bool parse_link_mode(const std::string& s, LinkMode& out) {
   return false;
 }
 
+// Each step sets error_ and returns false on failure; the link is then
+// unusable (error() says why) and the destructor frees what was made.
 UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   const bool gso = cfg_.mode == LinkMode::GSO;
   if (cfg_.rx_buffers == 0) cfg_.rx_buffers = gso ? 256 : 1024;
@@ -64,6 +66,20 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
     error_ = "rx_buffers must be a power of two";
     return;
   }
+  if (!init_ring() || !open_path_sockets() || !steer_shards() || !set_receive_options()) return;
+
+  tx_.resize(cfg_.tx_slots);
+  for (uint32_t i = 0; i < cfg_.tx_slots; i++) tx_free_.push_back(cfg_.tx_slots - 1 - i);
+
+  if (!init_receive_buffers()) return;
+  rx_msg_.msg_namelen = sizeof(sockaddr_in);
+  arm_recv();
+  io_uring_submit(&ring_);
+}
+
+// The io_uring, with the flags of newer kernels where they exist, and the
+// eventfd the owner's epoll waits on.
+bool UdpLink::init_ring() {
   io_uring_params p{};
   p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN |
             IORING_SETUP_SINGLE_ISSUER;
@@ -77,20 +93,25 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   }
   if (r < 0) {
     error_ = std::string("io_uring_queue_init: ") + strerror(-r);
-    return;
+    return false;
   }
   ring_ok_ = true;
   event_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (event_fd_ < 0 || io_uring_register_eventfd(&ring_, event_fd_) < 0) {
     error_ = std::string("io_uring eventfd: ") + strerror(errno);
-    return;
+    return false;
   }
+  return true;
+}
 
+// One socket per path: path i sends from source port base_port + i. With
+// shards, every link of the group binds the same ports (SO_REUSEPORT).
+bool UdpLink::open_path_sockets() {
   for (uint16_t i = 0; i < cfg_.num_paths; i++) {
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       error_ = std::string("socket: ") + strerror(errno);
-      return;
+      return false;
     }
     fds_.push_back(fd);
     sockaddr_in a{};
@@ -105,18 +126,18 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
         if (probe >= 0) close(probe);
         if (!free) {
           error_ = "bind port " + std::to_string(cfg_.base_port + i) + ": " + strerror(e);
-          return;
+          return false;
         }
       }
       int one = 1;
       if (setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
         error_ = std::string("SO_REUSEPORT: ") + strerror(errno);
-        return;
+        return false;
       }
     }
     if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       error_ = "bind port " + std::to_string(cfg_.base_port + i) + ": " + strerror(errno);
-      return;
+      return false;
     }
     set_buf(fd, SO_SNDBUFFORCE, SO_SNDBUF, cfg_.sock_buf);
     if (cfg_.mcast_port) {  // datagrams to a group leave from our own address
@@ -129,33 +150,46 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
     }
   }
   set_buf(fds_[0], SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
-  if (cfg_.shards > 1) {
-    // The group's socket index is the order of binding: link k is socket k.
-    // The program sees the UDP payload; a datagram too short for the load
-    // ends it with 0 (socket 0 then drops or passes it on).
-    sock_filter prog[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, cfg_.shard_qpn_offset),
-        BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, cfg_.shards),
-        BPF_STMT(BPF_RET | BPF_A, 0),
-    };
-    sock_fprog fprog{uint16_t(sizeof(prog) / sizeof(prog[0])), prog};
-    if (setsockopt(fds_[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof(fprog)) != 0) {
-      error_ = std::string("SO_ATTACH_REUSEPORT_CBPF: ") + strerror(errno);
-      return;
-    }
+  return true;
+}
+
+// With shards, a classic BPF program on the base port's group gives each
+// datagram to socket dst_qpn % shards (UdpLinkConfig::shards).
+bool UdpLink::steer_shards() {
+  if (cfg_.shards <= 1) return true;
+  // The group's socket index is the order of binding: link k is socket k.
+  // The program sees the UDP payload; a datagram too short for the load
+  // ends it with 0 (socket 0 then drops or passes it on).
+  sock_filter prog[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, cfg_.shard_qpn_offset),
+      BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, cfg_.shards),
+      BPF_STMT(BPF_RET | BPF_A, 0),
+  };
+  sock_fprog fprog{uint16_t(sizeof(prog) / sizeof(prog[0])), prog};
+  if (setsockopt(fds_[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof(fprog)) != 0) {
+    error_ = std::string("SO_ATTACH_REUSEPORT_CBPF: ") + strerror(errno);
+    return false;
   }
+  return true;
+}
+
+// The receiving socket (the base port) reports the TOS byte (ECN) and, in
+// GSO mode, coalesces with UDP_GRO.
+bool UdpLink::set_receive_options() {
+  const bool gso = cfg_.mode == LinkMode::GSO;
   int on = 1;
   setsockopt(fds_[0], IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
   if (gso && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
     error_ = std::string("UDP_GRO: ") + strerror(errno);
-    return;
+    return false;
   }
+  return true;
+}
 
-  tx_.resize(cfg_.tx_slots);
-  for (uint32_t i = 0; i < cfg_.tx_slots; i++) tx_free_.push_back(cfg_.tx_slots - 1 - i);
-
-  // Provided-buffer ring: the kernel picks a buffer per datagram.
-  // Room for the TOS byte and, in GSO mode, the UDP_GRO segment size.
+// Provided-buffer ring: the kernel picks a buffer per datagram. Room for
+// the TOS byte and, in GSO mode, the UDP_GRO segment size.
+bool UdpLink::init_receive_buffers() {
+  const bool gso = cfg_.mode == LinkMode::GSO;
   rx_msg_.msg_controllen = 2 * CMSG_SPACE(sizeof(int));
   const size_t payload = gso ? std::max<size_t>(cfg_.max_datagram, kGroBufBytes) : cfg_.max_datagram;
   rx_buf_len_ = (payload + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in) +
@@ -164,7 +198,7 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   void* m = mmap(nullptr, br_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
   if (m == MAP_FAILED) {
     error_ = "mmap buffer ring";
-    return;
+    return false;
   }
   br_ = static_cast<io_uring_buf_ring*>(m);
   io_uring_buf_ring_init(br_);
@@ -172,19 +206,17 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   reg.ring_addr = uint64_t(uintptr_t(br_));
   reg.ring_entries = cfg_.rx_buffers;
   reg.bgid = kBufGroup;
-  r = io_uring_register_buf_ring(&ring_, &reg, 0);
+  const int r = io_uring_register_buf_ring(&ring_, &reg, 0);
   if (r < 0) {
     error_ = std::string("io_uring_register_buf_ring: ") + strerror(-r);
-    return;
+    return false;
   }
   rx_mem_ = static_cast<uint8_t*>(aligned_alloc(4096, ((rx_buf_len_ * cfg_.rx_buffers) + 4095) & ~size_t(4095)));
   int mask = io_uring_buf_ring_mask(cfg_.rx_buffers);
   for (uint32_t i = 0; i < cfg_.rx_buffers; i++)
     io_uring_buf_ring_add(br_, rx_mem_ + i * rx_buf_len_, unsigned(rx_buf_len_), uint16_t(i), mask, int(i));
   io_uring_buf_ring_advance(br_, int(cfg_.rx_buffers));
-  rx_msg_.msg_namelen = sizeof(sockaddr_in);
-  arm_recv();
-  io_uring_submit(&ring_);
+  return true;
 }
 
 UdpLink::~UdpLink() {

@@ -141,6 +141,12 @@ class UdpLink final : public Link {
   void submit_slot(uint32_t idx);
   void resend_unsegmented(const TxSlot& t);
   void tx_complete(uint32_t idx, int32_t res, uint32_t flags);
+  // Construction steps (udp_link.cc); each sets error_ on failure.
+  bool init_ring();
+  bool open_path_sockets();
+  bool steer_shards();
+  bool set_receive_options();
+  bool init_receive_buffers();
   void arm_recv();
   void arm_mc_recv(size_t i);
   bool open_mc();
