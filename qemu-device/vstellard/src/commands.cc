@@ -287,11 +287,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_PD>(uint32_t uctx, const uint8_t* b, u
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_PD>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t pdn = le32toh(cmd.handle);
-  PdObj* pd = obj_.pds.Owned(uctx, pdn);
-  if (!pd) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [pd, pdn, status] = ObjectNamedBy(obj_.pds, uctx, b);
+  if (!pd) return status;
   if (pd->pd->refs > (pd->dma_mr ? 1u : 0u)) return VSTELLAR_STATUS_BUSY;
   if (pd->dma_mr) sh_.engine->dereg_mr(pd->dma_mr);
   if (sh_.engine->dealloc_pd(pd->pd)) return VSTELLAR_STATUS_BUSY;

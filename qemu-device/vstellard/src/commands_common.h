@@ -13,6 +13,7 @@
 #include <vstellar/virtio_vstellar.h>
 
 #include "vstellard/feature_bits.h"
+#include "vstellard/objects.h"
 
 namespace vstellard {
 
@@ -39,6 +40,25 @@ inline bool IsZero(const void* p, size_t n) {
 // Pages needed for `bytes` starting `offset` into the first page.
 inline uint64_t PagesFor(uint64_t offset, uint64_t bytes, uint32_t shift) {
   return (offset + bytes + (uint64_t{1} << shift) - 1) >> shift;
+}
+
+// The object a command whose body is only a handle (vstellar_cmd_handle)
+// names, if context `uctx` owns it. `status` is BAD_FIELD for reserved
+// bits, BAD_HANDLE for a handle unknown or another context's, else OK.
+template <typename T>
+struct NamedObject {
+  T* obj;
+  uint32_t handle;
+  uint16_t status;
+};
+
+template <typename T>
+NamedObject<T> ObjectNamedBy(ObjectTable<T>& table, uint32_t uctx, const uint8_t* body) {
+  const auto cmd = Get<vstellar_cmd_handle>(body);
+  if (cmd.reserved) return {nullptr, 0, VSTELLAR_STATUS_BAD_FIELD};
+  const uint32_t handle = le32toh(cmd.handle);
+  T* obj = table.Owned(uctx, handle);
+  return {obj, handle, uint16_t(obj ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_BAD_HANDLE)};
 }
 
 }  // namespace vstellard

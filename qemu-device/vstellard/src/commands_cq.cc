@@ -108,11 +108,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_CQ>(uint32_t uctx, const uint8_t* b, 
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t cqn = le32toh(cmd.handle);
-  CqObj* cq = obj_.cqs.Owned(uctx, cqn);
-  if (!cq) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [cq, cqn, status] = ObjectNamedBy(obj_.cqs, uctx, b);
+  if (!cq) return status;
   if (cq->cq->refs) return VSTELLAR_STATUS_BUSY;
   if (sh_.engine->destroy_cq(cq->cq)) return VSTELLAR_STATUS_BUSY;
   FreeSlot(uctx, cq->slot);

@@ -69,11 +69,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEREG_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t mrn = le32toh(cmd.handle);
-  MrObj* m = obj_.mrs.Owned(uctx, mrn);
-  if (!m) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [m, mrn, status] = ObjectNamedBy(obj_.mrs, uctx, b);
+  if (!m) return status;
   if (int e = sh_.engine->dereg_mr(m->mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
   obj_.mrs.erase(mrn);
   return VSTELLAR_STATUS_OK;

@@ -36,11 +36,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, u
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t mwn = le32toh(cmd.handle);
-  MwObj* w = obj_.mws.Owned(uctx, mwn);
-  if (!w) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [w, mwn, status] = ObjectNamedBy(obj_.mws, uctx, b);
+  if (!w) return status;
   if (sh_.engine->dealloc_mw(w->mw)) return VSTELLAR_STATUS_INTERNAL;
   obj_.mws.erase(mwn);
   return VSTELLAR_STATUS_OK;

@@ -277,11 +277,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t qpn = le32toh(cmd.handle);
-  QpObj* q = obj_.qps.Owned(uctx, qpn);
-  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [q, qpn, status] = ObjectNamedBy(obj_.qps, uctx, b);
+  if (!q) return status;
   vstellar::QpAttr qa;
   vstellar::QpInitAttr init;
   if (sh_.engine->query_qp(q->qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
@@ -316,11 +313,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, u
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t qpn = le32toh(cmd.handle);
-  QpObj* q = obj_.qps.Owned(uctx, qpn);
-  if (!q) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [q, qpn, status] = ObjectNamedBy(obj_.qps, uctx, b);
+  if (!q) return status;
   ReleaseQp(qpn, *q);
   obj_.qps.erase(qpn);
   return VSTELLAR_STATUS_OK;

@@ -136,11 +136,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_QUERY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t srqn = le32toh(cmd.handle);
-  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
-  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [srq, srqn, status] = ObjectNamedBy(obj_.srqs, uctx, b);
+  if (!srq) return status;
   vstellar_resp_query_srq r{};
   r.max_wr = htole32(srq->srq->max_wr());
   r.max_sge = htole32(srq->max_sge);
@@ -151,11 +148,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_SRQ>(uint32_t uctx, const uint8_t* b, 
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
-  auto cmd = Get<vstellar_cmd_handle>(b);
-  if (cmd.reserved) return VSTELLAR_STATUS_BAD_FIELD;
-  const uint32_t srqn = le32toh(cmd.handle);
-  SrqObj* srq = obj_.srqs.Owned(uctx, srqn);
-  if (!srq) return VSTELLAR_STATUS_BAD_HANDLE;
+  const auto [srq, srqn, status] = ObjectNamedBy(obj_.srqs, uctx, b);
+  if (!srq) return status;
   if (sh_.engine->destroy_srq(srq->srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
   FreeSlot(uctx, srq->slot);
   obj_.srqs.erase(srqn);
