@@ -55,9 +55,8 @@ bool parse_link_mode(const std::string& s, LinkMode& out) {
 // Each step sets error_ and returns false on failure; the link is then
 // unusable (error() says why) and the destructor frees what was made.
 UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
-  const bool gso = cfg_.mode == LinkMode::GSO;
-  if (cfg_.rx_buffers == 0) cfg_.rx_buffers = gso ? 256 : 1024;
-  if (!gso) cfg_.zerocopy = false;
+  if (cfg_.rx_buffers == 0) cfg_.rx_buffers = gso_mode() ? 256 : 1024;
+  if (!gso_mode()) cfg_.zerocopy = false;
   if (cfg_.num_paths < 1 || cfg_.num_paths > 256) {
     error_ = "num_paths must be 1..256";
     return;
@@ -176,10 +175,9 @@ bool UdpLink::steer_shards() {
 // The receiving socket (the base port) reports the TOS byte (ECN) and, in
 // GSO mode, coalesces with UDP_GRO.
 bool UdpLink::set_receive_options() {
-  const bool gso = cfg_.mode == LinkMode::GSO;
   int on = 1;
   setsockopt(fds_[0], IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
-  if (gso && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
+  if (gso_mode() && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
     error_ = std::string("UDP_GRO: ") + strerror(errno);
     return false;
   }
@@ -189,9 +187,8 @@ bool UdpLink::set_receive_options() {
 // Provided-buffer ring: the kernel picks a buffer per datagram. Room for
 // the TOS byte and, in GSO mode, the UDP_GRO segment size.
 bool UdpLink::init_receive_buffers() {
-  const bool gso = cfg_.mode == LinkMode::GSO;
   rx_msg_.msg_controllen = 2 * CMSG_SPACE(sizeof(int));
-  const size_t payload = gso ? std::max<size_t>(cfg_.max_datagram, kGroBufBytes) : cfg_.max_datagram;
+  const size_t payload = gso_mode() ? std::max<size_t>(cfg_.max_datagram, kGroBufBytes) : cfg_.max_datagram;
   rx_buf_len_ = (payload + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in) +
                  rx_msg_.msg_controllen + 63) & ~size_t(63);
   br_bytes_ = cfg_.rx_buffers * sizeof(io_uring_buf);
@@ -422,7 +419,7 @@ void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_
   t.seg_len = uint32_t(len);
   t.bytes = uint32_t(len);
   t.closed = false;
-  if (cfg_.mode == LinkMode::GSO && gso_ok_) open_ = idx;
+  if (gso_mode() && gso_ok_) open_ = idx;
   else submit_slot(idx);
 }
 

@@ -141,6 +141,7 @@ class UdpLink final : public Link {
   void submit_slot(uint32_t idx);
   void resend_unsegmented(const TxSlot& t);
   void tx_complete(uint32_t idx, int32_t res, uint32_t flags);
+  bool gso_mode() const { return cfg_.mode == LinkMode::GSO; }
   // Construction steps (udp_link.cc); each sets error_ on failure.
   bool init_ring();
   bool open_path_sockets();
