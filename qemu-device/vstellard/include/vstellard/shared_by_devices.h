@@ -24,8 +24,9 @@ namespace vstellard {
 // its sockets are bound to. ADD_GID takes only these, and each one belongs
 // to at most one device at a time: QP 1 datagrams for a GID go to its
 // holder's GSI QP and nowhere else, and only the holder sends from it
-// (no guest can take another's QP 1 traffic or send as it). The holder is its device's object tables. Shared by the
-// worker threads of the daemon, so every call takes the table's lock.
+// (no guest can take another's QP 1 traffic or send as it). A holder is
+// named by its device's object tables. The table is shared by the worker
+// threads of the daemon, so every call takes the table's lock.
 class GidTable {
  public:
   void Serve(const vstellar::Gid& g) {
@@ -134,7 +135,7 @@ inline bool IsV4Mapped(const uint8_t* gid) {
 }
 
 // Whether the device whose object tables are `tables` holds address g
-// (DeviceShared::gid_holder): may send from it, and gets QP 1 for it.
+// (GidTable::Holds): may send from it, and gets QP 1 for it.
 inline bool HoldsGid(const DeviceShared& sh, const void* tables, const vstellar::Gid& g) {
   return sh.gids->Holds(g, tables);
 }
