@@ -7,9 +7,10 @@
 namespace vstellar::test {
 namespace {
 
-PairOptions Keyed(uint8_t key_byte = 7) {
+PairOptions Keyed(uint8_t key_byte = 7, MacAlgorithm alg = MacAlgorithm::CHACHA20_POLY1305) {
   PairOptions o;
   o.cfg.integrity = true;
+  o.cfg.integrity_alg = alg;
   o.cfg.integrity_key.fill(key_byte);
   return o;
 }
@@ -67,6 +68,7 @@ TEST(Integrity, ForgedAckCannotCompleteAWrite) {
   a.sack_base = next;
   std::vector<uint8_t> v(PacketMac::kPrefixLen + wire::kMaxHeaderLen + 128);
   v.resize(PacketMac::kPrefixLen + wire::encode(b, a, v.data() + PacketMac::kPrefixLen));
+  v[0] = uint8_t(MacAlgorithm::CHACHA20_POLY1305);  // the right algorithm, a made-up tag
   t.net.inject(kIpB, kIpA, v);
   t.net.run_for(2'000'000);
   Wc wc;
@@ -93,6 +95,49 @@ TEST(Integrity, AnotherKeyOrNoKeyGetsNothingThrough) {
     EXPECT_GT(b_keyed ? s.bad_mac : s.bad_parse, 0u) << b_keyed;
     for (size_t i = 8192; i < 8192 + 4096; i++) ASSERT_EQ(t.b.buf[i], 0) << b_keyed;
   }
+}
+
+TEST(Integrity, GmacCarriesOperationsAndDropsAlteredPackets) {
+  if (!PacketMac::Usable(MacAlgorithm::AES_GMAC)) GTEST_SKIP() << "no AES-NI/PCLMUL on this CPU";
+  Pair t(Keyed(7, MacAlgorithm::AES_GMAC));
+  WriteAndCheck(t, 1, 100'000);
+  EXPECT_EQ(t.a.eng->stats().bad_mac + t.b.eng->stats().bad_mac, 0u);
+  // Any byte of a GMAC-signed packet changed: the tag no longer verifies.
+  MacKey key;
+  key.fill(3);
+  MacSender tx{key, 1000};
+  PacketMac mac(MacAlgorithm::AES_GMAC, 0x123456);
+  uint8_t hdr[40] = {0x10, 3};
+  std::vector<uint8_t> payload(3000, 0x5a);
+  const HostSpan span{payload.data(), payload.size()};
+  std::vector<uint8_t> pkt(PacketMac::kPrefixLen + sizeof(hdr) + payload.size());
+  std::memcpy(pkt.data() + PacketMac::kPrefixLen, hdr, sizeof(hdr));
+  std::memcpy(pkt.data() + PacketMac::kPrefixLen + sizeof(hdr), payload.data(), payload.size());
+  mac.Sign(tx, hdr, sizeof(hdr), &span, 1, pkt.data());
+  ASSERT_TRUE(PacketMac::Verify(MacAlgorithm::AES_GMAC, key, pkt.data(), pkt.size()));
+  for (size_t i : {size_t(1), size_t(13), PacketMac::kPrefixLen + 2, pkt.size() - 1}) {
+    pkt[i] ^= 0x40;
+    EXPECT_FALSE(PacketMac::Verify(MacAlgorithm::AES_GMAC, key, pkt.data(), pkt.size())) << i;
+    pkt[i] ^= 0x40;
+  }
+}
+
+// Peers with the same key but different MACs: nothing gets through, and
+// the receiver counts it as the other algorithm, not as a forgery.
+TEST(Integrity, AlgorithmMismatchIsRejectedAndNamed) {
+  if (!PacketMac::Usable(MacAlgorithm::AES_GMAC)) GTEST_SKIP() << "no AES-NI/PCLMUL on this CPU";
+  PairOptions o = Keyed(7, MacAlgorithm::CHACHA20_POLY1305);
+  o.cfg_b = Keyed(7, MacAlgorithm::AES_GMAC).cfg;
+  o.retry_cnt = 1;
+  Pair t(o);
+  fill_random(t.a.buf.data(), 4096, 5);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 5, 0, 4096, 8192), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::RETRY_EXC_ERR);
+  EXPECT_GT(t.b.eng->stats().wrong_mac_alg, 0u);
+  EXPECT_EQ(t.b.eng->stats().bad_mac, 0u);
+  for (size_t i = 8192; i < 8192 + 4096; i++) ASSERT_EQ(t.b.buf[i], 0);
 }
 
 // A UD QP on each side of `t`, ready, and a SEND of 64 bytes from A's to B's.

@@ -43,6 +43,7 @@ bool EngineConfig::validate() {
   if (max_qpn > DeviceLimits::kMaxQpn || max_qpn < DeviceLimits::kFirstQpn + 15) return false;
   if (qpn_shards < 1 || qpn_shards > 256 || qpn_shard >= qpn_shards) return false;
   if ((max_qpn - DeviceLimits::kFirstQpn + 1) / qpn_shards < 16) return false;
+  if (integrity && !PacketMac::Usable(integrity_alg)) return false;
   return true;
 }
 
@@ -57,7 +58,7 @@ EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
     // nothing safe remains), and this engine's nonces get a salt of their
     // own (integrity.h).
     if (!PacketMac::Init()) std::abort();
-    mac_ = PacketMac(PacketMac::RandomSalt());
+    mac_ = PacketMac(cfg_.integrity_alg, PacketMac::RandomSalt());
     ud_mac_key_ = PacketMac::DatagramKey(cfg_.integrity_key);
     ud_mac_tx_ = {ud_mac_key_, PacketMac::FirstCounter()};
   }
@@ -211,7 +212,11 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
   // from its counter.
   auto authentic = [&](const MacKey& key, auto admit) {
     if (!cfg_.integrity) return true;
-    if (!PacketMac::Verify(key, signed_pkt, signed_len)) {
+    if (PacketMac::AlgorithmOf(signed_pkt) != cfg_.integrity_alg) {
+      stats_.wrong_mac_alg++;
+      return false;
+    }
+    if (!PacketMac::Verify(cfg_.integrity_alg, key, signed_pkt, signed_len)) {
       stats_.bad_mac++;
       return false;
     }

@@ -474,7 +474,7 @@ class EngineCore {
   IdRandom key_random_;
   // Integrity mode (integrity.h): the packet signer, the datagram key and
   // counter, and the datagram senders' counters seen.
-  PacketMac mac_{0};
+  PacketMac mac_{MacAlgorithm::CHACHA20_POLY1305, 0};
   MacKey ud_mac_key_{};
   MacSender ud_mac_tx_;
   DatagramReplay ud_seen_;

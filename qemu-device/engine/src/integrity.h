@@ -14,6 +14,14 @@
 // 28-byte prefix (nonce, tag) goes in front of the header, so the payload
 // is MACed where it lies, with no copy.
 //
+// EngineConfig::integrity_alg can choose GMAC instead (AES-256-GCM with the
+// whole packet as associated data and nothing encrypted: the tag is
+// GHASH's, under a hash key and mask from AES), which AES-NI and PCLMUL make
+// about twice as fast per byte. The nonce's first byte names the
+// algorithm, so a receiver that uses the other one drops the packet and
+// says why (EngineStats::wrong_mac_alg) instead of counting a bad MAC; the
+// salt is the random other 24 bits.
+//
 // Replay: a MAC alone lets anyone who captured a packet send
 // it again, a READ request or a datagram included. So the counter belongs
 // to the key it is used with (one per connection direction, one per
@@ -31,12 +39,14 @@
 #include <list>
 #include <unordered_map>
 
+#include "vstellar/engine.h"
 #include "vstellar/memory.h"
 #include "vstellar/wire.h"
 
 namespace vstellar {
 
 using MacKey = std::array<uint8_t, 32>;
+using MacAlgorithm = EngineConfig::MacAlgorithm;
 
 // The sending side of one key: the key and the counter its next packet
 // gets. The counter is never reset, also when the QP is reset and
@@ -55,6 +65,8 @@ class PacketMac {
 
   // False if libsodium cannot start (no usable random source).
   static bool Init();
+  // Whether this CPU (and libsodium) can run `alg`; calls Init.
+  static bool Usable(MacAlgorithm alg);
   static uint32_t RandomSalt();
   // Where a new key's counter starts: nanoseconds of the wall clock (one
   // engine sends far fewer than one packet per nanosecond).
@@ -64,18 +76,23 @@ class PacketMac {
   static MacKey ConnectionKey(const MacKey& shared, uint32_t from_qpn, uint32_t to_qpn);
   static MacKey DatagramKey(const MacKey& shared);
 
-  explicit PacketMac(uint32_t salt) : salt_(salt) {}
+  // Signs with `alg`; the salt's low 24 bits are used.
+  PacketMac(MacAlgorithm alg, uint32_t salt) : alg_(alg), salt_(uint32_t(alg) << 24 | (salt & 0xffffff)) {}
   // Writes the prefix for header + payload into out[0, kPrefixLen), with
   // the sender's next counter (which it advances).
   void Sign(MacSender& tx, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload, size_t nspans,
             uint8_t* out) const;
   // Whether the prefix (at the front of pkt) authenticates pkt[kPrefixLen, len).
-  static bool Verify(const MacKey& key, const uint8_t* pkt, size_t len);
-  // The nonce's parts, from a prefix.
+  // False too if the prefix names another algorithm than `alg`.
+  static bool Verify(MacAlgorithm alg, const MacKey& key, const uint8_t* pkt, size_t len);
+  // The nonce's parts, from a prefix: the algorithm (its first byte), the
+  // salt (its first 4 bytes, algorithm included) and the counter.
+  static MacAlgorithm AlgorithmOf(const uint8_t* prefix) { return MacAlgorithm(prefix[0]); }
   static uint32_t Salt(const uint8_t* prefix);
   static uint64_t Counter(const uint8_t* prefix);
 
  private:
+  MacAlgorithm alg_;
   uint32_t salt_;
 };
 

@@ -67,6 +67,8 @@ TRANSPORT
     --no-cc           disable congestion control (window only)
     --integrity-key F integrity mode: a MAC on every packet, key in file F
                       (64 hex digits; both sides need the same)
+    --integrity-alg A chacha20-poly1305 (default) or aes-gmac (AES-NI and
+                      PCLMUL); both sides need the same
 
 WORKLOAD (client side; the server follows the client's choice)
     --mode M          bw: keep --depth WRs outstanding per QP for --duration
@@ -182,6 +184,11 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
       ok = vstellar::ReadIntegrityKey(v, &o.eng.integrity_key, &err);
       if (!ok) fprintf(stderr, "vstellar-harness: --integrity-key %s\n", err.c_str());
       o.eng.integrity = ok;
+    }
+    else if (a == "--integrity-alg") {
+      using Alg = vstellar::EngineConfig::MacAlgorithm;
+      ok = v == "chacha20-poly1305" || v == "aes-gmac";
+      o.eng.integrity_alg = v == "aes-gmac" ? Alg::AES_GMAC : Alg::CHACHA20_POLY1305;
     }
     else if (a == "--peer-ip") ok = parse_ip(v, o.peer_ip);
     else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 600));

@@ -79,6 +79,13 @@ struct EngineConfig {
   // (EngineStats::bad_mac). Every peer must run with the same key.
   bool integrity = false;
   std::array<uint8_t, 32> integrity_key{};
+  // Which MAC (docs/wire-format.md, "Integrity prefix"): every packet names
+  // its algorithm and a receiver drops one that names another
+  // (EngineStats::wrong_mac_alg), so every peer must choose the same.
+  // AES_GMAC needs AES-NI and PCLMUL (validate() refuses it without them)
+  // and costs about half of CHACHA20_POLY1305 per byte.
+  enum class MacAlgorithm : uint8_t { CHACHA20_POLY1305 = 1, AES_GMAC = 2 };
+  MacAlgorithm integrity_alg = MacAlgorithm::CHACHA20_POLY1305;
   // Check the engine's liveness rules after every progress() pass
   // (Engine::audit): a QP that owes work is active with a timer armed, and
   // its bytes in flight are what it really has in flight. What breaks them
@@ -125,6 +132,7 @@ struct EngineStats {
   uint64_t early_errors = 0;
   uint64_t bad_reread = 0;  // duplicate READs that match no READ executed
   uint64_t bad_mac = 0;     // integrity mode: packets whose MAC did not verify
+  uint64_t wrong_mac_alg = 0;  // integrity mode: packets MACed with another algorithm than ours
   uint64_t replayed = 0;    // integrity mode: packets seen before, or older than the replay window
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
