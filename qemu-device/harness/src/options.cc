@@ -187,8 +187,9 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     }
     else if (a == "--integrity-alg") {
       using Alg = vstellar::EngineConfig::MacAlgorithm;
-      ok = v == "chacha20-poly1305" || v == "aes-gmac";
-      o.eng.integrity_alg = v == "aes-gmac" ? Alg::AES_GMAC : Alg::CHACHA20_POLY1305;
+      const std::string name = v;
+      ok = name == "chacha20-poly1305" || name == "aes-gmac";
+      o.eng.integrity_alg = name == "aes-gmac" ? Alg::AES_GMAC : Alg::CHACHA20_POLY1305;
     }
     else if (a == "--peer-ip") ok = parse_ip(v, o.peer_ip);
     else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 600));
