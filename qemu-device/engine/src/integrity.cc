@@ -47,7 +47,10 @@ class Tagger {
 // nonce too, as GCM's IV.
 void GmacTag(const MacKey& key, const uint8_t* nonce, const uint8_t* ad, size_t n, uint8_t* tag) {
   unsigned long long tag_len = 0;
-  crypto_aead_aes256gcm_encrypt_detached(nullptr, tag, &tag_len, nullptr, 0, ad, n, nullptr, nonce, key.data());
+  // Nothing is encrypted, but libsodium declares the message and ciphertext
+  // pointers nonnull: hand it a real (unused, zero-length) buffer, not null.
+  uint8_t empty[1] = {0};
+  crypto_aead_aes256gcm_encrypt_detached(empty, tag, &tag_len, empty, 0, ad, n, nullptr, nonce, key.data());
 }
 
 }  // namespace
