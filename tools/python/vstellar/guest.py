@@ -394,7 +394,12 @@ class Vstellard:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not os.path.exists(self.sock):
+        # The socket file appears when vstellard binds it, before its workers
+        # have opened their path sockets; "listening on" is printed once all
+        # of that is done (and its signal handlers are in place). Waiting for
+        # the line means a caller that counts the daemon's fds or signals it
+        # sees the daemon as it runs, not half-started.
+        while not (os.path.exists(self.sock) and "vstellard: listening on" in self.text()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise GuestError(f"vstellard did not start ({' '.join(self.argv())}): {self.text()[-2000:]}")
