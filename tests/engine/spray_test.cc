@@ -17,7 +17,7 @@ void blast(SimNet& net, Link& l, uint32_t to, uint16_t path, int n, size_t len) 
   std::vector<uint8_t> junk(len, 0xee);
   for (int i = 0; i < n; i++) {
     HostSpan sp{junk.data(), junk.size()};
-    l.send(path, Endpoint{to, 4791}, nullptr, 0, &sp, 1);
+    l.send(path, IpAddr(), Endpoint{to, 4791}, nullptr, 0, &sp, 1);
   }
   (void)net;
 }

@@ -224,7 +224,7 @@ namespace {
 TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
   struct Count final : RxSink {
     std::vector<uint32_t> qpns;
-    void on_datagram(const uint8_t* d, size_t n, const Endpoint&, uint16_t, bool) override {
+    void on_datagram(const uint8_t* d, size_t n, const Endpoint&, const IpAddr&, bool) override {
       if (n >= 8) qpns.push_back(uint32_t(d[4]) << 24 | uint32_t(d[5]) << 16 | uint32_t(d[6]) << 8 | d[7]);
     }
   };
@@ -252,7 +252,7 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
     hdr[5] = uint8_t(qpn >> 16);
     hdr[6] = uint8_t(qpn >> 8);
     hdr[7] = uint8_t(qpn);
-    sender.send(uint16_t(i % 4), Endpoint{0x7f000001, base}, hdr, sizeof(hdr), nullptr, 0);
+    sender.send(uint16_t(i % 4), IpAddr(), Endpoint{0x7f000001, base}, hdr, sizeof(hdr), nullptr, 0);
     sender.flush();
     sent.push_back(qpn);
   }
@@ -280,7 +280,7 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
 TEST(Udp, GroupsSpreadOverSocketsBeyondTheKernelsPerSocketLimit) {
   struct Count final : RxSink {
     size_t n = 0;
-    void on_datagram(const uint8_t*, size_t, const Endpoint&, uint16_t, bool) override { n++; }
+    void on_datagram(const uint8_t*, size_t, const Endpoint&, const IpAddr&, bool) override { n++; }
   };
   unsigned per_socket = 20;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/igmp_max_memberships", "r")) {
@@ -309,10 +309,10 @@ TEST(Udp, GroupsSpreadOverSocketsBeyondTheKernelsPerSocketLimit) {
   Count got;
   const uint8_t hdr[24] = {1, 3};
   for (unsigned i : {1u, groups - 1, groups}) {
-    tx.send(0, Endpoint{group(i), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);
+    tx.send(0, IpAddr(), Endpoint{group(i), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);
     tx.flush();
   }
-  tx.send(0, Endpoint{group(0), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);  // left: not ours
+  tx.send(0, IpAddr(), Endpoint{group(0), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);  // left: not ours
   tx.flush();
   for (int round = 0; round < 100 && got.n < 3; round++) rx.poll(1'000'000, got);
   for (int round = 0; round < 20; round++) rx.poll(1'000'000, got);  // duplicates would come now

@@ -301,8 +301,19 @@ TEST_F(Device, HostileRequestsFailAloneWithAClearStatus) {
   EXPECT_EQ(d.Modify(qpn, kInitMask, VSTELLAR_QPS_INIT), VSTELLAR_STATUS_OK);
   EXPECT_EQ(d.Modify(qpn, kRtrMask, VSTELLAR_QPS_RTR, [](auto& a) { a.dest_qpn = 1u << 24; }),
             VSTELLAR_STATUS_BAD_FIELD);
-  EXPECT_EQ(d.Modify(qpn, kRtrMask, VSTELLAR_QPS_RTR, [](auto& a) { a.av.dgid[0] = 0xfe; }),
-            VSTELLAR_STATUS_BAD_FIELD);  // not an IPv4-mapped GID
+  // A GID that names no host a peer engine can be at: link-local (fe80::),
+  // a group, none.
+  EXPECT_EQ(d.Modify(qpn, kRtrMask, VSTELLAR_QPS_RTR, [](auto& a) {
+              std::memset(a.av.dgid, 0, 16);
+              a.av.dgid[0] = 0xfe;
+              a.av.dgid[1] = 0x80;
+              a.av.dgid[15] = 1;
+            }),
+            VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(d.Modify(qpn, kRtrMask, VSTELLAR_QPS_RTR, [](auto& a) { a.av.dgid[12] = 239; }),
+            VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(d.Modify(qpn, kRtrMask, VSTELLAR_QPS_RTR, [](auto& a) { std::memset(a.av.dgid, 0, 16); }),
+            VSTELLAR_STATUS_BAD_FIELD);
   EXPECT_EQ(d.Modify(qpn, kRtrMask | VSTELLAR_QP_CUR_STATE, VSTELLAR_QPS_RTR,
                      [](auto& a) { a.cur_qp_state = VSTELLAR_QPS_RTS; }),
             VSTELLAR_STATUS_BAD_STATE);

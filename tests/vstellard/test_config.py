@@ -36,7 +36,7 @@ class ConfigFile(unittest.TestCase):
     def test_bad_lines_name_the_line_and_the_reason(self):
         self.refused("paths = 999\n", "1: paths = 999: not a number in 1..256")
         self.refused("# RNIC on eth1\nip = 192.0.2.1\n\nfoo = 1\n", "4: unknown option 'foo'")
-        self.refused("ip = 192.0.2.300\n", "1: ip = 192.0.2.300: not an IPv4 address")
+        self.refused("ip = 192.0.2.300\n", "1: ip = 192.0.2.300: not an IPv4 or IPv6 address")
         self.refused("pin = lazy  # default\npin = sometimes\n", "2: pin = sometimes: not lazy or eager")
         self.refused("memory-limit = 4X\n",
                      "1: memory-limit = 4X: not a size (a positive number with an optional K, M or G)")

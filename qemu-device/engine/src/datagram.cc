@@ -112,23 +112,26 @@ bool EngineCore::ud_progress(QpImpl& qp) {
     std::memcpy(e.dgid, w.ud.dgid.data(), 16);
     uint8_t hdr[wire::kMaxHeaderLen];
     const size_t hl = wire::encode(b, e, hdr);
-    xmit_to(w.ud.peer, b.path, hdr, hl, spans, n, len, false);
+    xmit_to(IpAddr::from_bytes(w.ud.sgid.data()), w.ud.peer, b.path, hdr, hl, spans, n, len, false);
     stats_.ud_sent++;
     w.done = true;
   }
   return qp.sq_next < qp.sq_tail;
 }
 
-void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from) {
+void EngineCore::ud_receive(const wire::Packet& p, const Endpoint& from, const IpAddr& to) {
   const wire::UdExt& e = p.ud;
   // The source GID must be the sending host's own address (no spoofing
-  // another host's CM).
-  if (wire::is_v4_mapped_gid(e.sgid) && v4_of(e.sgid) != from.ip) {
+  // another host's CM), and a unicast destination GID the address the
+  // datagram reached (no asking, at one device's address, for QP 1 of
+  // another device the daemon serves).
+  Gid dgid;
+  std::memcpy(dgid.data(), e.dgid, 16);
+  if (IpAddr::from_bytes(e.sgid) != from.ip ||
+      (!wire::is_multicast_gid(e.dgid) && !to.unspecified() && IpAddr::from_bytes(e.dgid) != to)) {
     stats_.ud_drops++;
     return;
   }
-  Gid dgid;
-  std::memcpy(dgid.data(), e.dgid, 16);
   if (wire::is_multicast_gid(e.dgid)) {  // a copy for every QP attached here
     auto it = mcast_.find(dgid);
     if (it == mcast_.end()) {

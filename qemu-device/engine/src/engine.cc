@@ -165,7 +165,7 @@ void EngineCore::emit(Cq* cq, const Wc& wc) {
   if (cq->on_completion) cq->on_completion(*cq);
 }
 
-void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+void EngineCore::xmit_to(const IpAddr& src, const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
                      const HostSpan* pl, size_t nspans, size_t plen, bool retx, MacSender* tx) {
   if (cfg_.integrity) {
     // The prefix goes in front of the header; the link copies both.
@@ -173,10 +173,10 @@ void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr,
     if (hlen > sizeof(buf) - PacketMac::kPrefixLen) return;
     std::memcpy(buf + PacketMac::kPrefixLen, hdr, hlen);
     mac_.Sign(tx ? *tx : ud_mac_tx_, hdr, hlen, pl, nspans, buf);
-    link_.send(path, dst, buf, PacketMac::kPrefixLen + hlen, pl, nspans);
+    link_.send(path, src, dst, buf, PacketMac::kPrefixLen + hlen, pl, nspans);
     hlen += PacketMac::kPrefixLen;
   } else {
-    link_.send(path, dst, hdr, hlen, pl, nspans);
+    link_.send(path, src, dst, hdr, hlen, pl, nspans);
   }
   stats_.tx_pkts++;
   stats_.tx_bytes += hlen + plen;
@@ -188,7 +188,7 @@ void EngineCore::xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr,
   }
 }
 
-void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
+void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce) {
   wire::Packet p;
   stats_.rx_pkts++;
   stats_.rx_bytes += len;
@@ -230,7 +230,7 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     if (authentic(ud_mac_key_, [&](uint32_t salt, uint64_t c) {
           return ud_seen_.Admit(from.ip, p.base.src_qpn, salt, c);
         }))
-      ud_receive(p, from);
+      ud_receive(p, from, to);
     return;
   }
   QpImpl* qp = find_qp(p.base.dst_qpn);
@@ -238,8 +238,11 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     stats_.bad_qpn++;
     return;
   }
-  // Only the connected peer may talk to an RC or UC QP.
-  if (p.base.src_qpn != qp->attr.dest_qp_num || from.ip != qp->attr.ah.ip) {
+  // Only the connected peer may talk to an RC or UC QP, and only at the
+  // address the QP is reached at (a daemon serving several devices'
+  // addresses takes a QPN only at its own device's).
+  if (p.base.src_qpn != qp->attr.dest_qp_num || from.ip != qp->attr.ah.ip ||
+      (!to.unspecified() && !qp->attr.local.unspecified() && to != qp->attr.local)) {
     stats_.bad_peer++;
     return;
   }
@@ -471,8 +474,8 @@ int Engine::attach_mcast(Qp* qp, const Gid& mgid) { return core_->attach_mcast(i
 int Engine::detach_mcast(Qp* qp, const Gid& mgid) { return core_->detach_mcast(impl(qp), mgid); }
 Qp* Engine::find_qp(uint32_t qpn) { return core_->find_qp(qpn); }
 Mr* Engine::find_mr(uint32_t key) { return core_->find_mr(key); }
-void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce) {
-  core_->receive(data, len, from, ce);
+void Engine::receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce) {
+  core_->receive(data, len, from, to, ce);
 }
 bool Engine::progress() { return core_->progress(); }
 uint64_t Engine::next_deadline() { return core_->next_deadline(); }

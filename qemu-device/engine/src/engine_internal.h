@@ -362,7 +362,7 @@ class EngineCore {
   void invalidate_qp_windows(const QpImpl& qp);
 
   // ---- driving (engine.cc) ----
-  void receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce);
+  void receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce);
   bool progress();
   uint64_t next_deadline();
 
@@ -424,7 +424,7 @@ class EngineCore {
   uint64_t echo_rtt(uint32_t echo_ts);
   // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
   bool ud_progress(QpImpl& qp);
-  void ud_receive(const wire::Packet& p, const Endpoint& from);
+  void ud_receive(const wire::Packet& p, const Endpoint& from, const IpAddr& to);
   void ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok);
   int attach_mcast(QpImpl* qp, const Gid& mgid);
   int detach_mcast(QpImpl* qp, const Gid& mgid);
@@ -447,11 +447,11 @@ class EngineCore {
   void emit(Cq* cq, const Wc& wc);
   void xmit(QpImpl& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
             size_t nspans, size_t plen, bool retx) {
-    xmit_to(qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);
+    xmit_to(qp.attr.local, qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);
   }
   // `tx`: the MAC key and counter of this packet in integrity mode (the
   // QP's, or the datagrams' when null).
-  void xmit_to(const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
+  void xmit_to(const IpAddr& src, const Endpoint& dst, uint16_t path, const uint8_t* hdr, size_t hlen,
                const HostSpan* pl, size_t nspans, size_t plen, bool retx, MacSender* tx = nullptr);
   uint32_t now_us() { return uint32_t(clock_.now_ns() / 1000); }
 

@@ -156,7 +156,7 @@ bool ReplayWindow::Admit(uint64_t c) {
   return true;
 }
 
-bool DatagramReplay::Admit(uint32_t ip, uint32_t qpn, uint32_t salt, uint64_t counter) {
+bool DatagramReplay::Admit(const IpAddr& ip, uint32_t qpn, uint32_t salt, uint64_t counter) {
   const Key k{ip, qpn, salt};
   auto it = by_key_.find(k);
   if (it == by_key_.end()) {

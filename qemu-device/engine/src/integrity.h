@@ -36,6 +36,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <list>
 #include <unordered_map>
 
@@ -124,17 +125,22 @@ class ReplayWindow {
 class DatagramReplay {
  public:
   static constexpr size_t kMaxSources = 1024;
-  bool Admit(uint32_t ip, uint32_t qpn, uint32_t salt, uint64_t counter);
+  bool Admit(const IpAddr& ip, uint32_t qpn, uint32_t salt, uint64_t counter);
   size_t sources() const { return lru_.size(); }
 
  private:
   struct Key {
-    uint32_t ip, qpn, salt;
-    bool operator==(const Key& o) const { return ip == o.ip && qpn == o.qpn && salt == o.salt; }
+    IpAddr ip;
+    uint32_t qpn, salt;
+    bool operator==(const Key& o) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      return std::hash<uint64_t>()((uint64_t(k.ip) << 32 | k.qpn) ^ uint64_t(k.salt) * 0x9e3779b97f4a7c15ull);
+      uint64_t lo, hi;
+      std::memcpy(&hi, k.ip.b.data(), 8);
+      std::memcpy(&lo, k.ip.b.data() + 8, 8);
+      return std::hash<uint64_t>()((lo ^ hi * 0xff51afd7ed558ccdull) ^ uint64_t(k.qpn) << 32 ^
+                                   uint64_t(k.salt) * 0x9e3779b97f4a7c15ull);
     }
   };
   struct Source {

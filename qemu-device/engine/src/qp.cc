@@ -309,7 +309,8 @@ ModifyQpCheck EngineCore::check_transition(const QpImpl& qp, const QpAttr& a, ui
       ((mask & QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > DeviceLimits::kMaxRdAtomic) ||
       ((mask & QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) || ((mask & QP_TIMEOUT) && a.timeout > 31) ||
       ((mask & QP_RETRY_CNT) && a.retry_cnt > 7) || ((mask & QP_RNR_RETRY) && a.rnr_retry > 7) ||
-      ((mask & QP_AV) && (a.ah.port == 0 || a.ah.ip == 0));
+      ((mask & QP_AV) && (a.ah.port == 0 || a.ah.ip.unspecified() || a.ah.ip.is_multicast() ||
+                          (!a.local.unspecified() && a.local.is_v4() != a.ah.ip.is_v4())));
   return out_of_range ? C::BAD_ATTR_VALUE : C::OK;
 }
 
@@ -322,7 +323,10 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
   if (mask & QP_ACCESS_FLAGS) s.qp_access_flags = a.qp_access_flags;
   if (mask & QP_PKEY_INDEX) s.pkey_index = a.pkey_index;
   if (mask & QP_PORT) s.port_num = a.port_num;
-  if (mask & QP_AV) s.ah = a.ah;
+  if (mask & QP_AV) {
+    s.ah = a.ah;
+    s.local = a.local;
+  }
   if (mask & QP_PATH_MTU) s.path_mtu = a.path_mtu;
   if (mask & QP_TIMEOUT) s.timeout = a.timeout;
   if (mask & QP_RETRY_CNT) s.retry_cnt = a.retry_cnt;

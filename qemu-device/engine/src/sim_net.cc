@@ -15,11 +15,14 @@ constexpr size_t kWireOverhead = 42;
 class SimLink final : public Link {
  public:
   SimLink(SimNet& net, uint32_t ip) : net_(net), ip_(ip) {}
-  void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hlen,
+  // A node has one IPv4 address: the source is always it, and an IPv6
+  // destination is nobody.
+  void send(uint16_t path, const IpAddr&, const Endpoint& dst, const uint8_t* hdr, size_t hlen,
             const HostSpan* payload, size_t nspans) override {
+    if (!dst.ip.is_v4()) return;
     std::vector<uint8_t> b(hdr, hdr + hlen);
     for (size_t i = 0; i < nspans; i++) b.insert(b.end(), payload[i].ptr, payload[i].ptr + payload[i].len);
-    net_.enqueue(ip_, dst.ip, path, std::move(b));
+    net_.enqueue(ip_, dst.ip.v4(), path, std::move(b));
   }
   void flush() override {}
   bool join_group(uint32_t group, bool join) override {
@@ -257,7 +260,7 @@ bool SimNet::step(uint64_t limit) {
       continue;
     }
     stats.delivered++;
-    it->second->receive(ev.bytes.data(), ev.bytes.size(), Endpoint{ev.from, 0}, ev.ce);
+    it->second->receive(ev.bytes.data(), ev.bytes.size(), Endpoint{ev.from, 0}, IpAddr(ev.to), ev.ce);
     busy = true;
   }
   for (Event& ev : held) {  // same order, at the end of the descheduling

@@ -18,6 +18,24 @@
 namespace vstellar {
 namespace {
 
+// The sender of a received datagram, from the socket address the kernel
+// wrote (IPv4 on an IPv6 socket arrives mapped); false if it is neither.
+bool sender_of(const void* name, uint32_t namelen, Endpoint* out) {
+  sockaddr_in6 s6;
+  if (namelen >= sizeof(sockaddr_in6)) {
+    std::memcpy(&s6, name, sizeof(s6));
+    if (s6.sin6_family != AF_INET6) return false;
+    *out = Endpoint{IpAddr::from_bytes(s6.sin6_addr.s6_addr), ntohs(s6.sin6_port)};
+    return true;
+  }
+  sockaddr_in s4;
+  if (namelen < sizeof(sockaddr_in)) return false;
+  std::memcpy(&s4, name, sizeof(s4));
+  if (s4.sin_family != AF_INET) return false;
+  *out = Endpoint{IpAddr(ntohl(s4.sin_addr.s_addr)), ntohs(s4.sin_port)};
+  return true;
+}
+
 constexpr uint64_t kTxTag = 1ull << 32;
 constexpr uint64_t kRxTag = 2ull << 32;
 constexpr uint64_t kMcRxTag = 4ull << 32;
@@ -71,7 +89,7 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   for (uint32_t i = 0; i < cfg_.tx_slots; i++) tx_free_.push_back(cfg_.tx_slots - 1 - i);
 
   if (!init_receive_buffers()) return;
-  rx_msg_.msg_namelen = sizeof(sockaddr_in);
+  rx_msg_.msg_namelen = sizeof(sockaddr_in6);
   arm_recv();
   io_uring_submit(&ring_);
 }
@@ -103,24 +121,54 @@ bool UdpLink::init_ring() {
   return true;
 }
 
+socklen_t UdpLink::sockaddr_of(const IpAddr& a, uint16_t port, sockaddr_in6* out) const {
+  *out = sockaddr_in6{};
+  if (family_ == AF_INET6) {
+    out->sin6_family = AF_INET6;
+    out->sin6_port = htons(port);
+    std::memcpy(&out->sin6_addr, a.b.data(), 16);  // IpAddr() is ::, the wildcard
+    return sizeof(sockaddr_in6);
+  }
+  if (!a.is_v4() && !a.unspecified()) return 0;
+  auto* in = reinterpret_cast<sockaddr_in*>(out);
+  in->sin_family = AF_INET;
+  in->sin_port = htons(port);
+  in->sin_addr.s_addr = htonl(a.unspecified() ? INADDR_ANY : a.v4());
+  return sizeof(sockaddr_in);
+}
+
+// A UDP socket of the link's family; an IPv6 one also carries IPv4.
+static int udp_socket(int family) {
+  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int off = 0;
+  if (fd >= 0 && family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  return fd;
+}
+
 // One socket per path: path i sends from source port base_port + i. With
 // shards, every link of the group binds the same ports (SO_REUSEPORT).
 bool UdpLink::open_path_sockets() {
   for (uint16_t i = 0; i < cfg_.num_paths; i++) {
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int fd = udp_socket(family_);
+    if (fd < 0 && i == 0 && errno == EAFNOSUPPORT && (cfg_.local.is_v4() || cfg_.local.unspecified())) {
+      family_ = AF_INET;  // no IPv6 on this host: IPv4 sockets serve IPv4 alone
+      fd = udp_socket(family_);
+    }
     if (fd < 0) {
       error_ = std::string("socket: ") + strerror(errno);
       return false;
     }
     fds_.push_back(fd);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(cfg_.local_ip);
-    a.sin_port = htons(uint16_t(cfg_.base_port + i));
+    sockaddr_in6 a;
+    const socklen_t alen = sockaddr_of(cfg_.local, uint16_t(cfg_.base_port + i), &a);
+    if (alen == 0) {
+      error_ = "an IPv6 address on a host without IPv6";
+      return false;
+    }
     if (cfg_.shards > 1) {
       if (cfg_.shard == 0) {  // the port is free: bound alone, it would be
-        const int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        const bool free = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+        const int probe = udp_socket(family_);
+        const bool free = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&a), alen) == 0;
         const int e = errno;
         if (probe >= 0) close(probe);
         if (!free) {
@@ -134,18 +182,19 @@ bool UdpLink::open_path_sockets() {
         return false;
       }
     }
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), alen) != 0) {
       error_ = "bind port " + std::to_string(cfg_.base_port + i) + ": " + strerror(errno);
       return false;
     }
     set_buf(fd, SO_SNDBUFFORCE, SO_SNDBUF, cfg_.sock_buf);
-    if (cfg_.mcast_port) {  // datagrams to a group leave from our own address
-      in_addr ifa{htonl(cfg_.local_ip)};
+    if (cfg_.mcast_port && cfg_.local.is_v4()) {  // datagrams to a group leave from our own address
+      in_addr ifa{htonl(cfg_.local.v4())};
       setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof(ifa));
     }
     if (cfg_.ecn) {
       int tos = 0x02;  // ECT(0): a fabric may mark CE instead of dropping
-      setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));
+      setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));  // IPv4, on either family
+      if (family_ == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tos, sizeof(tos));
     }
   }
   set_buf(fds_[0], SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
@@ -172,11 +221,20 @@ bool UdpLink::steer_shards() {
   return true;
 }
 
-// The receiving socket (the base port) reports the TOS byte (ECN) and, in
-// GSO mode, coalesces with UDP_GRO.
+// The receiving socket (the base port) reports the TOS byte or traffic
+// class (ECN) and the address each datagram was sent to, and, in GSO mode,
+// coalesces with UDP_GRO. An IPv6 socket's IPV6_PKTINFO also names the
+// IPv4 destination of an IPv4 datagram (mapped).
 bool UdpLink::set_receive_options() {
   int on = 1;
   setsockopt(fds_[0], IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  const bool v6 = family_ == AF_INET6;
+  if ((v6 && (setsockopt(fds_[0], IPPROTO_IPV6, IPV6_RECVTCLASS, &on, sizeof(on)) != 0 ||
+              setsockopt(fds_[0], IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof(on)) != 0)) ||
+      (!v6 && setsockopt(fds_[0], IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0)) {
+    error_ = std::string("receive options: ") + strerror(errno);
+    return false;
+  }
   if (gso_mode() && setsockopt(fds_[0], IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) != 0) {
     error_ = std::string("UDP_GRO: ") + strerror(errno);
     return false;
@@ -185,11 +243,12 @@ bool UdpLink::set_receive_options() {
 }
 
 // Provided-buffer ring: the kernel picks a buffer per datagram. Room for
-// the TOS byte and, in GSO mode, the UDP_GRO segment size.
+// the sender's address, the TOS byte or traffic class, the destination
+// address and, in GSO mode, the UDP_GRO segment size.
 bool UdpLink::init_receive_buffers() {
-  rx_msg_.msg_controllen = 2 * CMSG_SPACE(sizeof(int));
+  rx_msg_.msg_controllen = 3 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(in6_pktinfo));
   const size_t payload = gso_mode() ? std::max<size_t>(cfg_.max_datagram, kGroBufBytes) : cfg_.max_datagram;
-  rx_buf_len_ = (payload + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in) +
+  rx_buf_len_ = (payload + sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in6) +
                  rx_msg_.msg_controllen + 63) & ~size_t(63);
   br_bytes_ = cfg_.rx_buffers * sizeof(io_uring_buf);
   void* m = mmap(nullptr, br_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
@@ -333,7 +392,8 @@ bool UdpLink::join_group(uint32_t group, bool join) {
   if (!ok() || !cfg_.mcast_port) return false;
   ip_mreq m{};
   m.imr_multiaddr.s_addr = htonl(group);
-  m.imr_interface.s_addr = htonl(cfg_.local_ip);
+  // A link bound to the wildcard lets the route pick the interface.
+  m.imr_interface.s_addr = htonl(cfg_.local.is_v4() ? cfg_.local.v4() : INADDR_ANY);
   auto at = mc_group_.find(group);
   if (!join) {
     if (at == mc_group_.end()) return false;
@@ -359,24 +419,27 @@ bool UdpLink::join_group(uint32_t group, bool join) {
   }
 }
 
-void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
-                   const HostSpan* payload, size_t nspans) {
+void UdpLink::send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
+                   size_t hdr_len, const HostSpan* payload, size_t nspans) {
   if (!ok()) return;
-  if (nspans + 1 > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr[0])) {
+  sockaddr_in6 to;
+  const socklen_t tolen = sockaddr_of(dst.ip, dst.port, &to);
+  if (nspans + 1 > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr[0]) || tolen == 0) {
     stats_.tx_err++;
     return;
   }
+  // A link bound to one address sends from it, whatever src says.
+  const IpAddr from = cfg_.local.unspecified() ? src : IpAddr();
   path = uint16_t(path % fds_.size());
   size_t len = hdr_len;
   for (size_t i = 0; i < nspans; i++) len += payload[i].len;
-  const uint16_t port = htons(dst.port);
-  const uint32_t ip = htonl(dst.ip);
   if (open_ >= 0) {
     // GSO: the datagram joins the open send if the kernel can cut it out of
-    // the same buffer (same socket, same destination, not longer than the
-    // segment size, which only the last may undercut).
+    // the same buffer (same socket, same source and destination, not longer
+    // than the segment size, which only the last may undercut).
     TxSlot& t = tx_[size_t(open_)];
-    if (t.path == path && t.dst.sin_port == port && t.dst.sin_addr.s_addr == ip && !t.closed &&
+    if (t.path == path && t.src == from && t.msg.msg_namelen == tolen &&
+        std::memcmp(&t.dst, &to, tolen) == 0 && !t.closed &&
         len <= t.seg_len && t.segs < kMaxGsoSegs && t.bytes + len <= kGsoMaxBytes &&
         t.msg.msg_iovlen + 1 + nspans <= size_t(cfg_.zerocopy ? kZcMaxIov : kSlotIov)) {
       std::memcpy(t.hdr[t.segs], hdr, hdr_len);
@@ -403,15 +466,13 @@ void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_
   std::memcpy(t.hdr[0], hdr, hdr_len);
   t.iov[0] = {t.hdr[0], hdr_len};
   for (size_t i = 0; i < nspans; i++) t.iov[1 + i] = {payload[i].ptr, payload[i].len};
-  t.dst = sockaddr_in{};
-  t.dst.sin_family = AF_INET;
-  t.dst.sin_port = port;
-  t.dst.sin_addr.s_addr = ip;
+  t.dst = to;
+  t.src = from;
   t.msg = msghdr{};
   // Unconnected: the destination travels with each send, the source port
   // is the path's socket.
   t.msg.msg_name = &t.dst;
-  t.msg.msg_namelen = sizeof(t.dst);
+  t.msg.msg_namelen = tolen;
   t.msg.msg_iov = t.iov;
   t.msg.msg_iovlen = 1 + nspans;
   t.path = path;
@@ -423,20 +484,50 @@ void UdpLink::send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_
   else submit_slot(idx);
 }
 
-// Queue one slot's sendmsg; with more than one datagram in it, the segment
-// size goes along as a UDP_SEGMENT control message.
-void UdpLink::submit_slot(uint32_t idx) {
-  TxSlot& t = tx_[idx];
+// A slot's control messages: with more than one datagram in it, the
+// segment size (UDP_SEGMENT); with a source named, the source address
+// (IPV6_PKTINFO, which an IPv6 socket also takes for IPv4 as ::ffff:a.b.c.d;
+// IP_PKTINFO on IPv4 sockets).
+void UdpLink::fill_control(TxSlot& t) {
+  const bool v6 = family_ == AF_INET6;
+  const bool src = !t.src.unspecified();
+  const size_t len = (t.segs > 1 ? CMSG_SPACE(sizeof(uint16_t)) : 0) +
+                     (src ? (v6 ? CMSG_SPACE(sizeof(in6_pktinfo)) : CMSG_SPACE(sizeof(in_pktinfo))) : 0);
+  t.msg.msg_control = len ? t.cmsg : nullptr;
+  t.msg.msg_controllen = len;
+  if (!len) return;
+  std::memset(t.cmsg, 0, len);
+  cmsghdr* c = CMSG_FIRSTHDR(&t.msg);
   if (t.segs > 1) {
-    t.msg.msg_control = t.cmsg;
-    t.msg.msg_controllen = sizeof(t.cmsg);
-    cmsghdr* c = CMSG_FIRSTHDR(&t.msg);
     c->cmsg_level = SOL_UDP;
     c->cmsg_type = UDP_SEGMENT;
     c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
     const uint16_t seg = uint16_t(t.seg_len);
     std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+    c = CMSG_NXTHDR(&t.msg, c);
   }
+  if (!src) return;
+  if (v6) {
+    in6_pktinfo pi{};
+    std::memcpy(&pi.ipi6_addr, t.src.b.data(), 16);
+    c->cmsg_level = IPPROTO_IPV6;
+    c->cmsg_type = IPV6_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof(pi));
+    std::memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+  } else {
+    in_pktinfo pi{};
+    pi.ipi_spec_dst.s_addr = htonl(t.src.v4());
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof(pi));
+    std::memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+  }
+}
+
+// Queue one slot's sendmsg, with its control messages (fill_control).
+void UdpLink::submit_slot(uint32_t idx) {
+  TxSlot& t = tx_[idx];
+  fill_control(t);
   io_uring_sqe* s = sqe();
   // A zero-copy send's buffer becomes the skb's page fragments (at most
   // MAX_SKB_FRAGS, 17; more is EMSGSIZE), an iovec one or two of them.
@@ -480,9 +571,10 @@ void UdpLink::resend_unsegmented(const TxSlot& t) {
       want -= t.iov[v].iov_len;
     }
     n.dst = t.dst;
+    n.src = t.src;
     n.msg = msghdr{};
     n.msg.msg_name = &n.dst;
-    n.msg.msg_namelen = sizeof(n.dst);
+    n.msg.msg_namelen = t.msg.msg_namelen;
     n.msg.msg_iov = n.iov;
     n.msg.msg_iovlen = ni;
     n.path = t.path;
@@ -580,15 +672,30 @@ void UdpLink::handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& deli
   io_uring_recvmsg_out* o = io_uring_recvmsg_validate(buf, res, &rx_msg_);
   if (o && (o->flags & MSG_TRUNC)) {
     stats_.rx_trunc++;
-  } else if (o && o->namelen >= sizeof(sockaddr_in)) {
-    sockaddr_in sa;
-    std::memcpy(&sa, io_uring_recvmsg_name(o), sizeof(sa));
+  } else if (Endpoint from; o && sender_of(io_uring_recvmsg_name(o), o->namelen, &from)) {
     bool ce = false;
+    IpAddr to;         // the address it was sent to (unspecified: not said)
     uint32_t seg = 0;  // UDP_GRO: the datagrams' size (the last may be shorter)
     for (cmsghdr* c = io_uring_recvmsg_cmsg_firsthdr(o, &rx_msg_); c;
          c = io_uring_recvmsg_cmsg_nexthdr(o, &rx_msg_, c)) {
       if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)
         ce = (*reinterpret_cast<uint8_t*>(CMSG_DATA(c)) & 3) == 3;
+      if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof(v));
+        ce = (v & 3) == 3;
+      }
+      if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+          c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
+        in6_pktinfo pi;
+        std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+        to = IpAddr::from_bytes(pi.ipi6_addr.s6_addr);
+      }
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in_pktinfo))) {
+        in_pktinfo pi;
+        std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+        to = IpAddr(ntohl(pi.ipi_addr.s_addr));
+      }
       if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
         int v;
         std::memcpy(&v, CMSG_DATA(c), sizeof(v));
@@ -597,7 +704,6 @@ void UdpLink::handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& deli
     }
     const uint8_t* payload = static_cast<const uint8_t*>(io_uring_recvmsg_payload(o, &rx_msg_));
     uint32_t plen = io_uring_recvmsg_payload_length(o, res, &rx_msg_);
-    const Endpoint from{ntohl(sa.sin_addr.s_addr), ntohs(sa.sin_port)};
     if (seg == 0 || seg > plen) seg = plen;
     stats_.rx_bufs++;
     // The datagrams are handed over where they lie: no copy of our own.
@@ -606,7 +712,7 @@ void UdpLink::handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& deli
       const uint32_t n = std::min(seg, plen - off);
       stats_.rx++;
       delivered++;
-      sink->on_datagram(payload + off, n, from, from.port, ce);
+      sink->on_datagram(payload + off, n, from, to, ce);
       off += n;
     } while (off < plen);
   }

@@ -12,7 +12,7 @@ uint32_t link_of(uint16_t path, uint32_t links) {
 
 UdpLinkConfig Node::link_config(const Options& o, uint16_t base_port) {
   UdpLinkConfig c;
-  c.local_ip = o.local_ip;
+  c.local = o.local_ip;
   c.base_port = base_port;
   c.num_paths = o.eng.num_paths;
   c.max_datagram = o.eng.mtu + 256;
@@ -42,17 +42,17 @@ void Node::run_once(uint64_t max_wait_ns) {
   link_.poll(wait, *this);
 }
 
-void Node::on_datagram(const uint8_t* data, size_t len, const Endpoint& from, uint16_t src_port,
+void Node::on_datagram(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to,
                        bool ce) {
   if (o_.loss_rate > 0) {
-    uint16_t path = uint16_t(src_port - peer_port_);
+    uint16_t path = uint16_t(from.port - peer_port_);  // the source port is the path
     if (path < 256 && int(link_of(path, o_.loss_links)) == lossy_link_ &&
         std::uniform_real_distribution<double>(0, 1)(rng_) < o_.loss_rate) {
       emu_dropped++;
       return;
     }
   }
-  eng_.receive(data, len, from, ce);
+  eng_.receive(data, len, from, to, ce);
 }
 
 std::string stats_json(const EngineStats& s, bool path_detail) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include <vstellar/integrity_key.h>
+#include <vstellar/ip_text.h>
 
 #include "vstellar/harness/harness.h"
 
@@ -36,8 +37,8 @@ ROLES
     --role pair       fork a server, run the client (loopback by default)
 
 NETWORK
-    --local-ip A      local IPv4 address for UDP and control (127.0.0.1)
-    --peer-ip B       the peer's IPv4 address (127.0.0.1)
+    --local-ip A      local IPv4 or IPv6 address for UDP and control (127.0.0.1)
+    --peer-ip B       the peer's IPv4 or IPv6 address (127.0.0.1)
     --base-port P     first local UDP port; path i is source port P+i; the
                       engine receives on P (server 47000, client 47300)
     --peer-port Q     the peer's base port (default: the other role's)
@@ -129,12 +130,6 @@ EXAMPLES
 
 namespace {
 
-bool parse_ip(const char* s, uint32_t& out) {
-  in_addr a;
-  if (inet_pton(AF_INET, s, &a) != 1) return false;
-  out = ntohl(a.s_addr);
-  return true;
-}
 
 bool parse_size(const char* s, uint64_t& out) {
   char* end;
@@ -178,7 +173,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     if (a == "--role") { o.role = v; ok = o.role == "server" || o.role == "client" || o.role == "pair"; }
     else if (a == "--mode") { o.mode = v; ok = o.mode == "bw" || o.mode == "lat" || o.mode == "raw"; }
     else if (a == "--op") { o.op = v; ok = o.op == "write" || o.op == "send" || o.op == "read"; }
-    else if (a == "--local-ip") ok = parse_ip(v, o.local_ip);
+    else if (a == "--local-ip") ok = vstellar::parse_ip(v, &o.local_ip);
     else if (a == "--integrity-key") {
       std::string err;
       ok = vstellar::ReadIntegrityKey(v, &o.eng.integrity_key, &err);
@@ -191,7 +186,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
       ok = name == "chacha20-poly1305" || name == "aes-gmac";
       o.eng.integrity_alg = name == "aes-gmac" ? Alg::AES_GMAC : Alg::CHACHA20_POLY1305;
     }
-    else if (a == "--peer-ip") ok = parse_ip(v, o.peer_ip);
+    else if (a == "--peer-ip") ok = vstellar::parse_ip(v, &o.peer_ip);
     else if (a == "--base-port") o.base_port = uint16_t(num(1, 65535 - 600));
     else if (a == "--peer-port") o.peer_port = uint16_t(num(1, 65535));
     else if (a == "--ctrl-port") o.ctrl_port = uint16_t(num(1, 65535));

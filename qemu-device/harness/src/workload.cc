@@ -73,15 +73,23 @@ class Ctrl {
   bool closed_ = false;
 };
 
-int tcp_listen(uint32_t ip, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int on = 1;
+// Control connections are IPv6 sockets, which reach IPv4 addresses as
+// ::ffff:a.b.c.d.
+sockaddr_in6 control_addr(const IpAddr& ip, uint16_t port) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  std::memcpy(&a.sin6_addr, ip.b.data(), 16);
+  a.sin6_port = htons(port);
+  return a;
+}
+
+int tcp_listen(const IpAddr& ip, uint16_t port) {
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int on = 1, off = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(ip);
-  a.sin_port = htons(port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 1) != 0) {
+  setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  const sockaddr_in6 a = control_addr(ip, port);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 1) != 0) {
     perror("vstellar-harness: control listen");
     close(fd);
     return -1;
@@ -89,15 +97,12 @@ int tcp_listen(uint32_t ip, uint16_t port) {
   return fd;
 }
 
-int tcp_connect(uint32_t ip, uint16_t port, double timeout_s) {
+int tcp_connect(const IpAddr& ip, uint16_t port, double timeout_s) {
   uint64_t end = now_ns() + uint64_t(timeout_s * 1e9);
   while (now_ns() < end) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(ip);
-    a.sin_port = htons(port);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const sockaddr_in6 a = control_addr(ip, port);
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0) {
       int on = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
       return fd;
@@ -246,7 +251,7 @@ class RawSink : public RxSink {
   uint64_t first = 0, last = 0, pkts = 0, bytes = 0, counted_bytes = 0, counted_pkts = 0;
   uint64_t count_from = 0;
   Series* series = nullptr;
-  void on_datagram(const uint8_t*, size_t len, const Endpoint&, uint16_t, bool) override {
+  void on_datagram(const uint8_t*, size_t len, const Endpoint&, const IpAddr&, bool) override {
     uint64_t t = now_ns();
     if (!first) first = t;
     last = t;
@@ -452,7 +457,7 @@ int client_impl(const Options& o, std::string& json) {
         uint64_t off = (dgrams % per_msg) * seg;
         uint32_t len = uint32_t(std::min<uint64_t>(seg, o.size - std::min(o.size, off)));
         HostSpan sp{pay.p + off, len};
-        l.send(ps.pick(len), Endpoint{o.peer_ip, peer_port}, hdr, kRawHdr, &sp, len ? 1 : 0);
+        l.send(ps.pick(len), IpAddr(), Endpoint{o.peer_ip, peer_port}, hdr, kRawHdr, &sp, len ? 1 : 0);
         dgrams++;
       }
       l.flush();

@@ -28,16 +28,18 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   if (le32toh(cmd.gid_type) != VSTELLAR_GID_TYPE_ROCE_V2) return VSTELLAR_STATUS_BAD_FIELD;
   vstellar::Gid g;
   std::memcpy(g.data(), cmd.gid, 16);
-  // An IPv4 address (RoCEv2 over IPv4, the only one the engine speaks):
-  // only one this daemon serves, and only while no other device holds it,
-  // so a guest cannot take another guest's QP 1 traffic or send as its
-  // address by writing that address into its own GID table. Any other
-  // address (the netdev's IPv6 link-local one, say) is listed, so the
+  // An address (RoCE v2 over IPv4 or IPv6): only one configured for this
+  // device, and only while no other device holds it, so a guest cannot
+  // take another guest's QP 1 traffic or send as its address by writing
+  // that address into its own GID table. A link-local IPv6 address (the
+  // netdev's fe80::, which the kernel always adds) is listed, so the
   // guest's GID table matches its netdev as the kernel expects, but never
-  // held: nothing is sent from it and QP 1 does not answer for it.
-  const bool ipv4 = IsV4Mapped(g.data());
-  if (ipv4 && !sh_.gids->Serves(g)) return VSTELLAR_STATUS_ACCESS;
-  if (ipv4 && !sh_.gids->Take(g, &obj_, sh_.worker)) return VSTELLAR_STATUS_BUSY;
+  // held: it names no host beyond the guest's own link, so nothing is sent
+  // from it and QP 1 does not answer for it.
+  const vstellar::IpAddr a = vstellar::IpAddr::from_bytes(g.data());
+  const bool held = !a.is_link_local();
+  if (held && !state_.MayHold(a)) return VSTELLAR_STATUS_ACCESS;
+  if (held && !sh_.gids->Take(g, &obj_, sh_.worker)) return VSTELLAR_STATUS_BUSY;
   auto old = obj_.gids.find(index);
   if (old != obj_.gids.end()) {
     const vstellar::Gid prev = old->second;

@@ -179,13 +179,13 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
 
 namespace {
 
-// The peer host an address vector names: RoCEv2-style, its GID is an
-// IPv4-mapped IPv6 address (0 when it is not one).
-uint32_t PeerIp(const vstellar_av& av) {
-  if (!IsV4Mapped(av.dgid)) return 0;
-  uint32_t ip;
-  std::memcpy(&ip, av.dgid + 12, 4);
-  return be32toh(ip);
+// The peer host an address vector names: RoCE v2-style, its GID is its
+// IPv6 address or its IPv4 one (IPv4-mapped). Unspecified when it names
+// no host we can reach: no address, a group, or a link-local one (which
+// means something only on the guest's own link).
+vstellar::IpAddr PeerIp(const vstellar_av& av) {
+  const vstellar::IpAddr a = vstellar::IpAddr::from_bytes(av.dgid);
+  return a.is_multicast() || a.is_link_local() ? vstellar::IpAddr() : a;
 }
 
 // The attributes of a MODIFY_QP as the wire holds them: reserved bytes
@@ -215,7 +215,7 @@ uint16_t CheckQpAttr(const vstellar_cmd_modify_qp& cmd, const virtio_vstellar_co
   if (((mask & VSTELLAR_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > cfg32(c.max_qp_init_rd_atom)) ||
       ((mask & VSTELLAR_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > cfg32(c.max_qp_rd_atom)))
     return VSTELLAR_STATUS_LIMIT;
-  if ((mask & VSTELLAR_QP_AV) && PeerIp(a.av) == 0) return VSTELLAR_STATUS_BAD_FIELD;
+  if ((mask & VSTELLAR_QP_AV) && PeerIp(a.av).unspecified()) return VSTELLAR_STATUS_BAD_FIELD;
   return VSTELLAR_STATUS_OK;
 }
 
@@ -249,6 +249,31 @@ vstellar::QpAttr EngineQpAttr(const vstellar_qp_attr& a, uint8_t next, uint16_t 
 
 }  // namespace
 
+// The address an RC or UC QP sends from and is reached at: the source GID
+// its address vector names if this device holds it and it is of the
+// peer's family, else the device's held address of that family. A daemon
+// bound to one address sends from it whatever a QP names, so there a QP
+// may go without one (its device may not have added its GID yet); a
+// daemon serving several devices' addresses needs one, or the QP would
+// send as nobody's (BAD_FIELD).
+uint16_t Commands::QpSource(const vstellar_av& av, const vstellar::IpAddr& peer, vstellar::IpAddr* out) {
+  auto usable = [&](const vstellar::Gid& g) {
+    return HoldsGid(sh_, &obj_, g) && vstellar::IpAddr::from_bytes(g.data()).is_v4() == peer.is_v4();
+  };
+  auto named = obj_.gids.find(av.sgid_index);
+  if (named != obj_.gids.end() && usable(named->second)) {
+    *out = vstellar::IpAddr::from_bytes(named->second.data());
+    return VSTELLAR_STATUS_OK;
+  }
+  for (const auto& [index, g] : obj_.gids)
+    if (usable(g)) {
+      *out = vstellar::IpAddr::from_bytes(g.data());
+      return VSTELLAR_STATUS_OK;
+    }
+  *out = vstellar::IpAddr();
+  return sh_.link_serves_many_addresses ? VSTELLAR_STATUS_BAD_FIELD : VSTELLAR_STATUS_OK;
+}
+
 // Check the wire attributes, ask the engine's state machine, modify.
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
@@ -259,7 +284,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
   const uint32_t mask = le32toh(cmd.attr.attr_mask);
   vstellar::Qp* qp = q->qp;
   const uint8_t next = (mask & VSTELLAR_QP_STATE) ? cmd.attr.qp_state : uint8_t(qp->state());
-  const vstellar::QpAttr qa = EngineQpAttr(cmd.attr, next, sh_.peer_port);
+  vstellar::QpAttr qa = EngineQpAttr(cmd.attr, next, sh_.peer_port);
+  if (mask & VSTELLAR_QP_AV)
+    if (uint16_t s = QpSource(cmd.attr.av, qa.ah.ip, &qa.local)) return s;
   // Our attr_mask bits are the IB (and engine) numbering. The engine owns
   // the state machine: a state the QP is not in, or a transition that does
   // not exist, is BAD_STATE; attributes the transition lacks, does not
@@ -301,11 +328,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, u
   a.timeout = qa.timeout;
   a.retry_cnt = qa.retry_cnt;
   a.rnr_retry = qa.rnr_retry;
-  if (qa.ah.ip) {
-    a.av.dgid[10] = a.av.dgid[11] = 0xff;
-    const uint32_t ip = htobe32(qa.ah.ip);
-    std::memcpy(a.av.dgid + 12, &ip, 4);
-  }
+  if (!qa.ah.ip.unspecified()) std::memcpy(a.av.dgid, qa.ah.ip.b.data(), 16);
   r.sq_draining = htole32(qa.sq_draining);
   Put(resp, r);
   return VSTELLAR_STATUS_OK;

@@ -23,7 +23,7 @@ const char* ToString(TranslationMode m) { return m == TranslationMode::kAtc ? "a
 Daemon::Daemon(DaemonOptions o) : o_(std::move(o)) {
   env_.options = &o_;
   env_.workers = &workers_;
-  env_.accept = [this] { Accept(); };
+  env_.accept = [this](size_t listener) { Accept(listener); };
   env_.write_stats = [this] { WriteStats(); };
   env_.keep_closed = [this](const DeviceStats& last) { KeepClosed(last); };
 }
@@ -31,8 +31,8 @@ Daemon::Daemon(DaemonOptions o) : o_(std::move(o)) {
 Daemon::~Daemon() {
   StopWorkers();
   workers_.clear();
-  for (int fd : {lsock_, statsfd_})
-    if (fd >= 0) close(fd);
+  for (int fd : listen_fds_) close(fd);
+  if (statsfd_ >= 0) close(statsfd_);
 }
 
 // Every worker but 0 (which runs in Run()'s thread) is stopped, then
@@ -70,12 +70,6 @@ bool Daemon::Start(std::string* err) {
   }
   env_.memory = std::make_shared<MemoryBudget>(o_.memory_limit);
   if (!ApplyDeviceMax(err)) return false;
-  // The engine's sockets are bound to this one address, so it is the one
-  // GID any device here can send from and be reached at.
-  vstellar::Gid own{};
-  own[10] = own[11] = 0xff;
-  for (int i = 0; i < 4; i++) own[12 + i] = uint8_t(o_.ip >> (24 - 8 * i));
-  env_.gids->Serve(own);
   return Listen(err) && StartWorkers(err);
 }
 
@@ -103,28 +97,47 @@ bool Daemon::ApplyDeviceMax(std::string* err) {
   return true;
 }
 
-// The vhost-user socket and the stats eventfd, which worker 0 watches.
+// The vhost-user sockets and the stats eventfd, which worker 0 watches:
+// the default socket, whose devices may hold --ip, then each --device
+// socket with its own addresses.
 bool Daemon::Listen(std::string* err) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (o_.socket.size() >= sizeof(addr.sun_path)) {
-    *err = "socket path too long: " + o_.socket;
+  if (o_.socket.empty() && o_.device_sockets.empty()) {
+    *err = "no vhost-user socket: give --socket or --device";
     return false;
   }
-  std::memcpy(addr.sun_path, o_.socket.c_str(), o_.socket.size());
-  lsock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  unlink(o_.socket.c_str());
-  if (lsock_ < 0 || bind(lsock_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0 || listen(lsock_, 64) < 0) {
-    *err = "cannot listen on " + o_.socket + ": " + std::strerror(errno);
+  if (o_.device_sockets.size() + 1 > DaemonOptions::kMaxDeviceSockets) {
+    *err = "at most " + std::to_string(DaemonOptions::kMaxDeviceSockets - 1) + " --device sockets";
     return false;
   }
+  if (!o_.socket.empty() && !ListenOn(o_.socket, {o_.ip}, err)) return false;
+  for (const DaemonOptions::DeviceSocket& d : o_.device_sockets)
+    if (!ListenOn(d.path, d.addresses, err)) return false;
   statsfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (statsfd_ < 0) {
     *err = std::string("eventfd: ") + std::strerror(errno);
     return false;
   }
-  env_.listen_fd = lsock_;
+  env_.listen_fds = listen_fds_;
   env_.stats_fd = statsfd_;
+  return true;
+}
+
+bool Daemon::ListenOn(const std::string& path, const std::vector<vstellar::IpAddr>& addresses, std::string* err) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    *err = "socket path too long: " + path;
+    return false;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s >= 0) listen_fds_.push_back(s);
+  unlink(path.c_str());
+  if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0 || listen(s, 64) < 0) {
+    *err = "cannot listen on " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  env_.listener_addresses.push_back(addresses);
   return true;
 }
 
@@ -178,10 +191,10 @@ void Daemon::Run() {
 // Worker 0, under its lock: each new connection goes to the worker with
 // the fewest devices (the lowest index of those), so devices, and with
 // them their QPs, spread over the workers as they come and go.
-void Daemon::Accept() {
+void Daemon::Accept(size_t listener) {
   for (;;) {
     // Non-blocking: no frontend can make the loop wait for its bytes.
-    int s = accept4(lsock_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int s = accept4(listen_fds_.at(listener), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (s < 0) return;
     const unsigned id = next_id_++;
     Worker* pick = workers_[0].get();
@@ -189,8 +202,8 @@ void Daemon::Accept() {
       if (w->devices.load(std::memory_order_relaxed) < pick->devices.load(std::memory_order_relaxed))
         pick = w.get();
     pick->devices.fetch_add(1, std::memory_order_relaxed);
-    if (pick == workers_[0].get()) pick->AddConn(id, s);
-    else pick->Adopt(id, s);
+    if (pick == workers_[0].get()) pick->AddConn(id, s, listener);
+    else pick->Adopt(id, s, listener);
   }
 }
 

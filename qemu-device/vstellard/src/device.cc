@@ -12,11 +12,11 @@
 
 namespace vstellard {
 
-Device::Device(unsigned id, DeviceShared& shared)
+Device::Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::IpAddr>& addresses)
     : id_(id),
       sh_(shared),
       pvdma_(shared.pin),
-      state_(shared.device_config),
+      state_(shared.device_config, addresses),
       session_(state_),
       qs_(VSTELLAR_MAX_VQS, Virtqueue(pvdma_)),
       dp_(id, shared, state_, session_, pvdma_, obj_, *this),
@@ -24,12 +24,13 @@ Device::Device(unsigned id, DeviceShared& shared)
       control_left_(shared.control_budget) {
   pvdma_.set_require_sealed(shared.require_sealed_memory);
   pvdma_.set_budgets(obj_.budget, shared.memory);
-  // A node GUID of its own: EUI-64 (locally administered) from the host's
-  // IPv4 address and the device number, so no two devices of a fabric share
-  // one (ibv_devinfo, rdma_cm and the GID table tell devices apart by it).
-  const uint32_t ip = shared.host_ip;
-  const uint8_t guid[8] = {0x02, uint8_t(ip >> 24), uint8_t(ip >> 16), 0xff, 0xfe,
-                           uint8_t(ip >> 8), uint8_t(ip), uint8_t(id)};
+  // A node GUID of its own: EUI-64 (locally administered) from the last
+  // four bytes of the device's first address (an IPv4 address whole) and
+  // the device number, so no two devices of a fabric share one (ibv_devinfo,
+  // rdma_cm and the GID table tell devices apart by it).
+  const vstellar::IpAddr first = addresses.empty() ? vstellar::IpAddr() : addresses.front();
+  const uint8_t* ip = first.b.data() + 12;
+  const uint8_t guid[8] = {0x02, ip[0], ip[1], 0xff, 0xfe, ip[2], ip[3], uint8_t(id)};
   std::memcpy(state_.mutable_device().config.node_guid, guid, sizeof(guid));
 }
 

@@ -14,7 +14,10 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+
 #include <vstellar/integrity_key.h>
+#include <vstellar/ip_text.h>
 
 #include "vstellard/daemon.h"
 
@@ -34,7 +37,16 @@ void OnSignal(int sig) {
 int Usage(const char* argv0, int rc) {
   std::fprintf(rc ? stderr : stdout,
                "usage: %s --socket PATH [options]\n"
-               "  --socket PATH          vhost-user socket to listen on (required)\n"
+               "       %s --device PATH,ip=ADDR[,ip=ADDR...] [--device ...] [options]\n"
+               "  --socket PATH          vhost-user socket to listen on; its devices may hold\n"
+               "                         the --ip address as their GID\n"
+               "  --device PATH,ip=ADDR[,ip=ADDR...]\n"
+               "                         one more vhost-user socket (repeatable): a device that\n"
+               "                         attaches through it may hold exactly these IPv4 or IPv6\n"
+               "                         addresses as GIDs, and its QPs send from them. With any\n"
+               "                         --device the engine receives on every address of the\n"
+               "                         host (one daemon serving many guests, each with its\n"
+               "                         own addresses); see docs/vstellard.md\n"
                "  --config FILE          options from FILE, one `option = value` a line\n"
                "                         (options after it on the command line win)\n"
                "  --pin=lazy|eager       PVDMA: pin 2 MiB blocks on first access (default) or\n"
@@ -43,7 +55,9 @@ int Usage(const char* argv0, int rc) {
                "                         or a bounded translation cache (baseline)\n"
                "  --atc-entries N        ATC size in 4 KiB entries (default 16384 = 64 MiB)\n"
                "  --atc-miss-ns N        emulated round trip of an ATC miss (default 0)\n"
-               "  --ip A.B.C.D           local IPv4 address of the engine (default 127.0.0.1)\n"
+               "  --ip ADDR              the address (IPv4 or IPv6) of the --socket devices and,\n"
+               "                         without --device, the one the engine is bound to\n"
+               "                         (default 127.0.0.1)\n"
                "  --port N               engine UDP base port (default 0: no network)\n"
                "  --peer-port N          peers' UDP base port (default: --port)\n"
                "  --paths N              UDP paths per connection, 1..256 (default 128)\n"
@@ -86,7 +100,7 @@ int Usage(const char* argv0, int rc) {
                "                         only lower); over it a create fails with LIMIT\n"
                "  --stats-json FILE      write counters here on SIGUSR1 and at exit\n"
                "                         (default: SIGUSR1 prints them to stderr)\n",
-               argv0);
+               argv0, argv0);
   return rc;
 }
 
@@ -117,7 +131,7 @@ bool Size(const char* s, unsigned long long* out) {
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
-       kMcastGroups, kMcastQps };
+       kMcastGroups, kMcastQps, kDevice };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -148,6 +162,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"guest-memory-limit", required_argument, nullptr, kGuestMemLimit},
                            {"mcast-groups", required_argument, nullptr, kMcastGroups},
                            {"mcast-qps", required_argument, nullptr, kMcastQps},
+                           {"device", required_argument, nullptr, kDevice},
                            {"help", no_argument, nullptr, kHelp},
                            {nullptr, 0, nullptr, 0}};
 
@@ -179,6 +194,39 @@ bool DeviceMax(const char* s, vstellard::DaemonOptions::DeviceMax* m) {
   return true;
 }
 
+// An address a device may hold: a host's own, so not unspecified, not a
+// group, and not link-local (which names no host beyond one link).
+bool DeviceAddress(const std::string& s, vstellar::IpAddr* a, std::string* why) {
+  if (!vstellar::parse_ip(s, a)) return *why = "not an IPv4 or IPv6 address", false;
+  if (a->unspecified() || a->is_multicast() || a->is_link_local())
+    return *why = "not a unicast address a peer can reach", false;
+  return true;
+}
+
+// "PATH,ip=A[,ip=B...]": a device socket and the addresses its devices may
+// hold. An address belongs to one socket only.
+bool DeviceSocket(const vstellard::DaemonOptions& o, const char* s, vstellard::DaemonOptions::DeviceSocket* d,
+                  std::string* why) {
+  std::string all(s);
+  size_t comma = all.find(',');
+  d->path = all.substr(0, comma);
+  if (d->path.empty() || comma == std::string::npos) return *why = "expected PATH,ip=ADDR[,ip=ADDR...]", false;
+  for (size_t at = comma + 1; at <= all.size();) {
+    size_t end = all.find(',', at);
+    if (end == std::string::npos) end = all.size();
+    const std::string kv = all.substr(at, end - at);
+    if (kv.rfind("ip=", 0) != 0) return *why = "'" + kv + "' is not ip=ADDR", false;
+    vstellar::IpAddr a;
+    if (!DeviceAddress(kv.substr(3), &a, why)) return *why = kv.substr(3) + ": " + *why, false;
+    for (const auto& other : o.device_sockets)
+      if (std::find(other.addresses.begin(), other.addresses.end(), a) != other.addresses.end())
+        return *why = kv.substr(3) + " is already the address of " + other.path, false;
+    if (std::find(d->addresses.begin(), d->addresses.end(), a) == d->addresses.end()) d->addresses.push_back(a);
+    at = end + 1;
+  }
+  return true;
+}
+
 // Sets the option `code` from `arg` (the same for the command line and the
 // config file); on a bad value says why in *why.
 bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* why) {
@@ -195,6 +243,12 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
   };
   switch (code) {
     case kSocket: o.socket = arg; return true;
+    case kDevice: {
+      vstellard::DaemonOptions::DeviceSocket d;
+      if (!DeviceSocket(o, arg, &d, why)) return false;
+      o.device_sockets.push_back(std::move(d));
+      return true;
+    }
     case kPin:
       if (!std::strcmp(arg, "lazy")) o.pin = vstellard::PinMode::kLazy;
       else if (!std::strcmp(arg, "eager")) o.pin = vstellard::PinMode::kEager;
@@ -207,12 +261,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       return true;
     case kAtcEntries: if (!num(1, 1ull << 26)) return false; o.atc_entries = v; return true;
     case kAtcMiss: if (!num(0, 1000000)) return false; o.atc_miss_ns = v; return true;
-    case kIp: {
-      in_addr a;
-      if (inet_pton(AF_INET, arg, &a) != 1) return *why = "not an IPv4 address", false;
-      o.ip = ntohl(a.s_addr);
-      return true;
-    }
+    case kIp: return DeviceAddress(arg, &o.ip, why);
     case kPort: if (!num(0, 65535)) return false; o.udp_port = uint16_t(v); return true;
     case kPeerPort: if (!num(0, 65535)) return false; o.peer_port = uint16_t(v); return true;
     case kPaths: if (!num(1, 256)) return false; o.paths = uint16_t(v); return true;
@@ -331,7 +380,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.socket.empty() || optind != argc) return Usage(argv[0], 2);
+  if ((o.socket.empty() && o.device_sockets.empty()) || optind != argc) return Usage(argv[0], 2);
   if (g_require_integrity && !o.integrity) {
     std::fprintf(stderr, "vstellard: --require-integrity: no --integrity-key configured\n");
     return 2;
@@ -358,7 +407,9 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::string threads = o.threads > 1 ? ", threads=" + std::to_string(o.threads) : "";
-  std::fprintf(stderr, "vstellard: listening on %s (pin=%s, translation=%s%s)\n", o.socket.c_str(),
+  std::string sockets = o.socket;
+  for (const auto& dev : o.device_sockets) sockets += (sockets.empty() ? "" : ", ") + dev.path;
+  std::fprintf(stderr, "vstellard: listening on %s (pin=%s, translation=%s%s)\n", sockets.c_str(),
                vstellard::ToString(o.pin), vstellard::ToString(o.translation), threads.c_str());
   d.Run();
   g_daemon = nullptr;

@@ -19,9 +19,12 @@
 namespace vstellard {
 
 namespace {
-constexpr uint64_t kTokListen = ~0ull, kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3,
+constexpr uint64_t kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3,
                    kTokInbox = ~0ull - 4;
 // Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
+// Listening socket i (the default one, then each --device socket).
+constexpr size_t kMaxListeners = DaemonOptions::kMaxDeviceSockets;
+constexpr uint64_t ListenTok(size_t i) { return ~0ull - 16 - i; }
 uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
 uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
 
@@ -44,7 +47,8 @@ void DrainEventfd(int fd) {
 // No network: packets are dropped (control-path-only daemons and tests).
 class NullLink final : public vstellar::Link {
  public:
-  void send(uint16_t, const vstellar::Endpoint&, const uint8_t*, size_t, const vstellar::HostSpan*, size_t) override {}
+  void send(uint16_t, const vstellar::IpAddr&, const vstellar::Endpoint&, const uint8_t*, size_t,
+            const vstellar::HostSpan*, size_t) override {}
   void flush() override {}
 };
 }  // namespace
@@ -57,16 +61,17 @@ class NullLink final : public vstellar::Link {
 class Worker::DatagramRouter final : public vstellar::RxSink {
  public:
   explicit DatagramRouter(Worker& w) : w_(w), workers_(*w.env_.workers) {}
-  void on_datagram(const uint8_t* data, size_t n, const vstellar::Endpoint& from, uint16_t, bool ce) override {
+  void on_datagram(const uint8_t* data, size_t n, const vstellar::Endpoint& from, const vstellar::IpAddr& to,
+                   bool ce) override {
     if (workers_.size() > 1) {
       const int owner = Owner(data, n);
       if (owner >= 0 && unsigned(owner) != w_.index()) {
-        workers_[size_t(owner)]->Forward(data, n, from, ce);
+        workers_[size_t(owner)]->Forward(data, n, from, to, ce);
         w_.forwarded.fetch_add(1, std::memory_order_relaxed);
         return;
       }
     }
-    w_.engine_->receive(data, n, from, ce);
+    w_.engine_->receive(data, n, from, to, ce);
   }
 
  private:
@@ -109,7 +114,7 @@ void Worker::TearDown() {
 
 Worker::~Worker() {
   TearDown();
-  for (auto& [id, s] : new_conns_) close(s);
+  for (const NewConn& c : new_conns_) close(c.sock);
   for (int fd : {epfd_, stopfd_, inboxfd_})
     if (fd >= 0) close(fd);
 }
@@ -129,7 +134,9 @@ bool Worker::StartLink(std::string* err) {
     return true;
   }
   vstellar::UdpLinkConfig lc;
-  lc.local_ip = o_.ip;
+  // One address: bound to it. Several devices' own: the wildcard, and each
+  // QP names its source.
+  lc.local = o_.serves_many_addresses() ? vstellar::IpAddr() : o_.ip;
   lc.base_port = o_.udp_port;
   lc.num_paths = o_.paths;
   lc.mode = o_.link_mode;
@@ -183,7 +190,7 @@ void Worker::ShareWithDevices() {
   shared_.wqe_budget_queue = o_.wqe_budget_queue ? o_.wqe_budget_queue : 1;
   shared_.wqe_budget_device = o_.wqe_budget_device ? o_.wqe_budget_device : 1;
   shared_.peer_port = o_.peer_port ? o_.peer_port : (o_.udp_port ? o_.udp_port : 47000);
-  shared_.host_ip = o_.ip;
+  shared_.link_serves_many_addresses = o_.udp_port && o_.serves_many_addresses();
   shared_.require_sealed_memory = o_.require_sealed_memory;
   shared_.memory = env_.memory;
   shared_.device_memory_limit = o_.device_memory_limit;
@@ -201,7 +208,10 @@ bool Worker::StartEpoll(std::string* err) {
     return false;
   }
   std::vector<std::pair<int, uint64_t>> fds = {{stopfd_, kTokStop}, {inboxfd_, kTokInbox}};
-  if (index_ == 0) fds.insert(fds.end(), {{env_.listen_fd, kTokListen}, {env_.stats_fd, kTokStats}});
+  if (index_ == 0) {
+    fds.emplace_back(env_.stats_fd, kTokStats);
+    for (size_t i = 0; i < env_.listen_fds.size(); i++) fds.emplace_back(env_.listen_fds[i], ListenTok(i));
+  }
   if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
   for (auto [fd, tok] : fds) {
     epoll_event ev{};
@@ -217,20 +227,21 @@ void Worker::SetHooks() {
   shared_.after_wqe_copy = env_.after_wqe_copy;
 }
 
-void Worker::Adopt(unsigned id, int sock) {
+void Worker::Adopt(unsigned id, int sock, size_t listener) {
   {
     std::lock_guard<std::mutex> g(inbox_mu_);
-    new_conns_.emplace_back(id, sock);
+    new_conns_.push_back(NewConn{id, sock, listener});
   }
   WakeEventfd(inboxfd_);
 }
 
-void Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, bool ce) {
+void Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, const vstellar::IpAddr& to,
+                     bool ce) {
   bool first;
   {
     std::lock_guard<std::mutex> g(inbox_mu_);
     first = datagrams_.empty();
-    datagrams_.push_back(Datagram{std::vector<uint8_t>(data, data + len), from, ce});
+    datagrams_.push_back(Datagram{std::vector<uint8_t>(data, data + len), from, to, ce});
   }
   if (first) WakeEventfd(inboxfd_);
 }
@@ -238,15 +249,15 @@ void Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& 
 // New connections and passed-on datagrams from other threads.
 void Worker::TakeInbox() {
   DrainEventfd(inboxfd_);
-  std::vector<std::pair<unsigned, int>> conns;
+  std::vector<NewConn> conns;
   std::vector<Datagram> dgrams;
   {
     std::lock_guard<std::mutex> g(inbox_mu_);
     conns.swap(new_conns_);
     dgrams.swap(datagrams_);
   }
-  for (auto& [id, s] : conns) AddConn(id, s);
-  for (const Datagram& dg : dgrams) engine_->receive(dg.bytes.data(), dg.bytes.size(), dg.from, dg.ce);
+  for (const NewConn& c : conns) AddConn(c.id, c.sock, c.listener);
+  for (const Datagram& dg : dgrams) engine_->receive(dg.bytes.data(), dg.bytes.size(), dg.from, dg.to, dg.ce);
 }
 
 // Marks a device as worked on in this turn: it gets its budgets anew
@@ -342,8 +353,8 @@ bool Worker::HandleEvents(const epoll_event* evs, int n, bool* stats) {
       *stats = true;
       continue;
     }
-    if (tok == kTokListen) {
-      env_.accept();
+    if (tok >= ListenTok(kMaxListeners - 1) && tok <= ListenTok(0)) {
+      env_.accept(size_t(ListenTok(0) - tok));
       continue;
     }
     if (tok == kTokInbox) {
@@ -425,13 +436,13 @@ bool Worker::PumpEngine() {
 }
 
 // Under mu: device `id` on connection `sock` joins this worker.
-void Worker::AddConn(unsigned id, int sock) {
+void Worker::AddConn(unsigned id, int sock, size_t listener) {
   // Devices are created at run time, one per QEMU connection; the log
   // reports how long creating one takes (Stellar's point against SR-IOV).
   const auto t0 = std::chrono::steady_clock::now();
   Conn c;
   c.sock = sock;
-  c.dev = std::make_unique<Device>(id, shared_);
+  c.dev = std::make_unique<Device>(id, shared_, env_.listener_addresses.at(listener));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = SockTok(id);

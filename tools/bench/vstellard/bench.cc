@@ -209,8 +209,8 @@ int Dma(const Args& a) {
 class Sink final : public vstellar::RxSink {
  public:
   explicit Sink(vstellar::Engine& e) : e_(e) {}
-  void on_datagram(const uint8_t* d, size_t n, const vstellar::Endpoint& f, uint16_t, bool ce) override {
-    e_.receive(d, n, f, ce);
+  void on_datagram(const uint8_t* d, size_t n, const vstellar::Endpoint& f, const vstellar::IpAddr& to, bool ce) override {
+    e_.receive(d, n, f, to, ce);
   }
   vstellar::Engine& e_;
 };

@@ -241,9 +241,10 @@ class Engine {
   Mr* find_mr(uint32_t key);
 
   // ---- driving ----
-  // One datagram from the network. `from` is the sender's IP (port unused);
+  // One datagram from the network. `from` is the sender's IP (port unused),
+  // `to` the address it arrived at (unspecified when the link cannot say);
   // `ce` tells whether the IP header carried a CE mark. Never trusts it.
-  void receive(const uint8_t* data, size_t len, const Endpoint& from, bool ce);
+  void receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce);
   // Transmit what windows allow, fire due timers, send ACKs, flush the link.
   // Returns true if work is left that needs no new input (call again soon).
   bool progress();

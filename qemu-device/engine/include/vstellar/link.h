@@ -29,11 +29,13 @@ class SteadyClock final : public Clock {
 class Link {
  public:
   virtual ~Link() = default;
-  // Queue one datagram from path `path` (source port base+path) to `dst`.
-  // The header bytes are copied now; the payload spans must stay valid until
-  // the next flush() returns (they point into MR memory: no copy on send).
-  virtual void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
-                    const HostSpan* payload, size_t nspans) = 0;
+  // Queue one datagram from path `path` (source port base+path) and address
+  // `src` to `dst`. An unspecified src is the link's own address (a link
+  // serving several addresses then lets the route choose). The header bytes
+  // are copied now; the payload spans must stay valid until the next
+  // flush() returns (they point into MR memory: no copy on send).
+  virtual void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
+                    size_t hdr_len, const HostSpan* payload, size_t nspans) = 0;
   // Hand everything queued to the network.
   virtual void flush() = 0;
   // Receive (join) or stop receiving (leave) datagrams sent to IPv4

@@ -3,6 +3,7 @@
 // later provider and virtio backend can pass them through unchanged.
 #pragma once
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <memory>
 
@@ -139,11 +140,52 @@ struct DeviceLimits {
   static constexpr uint32_t kMaxMcastQpAttach = 64;   // QPs attached to one group
 };
 
-// Where a peer engine lives: IPv4 address (host byte order) and the UDP port
-// its engine receives on (its base port). Paths are source ports, so the
-// source port of arriving packets is not part of the peer's identity.
+// An IP address as RoCE v2 GIDs write it: an IPv6 address, or an IPv4 one
+// mapped into IPv6 (::ffff:a.b.c.d). One type for both families, so the
+// engine, its links and the daemon carry addresses without asking which;
+// the link turns it into a socket address at the last moment.
+struct IpAddr {
+  std::array<uint8_t, 16> b{};
+  IpAddr() = default;
+  // An IPv4 address in host byte order; 0 is unspecified. Implicit,
+  // because most of the engine's callers and tests name IPv4 peers.
+  IpAddr(uint32_t v4) {  // NOLINT(google-explicit-constructor)
+    if (v4 == 0) return;
+    b[10] = b[11] = 0xff;
+    for (int i = 0; i < 4; i++) b[12 + i] = uint8_t(v4 >> (24 - 8 * i));
+  }
+  static IpAddr from_bytes(const uint8_t* p) {
+    IpAddr a;
+    for (int i = 0; i < 16; i++) a.b[i] = p[i];
+    return a;
+  }
+  bool is_v4() const {
+    for (int i = 0; i < 10; i++)
+      if (b[i]) return false;
+    return b[10] == 0xff && b[11] == 0xff;
+  }
+  // Host order; only meaningful when is_v4().
+  uint32_t v4() const {
+    return uint32_t(b[12]) << 24 | uint32_t(b[13]) << 16 | uint32_t(b[14]) << 8 | b[15];
+  }
+  // :: and 0.0.0.0 (as ::ffff:0.0.0.0) both mean "no address".
+  bool unspecified() const {
+    for (int i = 0; i < 16; i++)
+      if (b[i] && !(i == 10 || i == 11)) return false;
+    return b[10] == b[11];
+  }
+  bool is_multicast() const { return is_v4() ? (b[12] & 0xf0) == 0xe0 : b[0] == 0xff; }
+  // fe80::/10: meaningful only on one link, so never a peer of ours.
+  bool is_link_local() const { return b[0] == 0xfe && (b[1] & 0xc0) == 0x80; }
+  bool operator==(const IpAddr&) const = default;
+  auto operator<=>(const IpAddr&) const = default;
+};
+
+// Where a peer engine lives: its address and the UDP port its engine
+// receives on (its base port). Paths are source ports, so the source port
+// of arriving packets is not part of the peer's identity.
 struct Endpoint {
-  uint32_t ip = 0;
+  IpAddr ip;
   uint16_t port = 0;
   bool operator==(const Endpoint&) const = default;
 };
@@ -271,6 +313,9 @@ struct QpAttr {
   uint16_t pkey_index = 0;
   uint8_t port_num = 1;
   Endpoint ah;  // the address vector: the peer engine
+  // The address the QP sends from and is reached at (the address vector's
+  // source GID), set with QP_AV. Unspecified: the link's own address.
+  IpAddr local;
   uint32_t dest_qp_num = 0;
   uint32_t qkey = 0;  // UD/GSI
   uint32_t rq_psn = 0;

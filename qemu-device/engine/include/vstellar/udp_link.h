@@ -8,6 +8,15 @@
 // IP ECN: sockets send ECT(0) so a fabric can mark; the receive side reads the
 // TOS byte (IP_RECVTOS) and reports CE to the engine.
 //
+// Addresses: the sockets are IPv6 ones that also carry IPv4 (IPV6_V6ONLY
+// off, IPv4 peers as ::ffff:a.b.c.d), so one link speaks RoCE v2 over both;
+// a host without IPv6 gets IPv4 sockets instead. A link bound to one
+// address (UdpLinkConfig::local) sends from it. A link with no local
+// address is bound to the wildcard and serves every address of the host
+// (a daemon whose devices each have their own): each send names its source
+// (IPV6_PKTINFO), and each receive says the address it arrived at, so the
+// engine can tell which device's address a datagram was sent to.
+//
 // Two modes (UdpLinkConfig::mode). PLAIN: one sendmsg and one
 // receive per datagram. GSO (the default): consecutive datagrams of one
 // flush that leave from the same path (source port) for the same
@@ -47,7 +56,7 @@ struct UdpLinkConfig {
   LinkMode mode = LinkMode::GSO;
   bool zerocopy = false;           // GSO mode: SENDMSG_ZC for sends of zc_min_bytes and more
   uint32_t zc_min_bytes = 32768;
-  uint32_t local_ip = 0x7f000001;  // host order
+  IpAddr local = IpAddr(0x7f000001);  // unspecified: the wildcard (see above)
   uint16_t base_port = 47000;
   uint16_t num_paths = 128;        // sockets on base_port .. base_port+num_paths-1
   uint32_t max_datagram = 4096 + 256;
@@ -79,7 +88,9 @@ struct UdpLinkConfig {
 class RxSink {
  public:
   virtual ~RxSink() = default;
-  virtual void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, uint16_t src_port,
+  // `from`: the sender's address and source port (its path); `to`: the
+  // address the datagram was sent to.
+  virtual void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to,
                            bool ce) = 0;
 };
 
@@ -103,7 +114,7 @@ class UdpLink final : public Link {
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
 
-  void send(uint16_t path, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
+  void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
             const HostSpan* payload, size_t nspans) override;
   void flush() override;
   bool join_group(uint32_t group, bool join) override;
@@ -128,8 +139,9 @@ class UdpLink final : public Link {
   struct TxSlot {
     msghdr msg;
     iovec iov[kSlotIov];
-    sockaddr_in dst;
-    alignas(cmsghdr) uint8_t cmsg[CMSG_SPACE(sizeof(uint16_t))];
+    sockaddr_in6 dst;  // or a sockaddr_in, on a link of IPv4 sockets
+    IpAddr src;         // unspecified: the socket's own
+    alignas(cmsghdr) uint8_t cmsg[CMSG_SPACE(sizeof(uint16_t)) + CMSG_SPACE(sizeof(in6_pktinfo))];
     uint8_t hdr[kMaxGsoSegs][256];
     uint16_t path;
     uint16_t segs;       // datagrams in it
@@ -142,6 +154,10 @@ class UdpLink final : public Link {
   void resend_unsegmented(const TxSlot& t);
   void tx_complete(uint32_t idx, int32_t res, uint32_t flags);
   bool gso_mode() const { return cfg_.mode == LinkMode::GSO; }
+  // The socket address of `a`:`port` for this link's sockets (family_);
+  // 0 if they cannot reach it (an IPv6 address on a link of IPv4 sockets).
+  socklen_t sockaddr_of(const IpAddr& a, uint16_t port, sockaddr_in6* out) const;
+  void fill_control(TxSlot& t);
   // Construction steps (udp_link.cc); each sets error_ on failure.
   bool init_ring();
   bool open_path_sockets();
@@ -159,6 +175,7 @@ class UdpLink final : public Link {
   io_uring ring_{};
   bool ring_ok_ = false;
   std::vector<int> fds_;
+  int family_ = AF_INET6;  // AF_INET where the host has no IPv6
   int event_fd_ = -1;
   std::vector<TxSlot> tx_;
   std::vector<uint32_t> tx_free_;

@@ -57,6 +57,7 @@ class Commands {
   bool WindowsOn() const;
   uint16_t GidCommand(uint32_t uctx, const uint8_t* b, bool add);
   void ReleaseGid(const vstellar::Gid& g);
+  uint16_t QpSource(const vstellar_av& av, const vstellar::IpAddr& peer, vstellar::IpAddr* out);
   uint16_t McastCommand(uint32_t uctx, const uint8_t* b, bool attach);
   void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);

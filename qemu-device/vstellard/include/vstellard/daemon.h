@@ -53,14 +53,16 @@ class Daemon {
  private:
   bool ApplyDeviceMax(std::string* err);
   bool Listen(std::string* err);
+  bool ListenOn(const std::string& path, const std::vector<vstellar::IpAddr>& addresses, std::string* err);
   bool StartWorkers(std::string* err);
-  void Accept();  // on worker 0's thread
+  void Accept(size_t listener);  // on worker 0's thread
   void KeepClosed(const DeviceStats& last);
   void WriteStats();
   void StopWorkers();
 
   DaemonOptions o_;
-  int lsock_ = -1, statsfd_ = -1;
+  std::vector<int> listen_fds_;  // the default socket (if any), then each --device socket
+  int statsfd_ = -1;
   WorkerEnv env_;  // what every worker shares
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<unsigned> next_id_{0};

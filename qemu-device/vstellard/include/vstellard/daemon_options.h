@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <vstellar/udp_link.h>
 
@@ -15,12 +16,26 @@
 namespace vstellard {
 
 struct DaemonOptions {
+  // The default vhost-user socket; devices that attach through it may hold
+  // `ip` as their GID. Empty: only device_sockets.
   std::string socket;
   PinMode pin = PinMode::kLazy;
   TranslationMode translation = TranslationMode::kEmtt;
   size_t atc_entries = 16384;  // 4 KiB frames: 64 MiB of reach
   uint64_t atc_miss_ns = 0;    // emulated ATS round trip on a miss
-  uint32_t ip = 0x7f000001;    // host order
+  vstellar::IpAddr ip = vstellar::IpAddr(0x7f000001);
+  // More vhost-user sockets (vstellard --device PATH,ip=A[,ip=B...]), each
+  // with the addresses (IPv4, IPv6) a device attached through it may hold,
+  // so that one daemon serves many guests each with its own addresses.
+  // With any, the engine's sockets are bound to the wildcard, and each QP
+  // sends from its device's address (UdpLinkConfig::local).
+  struct DeviceSocket {
+    std::string path;
+    std::vector<vstellar::IpAddr> addresses;
+  };
+  std::vector<DeviceSocket> device_sockets;
+  static constexpr size_t kMaxDeviceSockets = 4096;  // with the default one
+  bool serves_many_addresses() const { return !device_sockets.empty(); }
   uint16_t udp_port = 0;       // engine base port; 0 = no network
   uint16_t peer_port = 0;      // peers' base port; 0 = same as udp_port
   uint16_t paths = 128;

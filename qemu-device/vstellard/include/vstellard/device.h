@@ -68,7 +68,8 @@ struct DeviceStats {
 
 class Device : private DataPathEvents {
  public:
-  Device(unsigned id, DeviceShared& shared);
+  // `addresses`: what the device may hold as GIDs (DeviceState::addresses).
+  Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::IpAddr>& addresses);
   ~Device();
 
   unsigned id() const { return id_; }

@@ -9,7 +9,11 @@
 
 #include <endian.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#include <vstellar/types.h>
 
 #include <vstellar/virtio_vstellar.h>
 
@@ -43,7 +47,8 @@ inline bool PageShiftSupported(const virtio_vstellar_config& c, uint32_t shift) 
 
 class DeviceState {
  public:
-  explicit DeviceState(const DeviceConfig& offered) : device_(offered) {}
+  explicit DeviceState(const DeviceConfig& offered, std::vector<vstellar::IpAddr> addresses = {})
+      : device_(offered), addresses_(std::move(addresses)) {}
   const DeviceConfig& device() const { return device_; }
   DeviceConfig& mutable_device() { return device_; }
   const virtio_vstellar_config& config() const { return device_.config; }
@@ -52,9 +57,18 @@ class DeviceState {
   void set_acked_features(uint64_t f) { acked_features_ = f; }
   // Whether the driver took feature VIRTIO_VSTELLAR_F_x.
   bool HasFeature(int bit) const { return HasBit(acked_features_, bit); }
+  // The addresses the device may hold as GIDs: those of the vhost-user
+  // socket it attached through (vstellard --ip for the default socket,
+  // --device PATH,ip=... for the others), set by the host's administrator
+  // and never by anything the guest or its QEMU sends.
+  const std::vector<vstellar::IpAddr>& addresses() const { return addresses_; }
+  bool MayHold(const vstellar::IpAddr& a) const {
+    return std::find(addresses_.begin(), addresses_.end(), a) != addresses_.end();
+  }
 
  private:
   DeviceConfig device_;
+  std::vector<vstellar::IpAddr> addresses_;
   uint64_t acked_features_ = 0;
 };
 

@@ -20,23 +20,16 @@
 
 namespace vstellard {
 
-// GIDs (addresses) this daemon serves: the IPv4-mapped --ip, the address
-// its sockets are bound to. ADD_GID takes only these, and each one belongs
-// to at most one device at a time: QP 1 datagrams for a GID go to its
-// holder's GSI QP and nowhere else, and only the holder sends from it
-// (no guest can take another's QP 1 traffic or send as it). A holder is
-// named by its device's object tables. The table is shared by the worker
-// threads of the daemon, so every call takes the table's lock.
+// Who holds each GID (address) of this daemon's devices. A device may
+// hold only the addresses configured for it (DeviceState::addresses), and
+// each address belongs to at most one device at a time: QP 1 datagrams
+// for a GID go to its holder's GSI QP and nowhere else, and only the
+// holder sends from it (no guest can take another's QP 1 traffic or send
+// as it). A holder is named by its device's object tables. The table is
+// shared by the worker threads of the daemon, so every call takes the
+// table's lock.
 class GidTable {
  public:
-  void Serve(const vstellar::Gid& g) {
-    std::lock_guard<std::mutex> l(mu_);
-    served_.insert(g);
-  }
-  bool Serves(const vstellar::Gid& g) const {
-    std::lock_guard<std::mutex> l(mu_);
-    return served_.count(g) != 0;
-  }
   // Takes g for `holder` (on worker thread `worker`); false if another
   // holder has it.
   bool Take(const vstellar::Gid& g, const void* holder, unsigned worker) {
@@ -63,7 +56,6 @@ class GidTable {
 
  private:
   mutable std::mutex mu_;
-  std::set<vstellar::Gid> served_;
   std::map<vstellar::Gid, std::pair<const void*, unsigned>> holders_;
 };
 
@@ -74,11 +66,13 @@ struct DeviceShared {
   bool require_sealed_memory = true;  // Pvdma::set_require_sealed
   TranslationMode translation = TranslationMode::kEmtt;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
+  // The engine's link is bound to the wildcard and serves several devices'
+  // addresses (vstellard --device): every QP must name its source.
+  bool link_serves_many_addresses = false;
   // UD multicast: datagrams to IPv4 group G go to G:mcast_port, which every
   // vstellard listens on (kMcastPortOffset above the peers' base port).
   static constexpr uint16_t kMcastPortOffset = 256;
   uint16_t mcast_port() const { return uint16_t(peer_port + kMcastPortOffset); }
-  uint32_t host_ip = 0;        // this daemon's IPv4 (host order): part of node GUIDs
   // The addresses this daemon serves and who holds each (GidTable), one
   // table for all worker threads.
   std::shared_ptr<GidTable> gids = std::make_shared<GidTable>();
@@ -126,13 +120,6 @@ struct DeviceShared {
   std::vector<std::pair<uint64_t, unsigned>> rechecks;
   uint64_t recheck_ns = 1'000'000;
 };
-
-// Whether a 16-byte GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d),
-// the only kind the transport can reach.
-inline bool IsV4Mapped(const uint8_t* gid) {
-  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
-}
 
 // Whether the device whose object tables are `tables` holds address g
 // (GidTable::Holds): may send from it, and gets QP 1 for it.

@@ -45,11 +45,15 @@ struct WorkerEnv {
   std::shared_ptr<GidTable> gids = std::make_shared<GidTable>();
   // Every worker, by index: where a datagram for another worker's QP goes.
   const std::vector<std::unique_ptr<Worker>>* workers = nullptr;
-  // Worker 0 only: the listening socket and the stats eventfd, and what it
+  // Worker 0 only: the listening sockets and the stats eventfd, and what it
   // does when they are readable (on its thread, under its lock for
   // accept; outside it for write_stats, which takes every worker's).
-  int listen_fd = -1, stats_fd = -1;
-  std::function<void()> accept, write_stats;
+  std::vector<int> listen_fds;
+  int stats_fd = -1;
+  std::function<void(size_t listener)> accept;
+  std::function<void()> write_stats;
+  // Per listening socket: the addresses its devices may hold.
+  std::vector<std::vector<vstellar::IpAddr>> listener_addresses;
   // A device's last counters, when its frontend went away.
   std::function<void(const DeviceStats&)> keep_closed;
   // Test hooks (DeviceShared::after_copy, after_wqe_copy).
@@ -69,10 +73,12 @@ class Worker {
   // Serves until Stop().
   void Run();
   void Stop();  // async-signal-safe
-  // Thread-safe: a new connection for this worker.
-  void Adopt(unsigned id, int sock);
+  // Thread-safe: a new connection for this worker, accepted on listening
+  // socket `listener` (WorkerEnv::listener_addresses).
+  void Adopt(unsigned id, int sock, size_t listener);
   // Thread-safe: a datagram for one of this worker's QPs.
-  void Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, bool ce);
+  void Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, const vstellar::IpAddr& to,
+               bool ce);
   // Devices given to this worker and not yet closed (Daemon::Accept).
   std::atomic<unsigned> devices{0};
   std::atomic<uint64_t> wakeups{0}, forwarded{0};
@@ -91,7 +97,7 @@ class Worker {
   void AddStats(DaemonStats* s);
   bool HasDevice(unsigned id) const { return conns_.count(id) != 0; }
   void SetHooks();  // takes the env's test hooks anew
-  void AddConn(unsigned id, int sock);
+  void AddConn(unsigned id, int sock, size_t listener);
   unsigned index() const { return index_; }
 
  private:
@@ -107,6 +113,7 @@ class Worker {
   struct Datagram {
     std::vector<uint8_t> bytes;
     vstellar::Endpoint from;
+    vstellar::IpAddr to;
     bool ce;
   };
 
@@ -154,7 +161,12 @@ class Worker {
   std::set<unsigned> partial_;
   // The inbox: filled by other threads, taken by this one.
   std::mutex inbox_mu_;
-  std::vector<std::pair<unsigned, int>> new_conns_;
+  struct NewConn {
+    unsigned id;
+    int sock;
+    size_t listener;
+  };
+  std::vector<NewConn> new_conns_;
   std::vector<Datagram> datagrams_;
 };
 

@@ -18,8 +18,8 @@ struct Options {
   std::string role = "pair";  // server | client | pair
   std::string mode = "bw";    // bw | lat | raw
   std::string op = "write";   // write | send | read
-  uint32_t local_ip = 0x7f000001;
-  uint32_t peer_ip = 0x7f000001;
+  IpAddr local_ip = IpAddr(0x7f000001);  // IPv4 or IPv6
+  IpAddr peer_ip = IpAddr(0x7f000001);
   uint16_t base_port = 0;  // 0: 47000 for the server, 47300 for the client
   uint16_t peer_port = 0;  // 0: the other role's default
   uint16_t ctrl_port = 46999;
@@ -66,7 +66,7 @@ class Node final : public RxSink {
   // Progress the engine, then wait for packets until the next timer (at most
   // max_wait_ns), never spinning when there is nothing to do.
   void run_once(uint64_t max_wait_ns);
-  void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, uint16_t src_port,
+  void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to,
                    bool ce) override;
   uint64_t emu_dropped = 0;
 
