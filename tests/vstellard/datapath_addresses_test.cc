@@ -160,4 +160,66 @@ TEST_F(DeviceAddresses, RcOverIpv6) {
   ExpectSendArrives(A, q1, A, q2, 0x61);
 }
 
+// Mixed versions: a daemon that serves its devices' own addresses (bound
+// to the wildcard) talks to one bound to its one address (--socket, --ip),
+// as a daemon before per-device addresses was. The wire is the same; only
+// the addresses packets leave from and arrive at differ.
+TEST_F(DeviceAddresses, TalksToADaemonWithOneAddress) {
+  constexpr uint16_t kOtherPortOffset = 1000;
+  uint16_t port = 0;
+  StartDaemon(50, {}, [&](DaemonOptions& o) {
+    o.socket.clear();
+    o.device_sockets = {{dir_ + "/a", {V4("127.0.0.1")}}};
+    o.peer_port = uint16_t(o.udp_port + kOtherPortOffset);
+    port = o.udp_port;
+  });
+  // The other daemon, on its own thread (its link's io_uring is
+  // single-issuer), bound to 127.0.0.2 and reaching this one's port.
+  DaemonOptions other;
+  other.socket = dir_ + "/b";
+  other.ip = V4("127.0.0.2");
+  other.udp_port = uint16_t(port + kOtherPortOffset);
+  other.peer_port = port;
+  other.paths = 4;
+  std::promise<std::string> started;
+  std::promise<void> release;
+  std::unique_ptr<Daemon> y;
+  std::thread ty([&, released = release.get_future()] {
+    std::string err;
+    auto d = std::make_unique<Daemon>(other);
+    const bool ok = d->Start(&err);
+    if (ok) y = std::move(d);
+    started.set_value(ok ? "" : err);
+    if (!ok) return;
+    y->Run();
+    released.wait();
+    y.reset();
+  });
+  const std::string err = started.get_future().get();
+  if (!err.empty()) {
+    ty.join();
+    FAIL() << err;
+  }
+  {
+    Frontend fa, fb;
+    std::string e;
+    ASSERT_TRUE(fa.Connect(dir_ + "/a", &e) && fa.StartQueues(&e)) << e;
+    ASSERT_TRUE(fb.Connect(dir_ + "/b", &e) && fb.StartQueues(&e)) << e;
+    Guest A{fa}, B{fb};
+    A.Setup();
+    B.Setup();
+    ASSERT_EQ(AddGid(A, 0, V4("127.0.0.1")), VSTELLAR_STATUS_OK);
+    ASSERT_EQ(AddGid(B, 0, V4("127.0.0.2")), VSTELLAR_STATUS_OK);
+    EXPECT_EQ(AddGid(B, 1, V4("127.0.0.1")), VSTELLAR_STATUS_ACCESS) << "not the other daemon's --ip";
+    GQp qa = A.CreateQp(), qb = B.CreateQp();
+    ASSERT_EQ(ConnectTo(A, qa, qb.qpn, V4("127.0.0.2"), 0), 0);
+    ASSERT_EQ(ConnectTo(B, qb, qa.qpn, V4("127.0.0.1"), 0), 0);
+    ExpectSendArrives(A, qa, B, qb, 0x71);
+    ExpectSendArrives(B, qb, A, qa, 0x72);
+  }
+  y->Stop();
+  release.set_value();
+  ty.join();
+}
+
 }  // namespace vstellard::datapath_test
