@@ -903,9 +903,9 @@ VSTELLAR_ABI_SIZE(vstellar_resp_alloc_mw, 8);
 /*
  * UD multicast (minor 3, F_MCAST). ATTACH_MCAST attaches UD QP qpn of
  * hdr.ucontext to the group mgid, DETACH_MCAST detaches it; no response
- * body. A group is a RoCEv2 IPv4 multicast GID: an IPv4-mapped address in
- * 224.0.0.0/4 (what rdma_cm makes for an IPv4 multicast address);
- * anything else is BAD_FIELD, as is a QP that is not UD (GSI included).
+ * body. A group is a RoCEv2 multicast GID: an IPv4-mapped address in
+ * 224.0.0.0/4 or an IPv6 one in ff00::/8 (what rdma_cm makes for a
+ * multicast address); anything else is BAD_FIELD, as is a QP that is not UD (GSI included).
  * Attaching a QP twice is OK; detaching one that is not attached is
  * BAD_FIELD. A device supports config.max_mcast_grp groups and
  * config.max_mcast_qp_attach QPs per group (LIMIT beyond; at most

@@ -314,7 +314,7 @@ err_rings:
 
 /*
  * F_MCAST, user and kernel UD QPs: the device checks the QP's type and
- * that gid is a RoCEv2 IPv4 group (ib_attach_mcast checks it too, uverbs
+ * that gid is a RoCEv2 IPv4 or IPv6 group (ib_attach_mcast checks it too, uverbs
  * does not).
  */
 int vstellar_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)

@@ -359,9 +359,17 @@ TEST_F(Datagram, MulticastAttachRefusesWhatIsNotAGroupOrNotUd) {
   ASSERT_TRUE(ud && gsi && rc);
   const Gid group = gid_of(0xe0000001);
   Gid v6{};
-  v6[0] = 0xff;  // an IPv6 multicast GID: not a RoCEv2 IPv4 group
+  v6[0] = 0xfd;  // an IPv6 unicast GID: not a group
+  v6[15] = 1;
+  Gid v6_group{};
+  v6_group[0] = 0xff;
+  v6_group[1] = 0x15;
+  v6_group[15] = 1;
   EXPECT_EQ(p.a.eng->attach_mcast(ud, gid_of(0x0a000001)), EINVAL);
   EXPECT_EQ(p.a.eng->attach_mcast(ud, v6), EINVAL);
+  // An IPv6 group is one, but the simulated network's nodes are IPv4 only:
+  // their link cannot join it, as a link on a host without IPv6 cannot.
+  EXPECT_EQ(p.a.eng->attach_mcast(ud, v6_group), EIO);
   EXPECT_EQ(p.a.eng->attach_mcast(rc, group), EINVAL);
   EXPECT_EQ(p.a.eng->attach_mcast(gsi, group), EINVAL);
   EXPECT_EQ(p.a.eng->detach_mcast(ud, group), EINVAL) << "not attached";

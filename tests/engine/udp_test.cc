@@ -212,6 +212,48 @@ TEST(Udp, RecoversFromLossOnOneLink) {
   EXPECT_GT(t.a.node->eng().stats().retx_pkts, 0u);
 }
 
+// RoCE v2 over IPv6 has IPv6 groups too (ff00::/8): the link joins them on
+// its IPv6 group socket, and a datagram sent to one arrives once. IPv6
+// multicast needs an interface that carries it (the route to ff00::/8;
+// the loopback device has none), so the test needs one on this host.
+TEST(Udp, Ipv6GroupsAreJoinedAndLeft) {
+  struct Count final : RxSink {
+    size_t n = 0;
+    void on_datagram(const uint8_t*, size_t, const Endpoint&, const IpAddr&, bool) override { n++; }
+  };
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 4211) % 30000);
+  UdpLinkConfig c;
+  c.local = IpAddr();  // the wildcard: sends name no source, the route picks it
+  c.base_port = base;
+  c.num_paths = 1;
+  c.mcast_port = uint16_t(base + 200);
+  UdpLink rx(c);
+  ASSERT_TRUE(rx.ok()) << rx.error();
+  auto group = [](uint8_t last) {
+    IpAddr g;
+    g.b[0] = 0xff;
+    g.b[1] = 0x15;  // transient, site scope
+    g.b[15] = last;
+    return g;
+  };
+  if (!rx.join_group(group(1), true)) GTEST_SKIP() << "no interface carries IPv6 multicast here: " << strerror(errno);
+  ASSERT_TRUE(rx.join_group(group(2), true));
+  ASSERT_TRUE(rx.join_group(group(2), false));
+  UdpLinkConfig sc = c;
+  sc.base_port = uint16_t(base + 100);
+  UdpLink tx(sc);
+  ASSERT_TRUE(tx.ok()) << tx.error();
+  Count got;
+  const uint8_t hdr[24] = {1, 3};
+  tx.send(0, IpAddr(), Endpoint{group(1), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);
+  tx.send(0, IpAddr(), Endpoint{group(2), c.mcast_port}, hdr, sizeof(hdr), nullptr, 0);  // left: not ours
+  tx.flush();
+  for (int round = 0; round < 100 && got.n < 1; round++) rx.poll(1'000'000, got);
+  for (int round = 0; round < 20; round++) rx.poll(1'000'000, got);  // a stray one would come now
+  EXPECT_EQ(got.n, 1u);
+  EXPECT_EQ(tx.stats().tx_err, 0u);
+}
+
 }  // namespace
 }  // namespace vstellar::test
 

@@ -39,10 +39,10 @@ void DataPath::MulticastGroupsThroughTheDaemon() {
   auto cmd = [](Guest& G, uint16_t op, const vstellar_cmd_mcast& m) { return G.Cmd(op, &m, sizeof(m), 0).status(); };
   vstellar_cmd_mcast m = mc(ub.qpn, {230, 9, 8, 7});
   ASSERT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, m), 0);
-  // Hostile: a unicast GID, an IPv6 GID, an RC QP, A naming B's QP, reserved bits.
+  // Hostile: a unicast GID, an IPv6 unicast GID, an RC QP, A naming B's QP, reserved bits.
   EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, mc(ub.qpn, {10, 0, 0, 1})), VSTELLAR_STATUS_BAD_FIELD);
   vstellar_cmd_mcast v6 = m;
-  v6.mgid[0] = 0xff;
+  v6.mgid[0] = 0xfd;
   EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, v6), VSTELLAR_STATUS_BAD_FIELD);
   GQp rc = B.CreateQp();
   EXPECT_EQ(cmd(B, VSTELLAR_CMD_ATTACH_MCAST, mc(rc.qpn, {230, 9, 8, 7})), VSTELLAR_STATUS_BAD_FIELD);

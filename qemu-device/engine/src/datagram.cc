@@ -23,10 +23,6 @@ constexpr size_t kGrhBytes = 40;
 // UDP (8), BTH (12), DETH (8), ICRC (4). Only used to fill length fields.
 constexpr size_t kRoceOverhead = 8 + 12 + 8 + 4;
 
-uint32_t v4_of(const uint8_t* gid) {
-  return uint32_t(gid[12]) << 24 | uint32_t(gid[13]) << 16 | uint32_t(gid[14]) << 8 | gid[15];
-}
-
 void put16(uint8_t* p, uint32_t v) {
   p[0] = uint8_t(v >> 8);
   p[1] = uint8_t(v);
@@ -195,7 +191,7 @@ int EngineCore::attach_mcast(QpImpl* qp, const Gid& mgid) {
     return 0;
   }
   if (mcast_.size() >= DeviceLimits::kMaxMcastGroups) return ENOSPC;
-  if (!link_.join_group(v4_of(mgid.data()), true)) return EIO;
+  if (!link_.join_group(IpAddr::from_bytes(mgid.data()), true)) return EIO;
   mcast_[mgid] = {qp};
   return 0;
 }
@@ -209,7 +205,7 @@ int EngineCore::detach_mcast(QpImpl* qp, const Gid& mgid) {
   if (q == v.end()) return EINVAL;
   v.erase(q);
   if (v.empty()) {
-    link_.join_group(v4_of(mgid.data()), false);
+    link_.join_group(IpAddr::from_bytes(mgid.data()), false);
     mcast_.erase(it);
   }
   return 0;
@@ -221,7 +217,7 @@ void EngineCore::mcast_forget(QpImpl* qp) {
     std::vector<QpImpl*>& v = it->second;
     v.erase(std::remove(v.begin(), v.end(), qp), v.end());
     if (v.empty()) {
-      link_.join_group(v4_of(it->first.data()), false);
+      link_.join_group(IpAddr::from_bytes(it->first.data()), false);
       it = mcast_.erase(it);
     } else {
       ++it;

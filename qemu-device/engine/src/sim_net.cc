@@ -25,8 +25,9 @@ class SimLink final : public Link {
     net_.enqueue(ip_, dst.ip.v4(), path, std::move(b));
   }
   void flush() override {}
-  bool join_group(uint32_t group, bool join) override {
-    net_.join_group(ip_, group, join);
+  bool join_group(const IpAddr& group, bool join) override {
+    if (!group.is_v4()) return false;  // IPv4 nodes
+    net_.join_group(ip_, group.v4(), join);
     return true;
   }
 

@@ -357,30 +357,31 @@ bool UdpLink::mc_arm_missing() {
   return any;
 }
 
-// One more wildcard socket on mcast_port that group datagrams arrive on. A
-// socket bound to our unicast address (the base port's) never sees them.
+// One more wildcard socket on mcast_port that group datagrams (IPv4 and,
+// on an IPv6 socket, IPv6 ones) arrive on. A socket bound to our unicast
+// address (the base port's) never sees them.
 bool UdpLink::open_mc() {
   if (mc_.size() >= kMaxMcSockets) return false;
-  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = udp_socket(family_);
   if (fd < 0) return false;
   int on = 1, off = 0;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
   // Only the groups joined on this socket: by default a socket bound to the
   // port gets every group any socket of the host joined, so with several
   // of ours each datagram would arrive once per socket.
-  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof(off)) != 0) {
+  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_ALL, &off, sizeof(off)) != 0 ||
+      (family_ == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_ALL, &off, sizeof(off)) != 0)) {
     close(fd);
     return false;
   }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(cfg_.mcast_port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+  sockaddr_in6 a;
+  const socklen_t alen = sockaddr_of(IpAddr(), cfg_.mcast_port, &a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), alen) != 0) {
     close(fd);
     return false;
   }
   setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  if (family_ == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &on, sizeof(on));
   set_buf(fd, SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
   mc_.push_back(McSocket{fd, false, false});
   arm_mc_recv(mc_.size() - 1);
@@ -388,17 +389,32 @@ bool UdpLink::open_mc() {
   return true;
 }
 
-bool UdpLink::join_group(uint32_t group, bool join) {
-  if (!ok() || !cfg_.mcast_port) return false;
-  ip_mreq m{};
-  m.imr_multiaddr.s_addr = htonl(group);
-  // A link bound to the wildcard lets the route pick the interface.
-  m.imr_interface.s_addr = htonl(cfg_.local.is_v4() ? cfg_.local.v4() : INADDR_ANY);
+// An IPv4 group is joined on the link's address (a link bound to the
+// wildcard lets the route pick the interface), an IPv6 one on the
+// interface the route to the group picks.
+bool UdpLink::membership(int fd, const IpAddr& group, bool join) {
+  if (group.is_v4()) {
+    ip_mreq m{};
+    m.imr_multiaddr.s_addr = htonl(group.v4());
+    m.imr_interface.s_addr = htonl(cfg_.local.is_v4() ? cfg_.local.v4() : INADDR_ANY);
+    return setsockopt(fd, IPPROTO_IP, join ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &m, sizeof(m)) == 0;
+  }
+  if (family_ != AF_INET6) {
+    errno = EAFNOSUPPORT;
+    return false;
+  }
+  ipv6_mreq m{};
+  std::memcpy(&m.ipv6mr_multiaddr, group.b.data(), 16);
+  return setsockopt(fd, IPPROTO_IPV6, join ? IPV6_JOIN_GROUP : IPV6_LEAVE_GROUP, &m, sizeof(m)) == 0;
+}
+
+bool UdpLink::join_group(const IpAddr& group, bool join) {
+  if (!ok() || !cfg_.mcast_port || !group.is_multicast()) return false;
   auto at = mc_group_.find(group);
   if (!join) {
     if (at == mc_group_.end()) return false;
     McSocket& s = mc_[at->second];
-    const bool ok = setsockopt(s.fd, IPPROTO_IP, IP_DROP_MEMBERSHIP, &m, sizeof(m)) == 0;
+    const bool ok = membership(s.fd, group, false);
     s.full = false;
     mc_group_.erase(at);
     return ok;
@@ -410,7 +426,7 @@ bool UdpLink::join_group(uint32_t group, bool join) {
     if (i == mc_.size() && !open_mc()) return false;
     McSocket& s = mc_[i];
     if (s.full) continue;
-    if (setsockopt(s.fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)) == 0) {
+    if (membership(s.fd, group, true)) {
       mc_group_[group] = i;
       return true;
     }

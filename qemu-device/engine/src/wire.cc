@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "vstellar/types.h"
+
 namespace vstellar::wire {
 namespace {
 
@@ -177,7 +179,7 @@ bool is_v4_mapped_gid(const uint8_t* gid) {
   return std::memcmp(gid, prefix, sizeof(prefix)) == 0;
 }
 
-bool is_multicast_gid(const uint8_t* gid) { return is_v4_mapped_gid(gid) && (gid[12] & 0xf0) == 0xe0; }
+bool is_multicast_gid(const uint8_t* gid) { return vstellar::IpAddr::from_bytes(gid).is_multicast(); }
 
 RouteKey route_key(const uint8_t* data, size_t len, bool integrity) {
   RouteKey k;

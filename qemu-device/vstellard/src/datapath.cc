@@ -446,8 +446,8 @@ uint8_t DataPath::CheckSge(uint32_t owner, uint32_t pdn, const uint8_t* raw, vst
 }
 
 // The address vector of a UD send: a peer host (its IPv4 or IPv6 address
-// as the GID, like an RC QP's), or an IPv4 group, and a source GID the
-// device itself holds, of the same family, so no guest can send as another
+// as the GID, like an RC QP's) or a group, and a source GID the device
+// itself holds, of the same family, so no guest can send as another
 // address.
 uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) {
   const vstellar_av& av = w.u.ud.av;
@@ -455,13 +455,14 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   auto sgid = obj_.gids.find(av.sgid_index);
   const uint32_t qpn = le32toh(w.u.ud.remote_qpn);
   // The source must be an address this device holds (not merely lists).
-  const bool group = to.is_v4() && to.is_multicast();
+  const bool group = to.is_multicast();
   if (av.reserved[0] || av.reserved[1] || to.unspecified() || to.is_link_local() ||
-      (to.is_multicast() && !group) || sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) ||
+      sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) ||
       vstellar::IpAddr::from_bytes(sgid->second.data()).is_v4() != to.is_v4() || qpn > 0xffffff)
     return CqeStatus(WcStatus::LOC_QP_OP_ERR);
-  // A multicast group (224.0.0.0/4) is reached through IP multicast on the
-  // port every vstellard listens on for groups (docs/transport.md).
+  // A multicast group (224.0.0.0/4, ff00::/8) is reached through IP
+  // multicast on the port every vstellard listens on for groups
+  // (docs/transport.md).
   ud->peer = vstellar::Endpoint{to, group ? sh_.mcast_port() : sh_.peer_port};
   ud->remote_qpn = qpn;
   ud->remote_qkey = le32toh(w.u.ud.remote_qkey);

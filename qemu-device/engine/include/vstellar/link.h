@@ -38,11 +38,11 @@ class Link {
                     size_t hdr_len, const HostSpan* payload, size_t nspans) = 0;
   // Hand everything queued to the network.
   virtual void flush() = 0;
-  // Receive (join) or stop receiving (leave) datagrams sent to IPv4
-  // multicast group `group` (host order). The engine joins a group once,
+  // Receive (join) or stop receiving (leave) datagrams sent to multicast
+  // group `group` (IPv4 or IPv6). The engine joins a group once,
   // when its first QP attaches, and leaves it with the last. False if the
   // link cannot (then attaching fails).
-  virtual bool join_group(uint32_t group, bool join) {
+  virtual bool join_group(const IpAddr& group, bool join) {
     (void)group;
     (void)join;
     return false;

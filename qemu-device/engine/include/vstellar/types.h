@@ -170,9 +170,10 @@ struct IpAddr {
   }
   // :: and 0.0.0.0 (as ::ffff:0.0.0.0) both mean "no address".
   bool unspecified() const {
-    for (int i = 0; i < 16; i++)
-      if (b[i] && !(i == 10 || i == 11)) return false;
-    return b[10] == b[11];
+    if (is_v4()) return v4() == 0;
+    for (uint8_t x : b)
+      if (x) return false;
+    return true;
   }
   bool is_multicast() const { return is_v4() ? (b[12] & 0xf0) == 0xe0 : b[0] == 0xff; }
   // fe80::/10: meaningful only on one link, so never a peer of ours.

@@ -64,7 +64,7 @@ struct UdpLinkConfig {
   uint32_t tx_slots = 512;         // sends in flight per flush
   int sock_buf = 16 << 20;         // SO_RCVBUF/SO_SNDBUF (forced when root)
   bool ecn = true;
-  // UD multicast: a datagram to IPv4 group G goes to G:mcast_port, where a
+  // UD multicast: a datagram to group G (IPv4 or IPv6) goes to G:mcast_port, where a
   // socket bound to the wildcard address (SO_REUSEADDR, so every engine of
   // the host has one) receives what the groups joined bring. 0: none.
   uint16_t mcast_port = 0;
@@ -117,7 +117,7 @@ class UdpLink final : public Link {
   void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
             const HostSpan* payload, size_t nspans) override;
   void flush() override;
-  bool join_group(uint32_t group, bool join) override;
+  bool join_group(const IpAddr& group, bool join) override;
 
   // Hand every datagram that has arrived to `sink`; if none has, block up to
   // timeout_ns first (0 = do not block). Returns how many were delivered.
@@ -167,6 +167,7 @@ class UdpLink final : public Link {
   void arm_recv();
   void arm_mc_recv(size_t i);
   bool open_mc();
+  bool membership(int fd, const IpAddr& group, bool join);
   void handle_cqe(int32_t res, uint32_t flags, RxSink* sink, size_t& delivered);
   void reap(RxSink* sink, size_t& delivered);
 
@@ -200,7 +201,7 @@ class UdpLink final : public Link {
     bool full = false;  // the kernel refused it one more group
   };
   std::vector<McSocket> mc_;
-  std::map<uint32_t, size_t> mc_group_;  // group -> index in mc_
+  std::map<IpAddr, size_t> mc_group_;  // group -> index in mc_
   static constexpr size_t kMaxMcSockets = 64;
   bool mc_arm_missing();  // arms each socket whose receive ended; true if any
   // stashed receive completions seen while flush() waited for sends

@@ -197,6 +197,7 @@ size_t encode(const Base& b, const UdExt& e, uint8_t* out);
 // RoCEv2 GIDs: an IPv4 address mapped into the GID (::ffff:a.b.c.d), and
 // of those an IPv4 multicast group (224.0.0.0/4).
 bool is_v4_mapped_gid(const uint8_t* gid);
+// 224.0.0.0/4 (IPv4-mapped) or ff00::/8.
 bool is_multicast_gid(const uint8_t* gid);
 
 // Which of several engines behind one address (vstellard --threads; each
