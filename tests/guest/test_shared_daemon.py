@@ -312,6 +312,8 @@ class TwoDaemonsTest(SharedDaemonCase):
                 status = [line for line in out if line.startswith("status ")]
                 self.assertEqual(len(status), 1, out)
                 self.assertNotEqual(status[0], "status 0", out)
+                # refused before any packet: no device holds the source address
+                self.assertIn("rdma_resolve_addr: No such device", out)
                 self.assertNotRegex("\n".join(out), r"ping data", out)
 
     def test_qp1_traffic_reaches_its_device_only(self):
