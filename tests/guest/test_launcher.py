@@ -62,6 +62,18 @@ class LauncherTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("no guest image found (/nonexistent): run `make guest` first", r.stderr)
 
+    def test_shared_daemon_groups(self):
+        # contiguous groups, the first ones larger; a bad count is a usage error
+        self.assertEqual(vg.daemon_groups(4, 2), [[0, 1], [2, 3]])
+        self.assertEqual(vg.daemon_groups(5, 2), [[0, 1, 2], [3, 4]])
+        self.assertEqual(vg.daemon_groups(2, 1), [[0, 1]])
+        for args, msg in ((["-n", "2", "--vstellar", "--daemons", "3"], "--daemons 3: need 1..2"),
+                          (["--shared-daemon"], "--shared-daemon and --daemons need --vstellar")):
+            r = subprocess.run([LAUNCHER, "run"] + args + ["--", "true"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(msg, r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -11,10 +11,12 @@ pair that links the namespaces. Everything made is removed again on exit,
 failure, timeout or Ctrl-C (see Session).
 
 With vstellar=True every guest also gets the vStellar device: a vstellard
-per host namespace (Vstellard), QEMU with shared memfd RAM and
-vhost-user-vstellar-pci, and vstellar.ko loaded in the guest. The daemons
-talk UDP over a second, separate network (see TestNet) or over namespaces
-the caller made (vstellar_hosts=, e.g. a tools/fabric Clos).
+per host namespace (Vstellard), or one daemon serving a group of guests
+(shared_daemons=), QEMU with shared memfd RAM and vhost-user-vstellar-pci,
+and vstellar.ko loaded in the guest. The daemons talk UDP over a second,
+separate network (see TestNet) or over namespaces the caller made
+(vstellar_hosts=, e.g. a tools/fabric Clos). With ipv6=True every guest
+also gets an IPv6 address, fd77::<i+1>/64, beside its IPv4 one.
 """
 
 import os
@@ -35,6 +37,9 @@ ENV_FILE = os.path.join(TOP, "build", "guest.env")
 
 # Test-network addresses live only inside the namespaces made here.
 NET_PREFIX = "10.77.0"
+# The IPv6 ones (ipv6=True): a ULA prefix, guest i being fd77::<i+1>/64.
+NET6_PREFIX = "fd77::"
+NET6_LEN = 64
 NS_PREFIX = "vst"
 
 # What a guest with the vStellar device loads, and the daemon's UDP base port.
@@ -292,15 +297,30 @@ class TestNet:
     the driver makes the GID from the guest's IP, and vstellard sends to
     the IPv4 in the destination GID, which must therefore be the peer
     host's vstellard.
+
+    ipv6=True adds fd77::<i+1>/64 beside each IPv4 address on fab (the
+    guests give it to their eth0 themselves: run_guests). IPv6 needs no
+    arp_ignore: Linux answers a neighbour solicitation only on the link
+    that carries the address. fab_addrs=[[ADDR/LEN, ...] per host] puts
+    exactly these addresses on the hosts' fab veths instead (a shared
+    vstellard: all addresses of a group on its first host, none on the
+    others).
     """
 
-    def __init__(self, hosts, tag=None, fabric=False):
+    def __init__(self, hosts, tag=None, fabric=False, ipv6=False, fab_addrs=None):
         if os.geteuid() != 0:
             raise GuestError("test networks need root (network namespaces, tap devices)")
         self.tag = tag or f"{NS_PREFIX}{os.getpid()}"
         self.hub = f"{self.tag}hub"
         self.hosts = [f"{self.tag}h{i}" for i in range(hosts)]
         self.fabric = fabric
+        self.ipv6 = ipv6
+        if fab_addrs is None:
+            fab_addrs = [[f"{guest_ip(i)}/24"] + ([f"{guest_ip6(i)}/{NET6_LEN}"] if ipv6 else [])
+                         for i in range(hosts)]
+        if len(fab_addrs) != hosts:
+            raise GuestError(f"fab_addrs needs one entry per host ({hosts})")
+        self.fab_addrs = [list(a) for a in fab_addrs]
         self.made = []
 
     def ns_exec(self, ns):
@@ -318,7 +338,11 @@ class TestNet:
                 raise GuestError(f"network namespace {ns} already exists: run `vstellar-guest cleanup`")
         self._ip("netns", "add", self.hub)
         self.made.append(self.hub)
-        self._ip("link", "add", "br0", "type", "bridge", ns=self.hub)
+        # With IPv6, the bridges flood multicast as a plain switch does
+        # (neighbour solicitations go to solicited-node groups, and nothing
+        # here sends MLD queries that would keep snooped entries fresh).
+        snoop = ["mcast_snooping", "0"] if self.ipv6 else []
+        self._ip("link", "add", "br0", "type", "bridge", *snoop, ns=self.hub)
         self._ip("link", "set", "br0", "up", ns=self.hub)
         for i, ns in enumerate(self.hosts):
             self._ip("netns", "add", ns)
@@ -327,14 +351,14 @@ class TestNet:
             self._ip("link", "add", "uplink", "type", "veth", "peer", "name", f"h{i}", ns=ns)
             self._ip("link", "set", f"h{i}", "netns", self.hub, ns=ns)
             self._ip("link", "set", f"h{i}", "master", "br0", "up", ns=self.hub)
-            self._ip("link", "add", "br0", "type", "bridge", ns=ns)
+            self._ip("link", "add", "br0", "type", "bridge", *snoop, ns=ns)
             self._ip("tuntap", "add", "dev", "tap0", "mode", "tap", ns=ns)
             for dev in ("tap0", "uplink"):
                 self._ip("link", "set", dev, "master", "br0", "up", ns=ns)
             self._ip("link", "set", "br0", "up", ns=ns)
             self._ip("link", "set", "lo", "up", ns=ns)
         if self.fabric:
-            self._ip("link", "add", "fbr0", "type", "bridge", ns=self.hub)
+            self._ip("link", "add", "fbr0", "type", "bridge", *snoop, ns=self.hub)
             self._ip("link", "set", "fbr0", "mtu", str(FABRIC_MTU), "up", ns=self.hub)
             for i, ns in enumerate(self.hosts):
                 # The host namespace owns the guest's address (on fab): its
@@ -347,7 +371,9 @@ class TestNet:
                          "peer", "name", f"f{i}", "mtu", str(FABRIC_MTU), ns=ns)
                 self._ip("link", "set", f"f{i}", "netns", self.hub, ns=ns)
                 self._ip("link", "set", f"f{i}", "master", "fbr0", "up", ns=self.hub)
-                self._ip("addr", "add", f"{guest_ip(i)}/24", "dev", "fab", ns=ns)
+                for a in self.fab_addrs[i]:
+                    # nodad: usable at once, not after a second of duplicate detection
+                    self._ip("addr", "add", a, "dev", "fab", *(["nodad"] if ":" in a else []), ns=ns)
                 self._ip("link", "set", "fab", "up", ns=ns)
         return self
 
@@ -362,20 +388,49 @@ def guest_ip(index):
     return f"{NET_PREFIX}.{index + 1}"
 
 
-class Vstellard:
-    """One vstellard serving one guest, run in a network namespace.
+def guest_ip6(index):
+    return f"{NET6_PREFIX}{index + 1:x}"
 
-    Its socket, log and --stats-json file live in a private temporary
+
+def daemon_groups(n, k):
+    """Guests 0..n-1 split into k contiguous groups of sizes differing by
+    at most one (the first ones larger): [[0, 1], [2, 3]] for n=4, k=2."""
+    if not 1 <= k <= n:
+        raise GuestError(f"{k} shared daemons for {n} guests: need 1..{n}")
+    groups, start = [], 0
+    for g in range(k):
+        size = n // k + (1 if g < n % k else 0)
+        groups.append(list(range(start, start + size)))
+        start += size
+    return groups
+
+
+class Vstellard:
+    """One vstellard, run in a network namespace, serving one guest
+    (`--socket --ip`) or several (devices=).
+
+    devices=[[ADDR, ...], ...]: one vhost-user socket per entry, `--device
+    SOCK,ip=ADDR...`, whose device may hold exactly those addresses (IPv4
+    and IPv6) as GIDs; socks[k] is entry k's socket and qemu_args(mem, k)
+    attaches a QEMU to it. Without devices the daemon serves its one
+    socket with --ip (the daemon of one guest, as before).
+
+    Its sockets, log and --stats-json file live in a private temporary
     directory. stop() sends SIGTERM (the daemon writes its counters at
     exit), then SIGKILL after a grace period; close() also removes the
     directory. stats holds the parsed counters after stop().
     """
 
-    def __init__(self, art, name, netns=None, ip="127.0.0.1", port=VSTELLAR_PORT, args=()):
+    def __init__(self, art, name, netns=None, ip="127.0.0.1", port=VSTELLAR_PORT, args=(), devices=None):
         self.binary = art.vstellard
         self.netns, self.ip, self.port, self.args = netns, ip, port, list(args)
+        self.devices = [list(d) for d in devices] if devices is not None else None
         self.dir = tempfile.mkdtemp(prefix=f"vstellard-{name}-")
-        self.sock = os.path.join(self.dir, "vstellard.sock")
+        if self.devices is None:
+            self.socks = [os.path.join(self.dir, "vstellard.sock")]
+        else:
+            self.socks = [os.path.join(self.dir, f"device{k}.sock") for k in range(len(self.devices))]
+        self.sock = self.socks[0]
         self.log = os.path.join(self.dir, "vstellard.log")
         self.stats_file = os.path.join(self.dir, "stats.json")
         self.proc = None
@@ -383,8 +438,13 @@ class Vstellard:
         self.log_text = ""
 
     def argv(self):
-        argv = [self.binary, "--socket", self.sock, "--ip", self.ip, "--port", str(self.port),
-                "--stats-json", self.stats_file] + self.args
+        argv = [self.binary]
+        if self.devices is None:
+            argv += ["--socket", self.sock, "--ip", self.ip]
+        else:
+            for sock, addrs in zip(self.socks, self.devices):
+                argv += ["--device", ",".join([sock] + [f"ip={a}" for a in addrs])]
+        argv += ["--port", str(self.port), "--stats-json", self.stats_file] + self.args
         if self.netns:
             argv = ["ip", "netns", "exec", self.netns] + argv
         return argv
@@ -399,7 +459,7 @@ class Vstellard:
         # of that is done (and its signal handlers are in place). Waiting for
         # the line means a caller that counts the daemon's fds or signals it
         # sees the daemon as it runs, not half-started.
-        while not (os.path.exists(self.sock) and "vstellard: listening on" in self.text()):
+        while not (all(os.path.exists(p) for p in self.socks) and "vstellard: listening on" in self.text()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise GuestError(f"vstellard did not start ({' '.join(self.argv())}): {self.text()[-2000:]}")
@@ -413,10 +473,10 @@ class Vstellard:
         except OSError:
             return self.log_text
 
-    def qemu_args(self, mem):
+    def qemu_args(self, mem, device=0):
         return ["-object", f"memory-backend-memfd,id=mem,size={mem}M,share=on",
                 "-machine", "memory-backend=mem",
-                "-chardev", f"socket,id=vst,path={self.sock}",
+                "-chardev", f"socket,id=vst,path={self.socks[device]}",
                 "-device", "vhost-user-vstellar-pci,chardev=vst"]
 
     def stop(self, grace=3):
@@ -596,7 +656,7 @@ class Session:
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
                echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
                guest_addrs=None, vstellard_args=(), daemons_out=None, images=None, qmp=False,
-               during=None):
+               during=None, ipv6=False, shared_daemons=None):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
@@ -613,13 +673,28 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     the same addresses (the GID is the guest's IP, and vstellard sends to
     the GID's IPv4), with a prefix long enough to reach each other over
     the guests' own L2. vstellard_args: extra daemon options (--paths 8).
-    daemons_out: a list that receives, per guest, a dict with the daemon's
-    counters at exit ("stats", from --stats-json) and its log ("log").
+    daemons_out: a list that receives, per daemon, a dict with its
+    counters at exit ("stats", from --stats-json), its log ("log") and
+    the guests it served ("guests", their indexes).
     images: one image directory per guest instead of `image` for all (e.g.
     a Debian 12 and a Debian 13 guest from tools/build-stock-guest.sh).
     qmp=True: each guest has a QMP monitor (Guest.connect()). during: a
     callable(session) run once every guest has started, while they run
     (hot-plug from the host); what it raises ends the run like a failure.
+
+    ipv6=True: each guest's eth0 also gets fd77::<i+1>/64 (added without
+    duplicate address detection before the command starts; the command
+    sees $VSTELLAR_SELF_IP6 and $VSTELLAR_PEER_IP6), and with vstellar=True
+    its device may hold it as a GID: RoCE v2 over IPv6.
+
+    shared_daemons=K (with vstellar=True): K vstellards, daemon g serving
+    the g-th of K contiguous groups of guests (daemon_groups). It runs in
+    the host namespace of its group's first guest, which carries all the
+    group's fabric addresses (the others carry none), with one `--device
+    SOCK,ip=...` per guest of the group; each guest's QEMU, in its own
+    namespace, attaches to its socket (a file). Default: one daemon per
+    guest with `--socket --ip` (with ipv6, a `--device` with both
+    addresses).
     """
     n = len(commands)
     if images is not None and len(images) != n:
@@ -629,29 +704,64 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
         raise GuestError("vstellar_hosts/guest_addrs need vstellar=True")
     if vstellar and not network:
         raise GuestError("the vStellar device needs the test network (its GID is eth0's address)")
+    if ipv6 and not network:
+        raise GuestError("ipv6 needs the test network")
+    if shared_daemons is not None and not vstellar:
+        raise GuestError("shared_daemons needs vstellar=True")
+    if (shared_daemons is not None or ipv6) and (vstellar_hosts or guest_addrs):
+        raise GuestError("shared_daemons and ipv6 work on the launcher's own test network, "
+                         "not with vstellar_hosts/guest_addrs")
     for lst, what in ((vstellar_hosts, "vstellar_hosts"), (guest_addrs, "guest_addrs")):
         if lst is not None and len(lst) != n:
             raise GuestError(f"{what} needs one entry per guest ({n})")
     addrs = list(guest_addrs) if guest_addrs else [f"{guest_ip(i)}/24" for i in range(n)]
     ips = [a.split("/")[0] for a in addrs]
+    ip6s = [guest_ip6(i) for i in range(n)] if ipv6 else None
+    groups = daemon_groups(n, shared_daemons) if shared_daemons is not None else [[i] for i in range(n)]
     modules = list(modules)
     if vstellar:
         modules += [m for m in VSTELLAR_MODULES if m not in modules]
+    fab_addrs = None
+    if shared_daemons is not None:
+        fab_addrs = [[] for _ in range(n)]
+        for group in groups:
+            for i in group:
+                fab_addrs[group[0]] += [f"{ips[i]}/24"] + ([f"{ip6s[i]}/{NET6_LEN}"] if ipv6 else [])
     with Session() as s:
         try:
             if network:
-                s.net = TestNet(n, fabric=vstellar and not vstellar_hosts)
+                s.net = TestNet(n, fabric=vstellar and not vstellar_hosts, ipv6=ipv6, fab_addrs=fab_addrs)
                 s.net.create()
+            attach = {}  # guest index: (daemon, its device socket)
+            if vstellar:
+                for g, group in enumerate(groups):
+                    name = f"guest{group[0]}" if len(group) == 1 else f"guests{group[0]}-{group[-1]}"
+                    if vstellar_hosts:
+                        ns, ip = vstellar_hosts[group[0]]
+                    else:
+                        ns, ip = s.net.hosts[group[0]], ips[group[0]]
+                    devices = None
+                    if shared_daemons is not None or ipv6:
+                        devices = [[ips[i]] + ([ip6s[i]] if ipv6 else []) for i in group]
+                    d = Vstellard(arts[group[0]], name, netns=ns, ip=ip, args=vstellard_args,
+                                  devices=devices)
+                    d.guests = list(group)
+                    s.daemons.append(d)
+                    d.start()
+                    for k, i in enumerate(group):
+                        attach[i] = (d, k)
             for i, cmd in enumerate(commands):
                 prologue = (f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} "
                             f"VSTELLAR_PEER_IP={ips[(i + 1) % n]}\n")
+                if ipv6:
+                    # /bin/ip: busybox's own ip, which the shell prefers,
+                    # knows no nodad
+                    prologue += (f"export VSTELLAR_SELF_IP6={ip6s[i]} VSTELLAR_PEER_IP6={ip6s[(i + 1) % n]}\n"
+                                 f"/bin/ip -6 addr add {ip6s[i]}/{NET6_LEN} dev eth0 nodad || exit 1\n")
                 extra = list(qemu_args)
                 if vstellar:
-                    ns, ip = vstellar_hosts[i] if vstellar_hosts else (s.net.hosts[i], ips[i])
-                    d = Vstellard(arts[i], f"guest{i}", netns=ns, ip=ip, args=vstellard_args)
-                    s.daemons.append(d)
-                    d.start()
-                    extra = d.qemu_args(mem) + extra
+                    d, k = attach[i]
+                    extra = d.qemu_args(mem, k) + extra
                 g = Guest(arts[i], f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
                           index=i, mem=mem, modules=modules, qemu_args=extra, timeout=timeout,
                           echo=echo, addr=addrs[i] if network else None, qmp=qmp)
@@ -668,7 +778,7 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
             for d in s.daemons:
                 d.stop()
             if daemons_out is not None:
-                daemons_out.extend({"stats": d.stats, "log": d.log_text} for d in s.daemons)
+                daemons_out.extend({"stats": d.stats, "log": d.log_text, "guests": d.guests} for d in s.daemons)
             # A guest that timed out: both daemons' per-QP state, so that a
             # hang shows which side owes what (vstellar-stat --qps).
             if any(g.timed_out for g in s.guests):

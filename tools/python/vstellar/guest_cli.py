@@ -21,7 +21,11 @@ With --vstellar each guest also gets the vStellar device: a vstellard per
 host namespace (UDP on 10.77.0.<i+1>, port 47000.., over a network of its
 own between the host namespaces), QEMU with shared memfd RAM and
 vhost-user-vstellar-pci, and vstellar, ib_uverbs and rdma_ucm loaded in the
-guest; the daemons are stopped on every exit path.
+guest; the daemons are stopped on every exit path. --shared-daemon serves all
+guests from one vstellard (one device socket and address set per guest, as
+one daemon per host serves its tenants), --daemons K from K, each serving a
+contiguous group. --ipv6 also gives guest i fd77::<i+1>/64 ($VSTELLAR_SELF_IP6,
+$VSTELLAR_PEER_IP6), which its device may use as a RoCE v2 GID.
 """
 
 EPILOG = """\
@@ -38,11 +42,14 @@ examples:
       --cmd 'rdma link add rxe0 type rxe netdev eth0; ib_write_bw -d rxe0' \\
       --cmd 'rdma link add rxe0 type rxe netdev eth0; sleep 2; ib_write_bw -d rxe0 $VSTELLAR_PEER_IP'
   vstellar-guest run --vstellar -- 'ibv_devinfo -d vstellar0'
-  vstellar-guest run -n 2 --vstellar \
-      --cmd 'ibv_rc_pingpong -d vstellar0 -g 1' \
+  vstellar-guest run -n 2 --vstellar \\
+      --cmd 'ibv_rc_pingpong -d vstellar0 -g 1' \\
       --cmd 'sleep 2; ibv_rc_pingpong -d vstellar0 -g 1 $VSTELLAR_PEER_IP'
-  vstellar-guest run -n 2 --container \
-      --cmd 'ib_write_bw -d vstellar0 -x 1' \
+  vstellar-guest run -n 2 --vstellar --shared-daemon --ipv6 \\
+      --cmd 'rping -s -a $VSTELLAR_SELF_IP6 -C 10 -v' \\
+      --cmd 'sleep 3; rping -c -a $VSTELLAR_PEER_IP6 -C 10 -v'
+  vstellar-guest run -n 2 --container \\
+      --cmd 'ib_write_bw -d vstellar0 -x 1' \\
       --cmd 'sleep 5; ib_write_bw -d vstellar0 -x 1 $VSTELLAR_PEER_IP'
   vstellar-guest cleanup
 """
@@ -68,9 +75,18 @@ def main():
     r.add_argument("--image", help="guest image directory (default: recorded by `make guest`)")
     r.add_argument("--qemu-arg", action="append", default=[], help="extra QEMU argument (repeatable)")
     r.add_argument("--vstellar", action="store_true",
-                   help="attach the vStellar device (a vstellard per guest) and load vstellar.ko")
+                   help="attach the vStellar device (a vstellard per guest unless --shared-daemon or "
+                        "--daemons) and load vstellar.ko")
     r.add_argument("--vstellard-arg", action="append", default=[],
                    help="extra vstellard option with --vstellar (repeatable), e.g. --vstellard-arg=--paths=8")
+    r.add_argument("--shared-daemon", action="store_const", const=1, dest="daemons",
+                   help="with --vstellar: one vstellard serves every guest, each through a device "
+                        "socket with its own addresses (same as --daemons 1)")
+    r.add_argument("--daemons", type=int, default=None, metavar="K",
+                   help="with --vstellar: K vstellards, each serving a contiguous group of the "
+                        "guests (default: one per guest)")
+    r.add_argument("--ipv6", action="store_true",
+                   help="also give guest i fd77::<i+1>/64 on eth0 (and its daemon that address)")
     r.add_argument("--container", nargs="?", const="", default=None, metavar="IMAGE_DIR",
                    help="secure containers: run each command (default: the image's own) inside the "
                         "container image IMAGE_DIR (rootfs.tar; default: the one `make guest` built), "
@@ -106,12 +122,19 @@ def main():
     echo = (lambda line: print(line, flush=True)) if multi else (lambda line: print(line[line.index("] ") + 2:], flush=True))
     if args.vstellard_arg and not args.vstellar:
         p.error("--vstellard-arg needs --vstellar")
+    if args.daemons is not None and not args.vstellar:
+        p.error("--shared-daemon and --daemons need --vstellar")
+    if args.daemons is not None and not 1 <= args.daemons <= n:
+        p.error(f"--daemons {args.daemons}: need 1..{n} (one per guest at most)")
+    if args.ipv6 and args.no_net:
+        p.error("--ipv6 needs the test network")
     daemons = []
     try:
         results = vg.run_guests(cmds, modules=[m for m in args.modules.split(",") if m], mem=args.mem,
                                 timeout=args.timeout, network=not args.no_net, qemu_args=args.qemu_arg,
                                 echo=echo, qemu=args.qemu, image=image, vstellar=args.vstellar,
-                                vstellard_args=args.vstellard_arg, daemons_out=daemons)
+                                vstellard_args=args.vstellard_arg, daemons_out=daemons,
+                                ipv6=args.ipv6, shared_daemons=args.daemons)
     except vg.GuestError as e:
         print(f"vstellar-guest: error: {e}", file=sys.stderr)
         return 2
@@ -123,9 +146,12 @@ def main():
         if args.verbose or status in (124, 125):
             print(f"--- guest{i} console ---", file=sys.stderr)
             print("\n".join(console), file=sys.stderr)
-        if daemons and (args.verbose or status in (124, 125)):
-            print(f"--- guest{i} vstellard log ---", file=sys.stderr)
-            print(daemons[i]["log"], file=sys.stderr, end="")
+        served = [d for d in daemons if i in d["guests"]]
+        # a shared daemon's log once, with its group's first guest
+        if served and served[0]["guests"][0] == i and (args.verbose or status in (124, 125)):
+            print(f"--- guest{i} vstellard log ---" if len(served[0]["guests"]) == 1 else
+                  f"--- vstellard log (guests {', '.join(map(str, served[0]['guests']))}) ---", file=sys.stderr)
+            print(served[0]["log"], file=sys.stderr, end="")
         if status == 124:
             print(f"vstellar-guest: guest{i} timed out after {args.timeout:g} s", file=sys.stderr)
         elif status == 125:

@@ -45,6 +45,33 @@ export GIDX
 
 
 VSTELLAR_SETUP = wait_roce_gid(VSTELLAR_DEVICE)
+
+
+def wait_roce_gid6(dev):
+    """Shell: wait until DEV has a RoCE v2 GID of a global IPv6 address
+    (neither link-local fe80:: nor IPv4-mapped: eth0's fd77::<i+1> of
+    run_guests(ipv6=True)) and export its index as GIDX6 (up to 10 s).
+    Its place in the table depends on the order the kernel adds eth0's
+    addresses, so it is looked up, never assumed."""
+    return f"""\
+roce_gid6() {{
+  p=/sys/class/infiniband/$1/ports/1
+  for g in $p/gids/*; do
+    i=${{g##*/}}
+    case "$(cat $g 2>/dev/null)" in
+      ""|fe80:*|0000:0000:0000:0000:0000:ffff:*|0000:0000:0000:0000:0000:0000:0000:0000) ;;
+      *) [ "$(cat $p/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && {{ echo $i; return 0; }} ;;
+    esac
+  done
+  return 1
+}}
+n=0
+until GIDX6=$(roce_gid6 {dev}); do
+  n=$((n + 1)); [ $n -lt 100 ] || {{ echo "no IPv6 RoCE v2 GID on {dev}" >&2; cat /sys/class/infiniband/{dev}/ports/1/gids/* >&2; exit 1; }}
+  sleep 0.1
+done
+export GIDX6
+"""
 VSTELLAR_COMMON = "-x $GIDX"
 
 def client_retry(not_listening, tries=60):
