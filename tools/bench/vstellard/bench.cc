@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +39,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -77,6 +79,7 @@ struct Args {
   // connects each device to one on the other worker, pair 2 to one on its
   // own.
   uint32_t pair = 1;
+  unsigned daemons = 1;  // host: 1 = one daemon for every device, else one each
 };
 
 int Attach(const Args& a) {
@@ -424,14 +427,21 @@ struct ScaleDev {
 // rewrites on SIGUSR1.
 class DaemonProcess {
  public:
-  DaemonProcess(const std::string& exe, const std::string& dir, const Args& a) : dir_(dir) {
+  // `listen`: how it takes devices (default: --socket DIR/s); socket() is
+  // the first path named there.
+  DaemonProcess(const std::string& exe, const std::string& dir, const Args& a,
+                std::vector<std::string> listen = {}, unsigned threads = 0)
+      : dir_(dir) {
     sock_ = dir + "/s";
     stats_ = dir + "/stats.json";
+    if (listen.empty()) listen = {"--socket", sock_};
+    else sock_ = listen[1].substr(0, listen[1].find(','));
     const std::string port = std::to_string(a.port), link = vstellar::to_string(a.link),
                       burst = a.link == vstellar::LinkMode::GSO ? "16" : "1";
-    std::vector<std::string> args = {exe,      "--socket",     sock_, "--port",       port,
-                                     "--paths", "16",         "--link", link,        "--path-burst",
-                                     burst,     "--stats-json", stats_, "--threads",  std::to_string(a.threads)};
+    std::vector<std::string> args = {exe,      "--port",       port,   "--paths",   "16",
+                                     "--link", link,           "--path-burst", burst,
+                                     "--stats-json", stats_,   "--threads",  std::to_string(threads ? threads : a.threads)};
+    args.insert(args.begin() + 1, listen.begin(), listen.end());
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -447,6 +457,7 @@ class DaemonProcess {
       waitpid(pid_, nullptr, 0);
     }
     for (const char* f : {"/s", "/stats.json", "/stats.json.tmp", "/log"}) unlink((dir_ + f).c_str());
+    unlink(sock_.c_str());
   }
   const std::string& socket() const { return sock_; }
   bool WaitListening(double secs) {
@@ -600,8 +611,8 @@ struct BusyRun {
 // Every device keeps `depth` WRITEs of `size` bytes to its partner
 // (device i ^ a.pair) in flight for a.seconds after 200 ms of warm-up;
 // then what is in flight finishes (at most 10 s).
-BusyRun WriteToPartners(DaemonProcess& d, std::vector<ScaleDev>& devs, const Args& a, uint32_t size,
-                        uint32_t depth) {
+BusyRun WriteToPartners(const std::function<double()>& cpu_seconds, std::vector<ScaleDev>& devs, const Args& a,
+                        uint32_t size, uint32_t depth) {
   BusyRun b;
   const uint32_t n = uint32_t(devs.size());
   const auto tb = Clock::now();
@@ -612,7 +623,7 @@ BusyRun WriteToPartners(DaemonProcess& d, std::vector<ScaleDev>& devs, const Arg
     if (!counting && Clock::now() >= warm_end) {
       for (auto& v : devs) v.done = 0;
       counting = true;
-      c0 = d.CpuSeconds();
+      c0 = cpu_seconds();
     }
     uint64_t before = 0, after = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -626,7 +637,7 @@ BusyRun WriteToPartners(DaemonProcess& d, std::vector<ScaleDev>& devs, const Arg
     // (guests' vCPUs would not spin on 64 CQs either).
     if (after == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  b.daemon_cpu = (d.CpuSeconds() - c0) / a.seconds;
+  b.daemon_cpu = (cpu_seconds() - c0) / a.seconds;
   double sum = 0, sq = 0;
   b.min_done = ~0ull;
   for (auto& v : devs) {
@@ -730,7 +741,7 @@ int Scale(const Args& a) {
     // Busy: every device keeps `depth` WRITEs to its neighbour in flight.
     const uint32_t size = uint32_t(std::min<uint64_t>(a.size, ScaleDev::kMrLen)), depth = 8;
     BusyRun busy;
-    if (ok && a.seconds > 0 && n >= 2) busy = WriteToPartners(d, devs, a, size, depth);
+    if (ok && a.seconds > 0 && n >= 2) busy = WriteToPartners([&] { return d.CpuSeconds(); }, devs, a, size, depth);
     j = d.Stats();
     const size_t eng = j.find("\"engine\":");
     const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
@@ -780,11 +791,100 @@ int Scale(const Args& a) {
   return rc;
 }
 
+// ---- host: one daemon for a host's guests, or one daemon each ----
+
+// N devices in pairs (0-1, 2-3, ...) WRITE to each other for a.seconds:
+// either all on one vstellard (--daemons 1, with a.threads workers), each
+// attached through its own --device socket with its own address
+// 127.0.0.<i+1>, or each on a vstellard of its own (one thread, bound to
+// 127.0.0.<i+1>), as a host gave every guest its own daemon before
+// addresses per device. Reports goodput and the daemons' CPU time, so
+// goodput per CPU-second compares the two shapes.
+int Host(const Args& a) {
+  const std::string exe = DaemonExe(a);
+  char tmpl[] = "/tmp/vstellard-host-XXXXXX";
+  if (!mkdtemp(tmpl)) return 1;
+  const std::string dir = tmpl;
+  const uint32_t n = uint32_t(a.devices & ~uint64_t{1});
+  auto ip = [](uint32_t i) { return "127.0.0." + std::to_string(i + 1); };
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  std::vector<std::string> sockets;
+  if (a.daemons == 1) {
+    std::vector<std::string> listen;
+    for (uint32_t i = 0; i < n; i++) {
+      sockets.push_back(dir + "/d" + std::to_string(i));
+      listen.insert(listen.end(), {"--device", sockets.back() + ",ip=" + ip(i)});
+    }
+    daemons.push_back(std::make_unique<DaemonProcess>(exe, dir, a, listen));
+  } else {
+    for (uint32_t i = 0; i < n; i++) {
+      const std::string sub = dir + "/" + std::to_string(i);
+      mkdir(sub.c_str(), 0700);
+      sockets.push_back(sub + "/s");
+      daemons.push_back(std::make_unique<DaemonProcess>(
+          exe, sub, a, std::vector<std::string>{"--socket", sockets.back(), "--ip", ip(i)}, 1));
+    }
+  }
+  int rc = 1;
+  std::string err;
+  bool ok = true;
+  for (auto& d : daemons) ok = ok && d->WaitListening(10);
+  std::vector<ScaleDev> devs(n);
+  for (uint32_t i = 0; i < n && ok; i++) {
+    FrontendOptions fo;
+    fo.mem_size = 8ull << 20;
+    devs[i].f = std::make_unique<Frontend>(fo);
+    ok = devs[i].f->Connect(sockets[i], &err) && devs[i].f->StartQueues(&err) && devs[i].Setup();
+    vstellar_cmd_gid g{};  // the device's address, as the guest's GID cache adds it
+    g.port = 1;
+    g.gid[10] = g.gid[11] = 0xff;
+    g.gid[12] = 127;
+    g.gid[15] = uint8_t(i + 1);
+    g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+    ok = ok && devs[i].Cmd(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0) == 0;
+  }
+  for (uint32_t i = 0; i < n && ok; i++) {
+    vstellar_cmd_modify_qp m = RcModifyBody(devs[i].qpn, devs[i ^ 1].qpn, 5);
+    m.attr.av.dgid[15] = uint8_t((i ^ 1) + 1);
+    for (auto [state, mask] : {std::pair{VSTELLAR_QPS_INIT, kRcInitMask}, std::pair{VSTELLAR_QPS_RTR, kRcRtrMask},
+                               std::pair{VSTELLAR_QPS_RTS, kRcRtsMask}}) {
+      m.attr.qp_state = uint8_t(state);
+      m.attr.attr_mask = mask;
+      ok = ok && devs[i].Cmd(VSTELLAR_CMD_MODIFY_QP, devs[i].uctx, &m, sizeof(m), 0) == 0;
+    }
+  }
+  if (ok) {
+    Args w = a;
+    w.pair = 1;
+    const uint32_t size = uint32_t(std::min<uint64_t>(a.size, ScaleDev::kMrLen));
+    auto cpu = [&] {
+      double s = 0;
+      for (auto& d : daemons) s += d->CpuSeconds();
+      return s;
+    };
+    const BusyRun b = WriteToPartners(cpu, devs, w, size, 8);
+    std::printf("{\"mode\":\"host\",\"devices\":%u,\"daemons\":%zu,\"threads\":%u,\"size\":%u,\"seconds\":%.2f,"
+                "\"gbps\":%.3f,\"daemon_cpu\":%.3f,\"gb_per_cpu_s\":%.4f,\"jain\":%.4f,\"errors\":%llu}\n",
+                n, daemons.size(), a.daemons == 1 ? a.threads : 1u, size, a.seconds, b.gbps, b.daemon_cpu,
+                b.daemon_cpu > 0 ? b.gbps / 8 / b.daemon_cpu : 0.0, b.jain, (unsigned long long)b.errors);
+    rc = b.errors ? 1 : 0;
+  } else {
+    std::fprintf(stderr, "host: a device failed to attach or connect: %s\n", err.c_str());
+  }
+  devs.clear();
+  daemons.clear();
+  for (const std::string& s : sockets) unlink(s.c_str());
+  if (a.daemons != 1)
+    for (uint32_t i = 0; i < n; i++) rmdir((dir + "/" + std::to_string(i)).c_str());
+  rmdir(tmpl);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s attach|write|dma|scale [options]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s attach|write|dma|scale|host [options]\n", argv[0]);
     return 2;
   }
   Args a;
@@ -804,6 +904,7 @@ int main(int argc, char** argv) {
     else if (k == "--hostile") a.hostile = v == "1";
     else if (k == "--threads") a.threads = unsigned(std::stoul(v));
     else if (k == "--pair") a.pair = uint32_t(std::stoul(v));
+    else if (k == "--daemons") a.daemons = unsigned(std::stoul(v));
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
     }
@@ -816,6 +917,7 @@ int main(int argc, char** argv) {
   if (a.mode == "write") return Write(a);
   if (a.mode == "dma") return Dma(a);
   if (a.mode == "scale") return Scale(a);
+  if (a.mode == "host") return Host(a);
   std::fprintf(stderr, "unknown mode %s\n", a.mode.c_str());
   return 2;
 }
