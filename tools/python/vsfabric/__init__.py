@@ -15,7 +15,11 @@ Addressing (all in the benchmarking range 198.18.0.0/15):
   host i under ToR t       198.18.(t+1).(2i+1)/31, its ToR port 198.18.(t+1).(2i)/31
   ToR t <-> agg a link     n = 2a (ToR side) or 2a+1 (agg side):
                            198.19.(4t + n/256).(n%256)/31
-See docs/fabric.md.
+With Fabric(ipv6=True) the same plan in IPv6 (ULA fd76:7366::/32), the same
+ECMP routes, net.ipv6.fib_multipath_hash_policy=1:
+  host i under ToR t       fd76:7366:18:(t+1)::(2i+1)/127, ToR port ...::(2i)/127
+  ToR t <-> agg a link     fd76:7366:19:t::n/127
+(numbers in the groups are hex). See docs/fabric.md.
 
 The package by concern: fabric (Fabric: settings, build, teardown,
 processes in its namespaces), topology (names, addresses, veth links, ECMP

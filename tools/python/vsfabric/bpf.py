@@ -2,7 +2,7 @@
 and no ECN-marking qdisc (no red/codel/pie), so loss and CE marking are made
 here.
 
-* drop_program: drop IPv4 UDP packets with a given probability.
+* drop_program: drop UDP packets (IPv4 or IPv6) with a given probability.
 * mark_program: a phantom queue (HULL, Alizadeh et al., NSDI 2012) that marks
   CE: a virtual queue per link, drained at a rate a bit below the link's, fed
   with every IPv4 packet's length; ECT packets that arrive while it holds more
@@ -44,24 +44,32 @@ def _insn(code, dst=0, src=0, off=0, imm=0):
 
 
 def drop_program(prob):
-    """Bytecode: drop IPv4/UDP with probability prob (0..1), else TC_ACT_UNSPEC."""
+    """Bytecode: drop UDP over IPv4 or IPv6 with probability prob (0..1),
+    else TC_ACT_UNSPEC. An IPv6 packet is UDP when its first next header is
+    (the engine's packets carry no extension headers)."""
     thr = min(1 << 32, max(0, int(round(prob * (1 << 32)))))
-    p = [
+    prog = [
         _insn(0xbf, 6, 1),                 # r6 = r1 (ctx, for ld_abs)
         _insn(0x61, 0, 1, 16),             # r0 = skb->protocol
-        _insn(0x55, 0, 0, 8, 0x0008),      # if r0 != htons(ETH_P_IP) goto pass
+        ("jmp", 0x15, 0, 0, 0x0008, "v4"),  # if r0 == htons(ETH_P_IP) goto v4
+        ("jmp", 0x55, 0, 0, 0xdd86, "pass"),  # if r0 != htons(ETH_P_IPV6) goto pass
+        _insn(0x30, 0, 0, 0, 14 + 6),      # r0 = ip6->nexthdr (ld_abs b)
+        ("jmp", 0x05, 0, 0, 0, "l4"),
+        "v4",
         _insn(0x30, 0, 0, 0, 14 + 9),      # r0 = ip->protocol (ld_abs b)
-        _insn(0x55, 0, 0, 6, 17),          # if r0 != UDP goto pass
+        "l4",
+        ("jmp", 0x55, 0, 0, 17, "pass"),   # if r0 != UDP goto pass
         _insn(0x85, 0, 0, 0, 7),           # call bpf_get_prandom_u32
         _insn(0x18, 1, 0, 0, thr & 0xffffffff),  # r1 = thr (ld_imm64, 2 slots)
         _insn(0x00, 0, 0, 0, thr >> 32),
-        _insn(0x3d, 0, 1, 2),              # if r0 >= r1 goto pass
+        ("jmp", 0x3d, 0, 1, 0, "pass"),    # if r0 >= r1 goto pass
         _insn(0xb7, 0, 0, 0, 2),           # r0 = TC_ACT_SHOT
         _insn(0x95),                       # exit
-        _insn(0xb7, 0, 0, 0, -1),          # pass: r0 = TC_ACT_UNSPEC
+        "pass",
+        _insn(0xb7, 0, 0, 0, -1),          # r0 = TC_ACT_UNSPEC
         _insn(0x95),
     ]
-    return b"".join(p)
+    return _assemble(prog)
 
 
 def _bpf(cmd, attr):

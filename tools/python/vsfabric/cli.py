@@ -3,12 +3,14 @@ it, or remove leftovers.
 
   vsfabric-cli up [--tors T --hosts H --aggs A --uplink-rate R --host-rate R
                    --queue BYTES --delay D --hash-seed S --loss AGG:PROB
-                   --mark-k BYTES --mark-fraction F --mark-cap BYTES]
+                   --mark-k BYTES --mark-fraction F --mark-cap BYTES --ipv6]
         build, print names and addresses, wait until Ctrl-C/SIGTERM (or
         --hold S seconds), print per-uplink counters, remove everything.
         --mark-k turns ECN marking on: a phantom queue (eBPF) on every shaped
         switch port, drained at F (0.95) x the link rate, marks ECT packets
         CE above K bytes; per-port marks are printed at the end.
+        --ipv6 adds the IPv6 underlay: every host and link also gets an IPv6
+        address (fd76:7366::/32), with the same ECMP routes (L4 hash).
   vsfabric-cli cleanup   remove namespaces/bpffs left by killed runs (vsf<pid>-)
   vsfabric-cli list      list vsf namespaces
 Run a command inside the fabric from another shell with
@@ -39,6 +41,8 @@ def main():
     p.add_argument("--mark-fraction", type=float, default=0.95,
                    help="phantom queue drain rate / link rate (0.95)")
     p.add_argument("--mark-cap", type=int, help="phantom queue backlog cap (bytes; default --queue)")
+    p.add_argument("--ipv6", action="store_true",
+                   help="IPv6 underlay too: addresses in fd76:7366::/32, ECMP on the L4 hash")
     p.add_argument("--hold", type=float, help="seconds to keep the fabric (default: until signal)")
     a = p.parse_args()
     if a.cmd == "list":
@@ -55,7 +59,8 @@ def main():
         fab = vsfabric.Fabric(tors=a.tors, hosts=a.hosts, aggs=a.aggs, uplink_rate=a.uplink_rate,
                               host_rate=a.host_rate, queue=a.queue, delay=a.delay,
                               hash_seed=a.hash_seed, mark_k=a.mark_k,
-                              mark_fraction=a.mark_fraction, mark_cap=a.mark_cap)
+                              mark_fraction=a.mark_fraction, mark_cap=a.mark_cap,
+                              ipv6=a.ipv6)
         fab.build()
     except ValueError as e:  # a bad option; build() removed what it made
         print(f"vsfabric-cli: {e}", file=sys.stderr)
@@ -69,7 +74,8 @@ def main():
         for t in range(a.tors):
             print(f"ToR {fab.tor(t)}: uplinks u0..u{a.aggs - 1}")
             for i in range(a.hosts):
-                print(f"  host {fab.host(t, i)}  {fab.host_ip(t, i)}")
+                print(f"  host {fab.host(t, i)}  {fab.host_ip(t, i)}"
+                      + (f"  {fab.host_ip6(t, i)}" if a.ipv6 else ""))
         sys.stdout.flush()
         stop = []
         signal.signal(signal.SIGTERM, lambda *x: stop.append(1))

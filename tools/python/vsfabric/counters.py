@@ -23,6 +23,22 @@ class Counters:
                                  "tx_bytes": v[8], "tx_packets": v[9], "tx_drop": v[11]}
         return out
 
+    def forwarded(self, ns):
+        """{4: IPv4 datagrams, 6: IPv6 datagrams} that ns forwarded so far
+        (ForwDatagrams of /proc/net/snmp, Ip6OutForwDatagrams of snmp6)."""
+        with Netns(ns):
+            with open("/proc/thread-self/net/snmp") as f:
+                ip = [l.split() for l in f if l.startswith("Ip:")]
+            six = 0
+            try:
+                with open("/proc/thread-self/net/snmp6") as f:
+                    for l in f:
+                        if l.startswith("Ip6OutForwDatagrams"):
+                            six = int(l.split()[1])
+            except FileNotFoundError:  # no IPv6 in this kernel
+                pass
+        return {4: int(ip[1][ip[0].index("ForwDatagrams")]), 6: six}
+
     def uplink_bytes(self, t=0):
         c = self.link_counters(self.tor(t))
         return [c[f"u{a}"]["tx_bytes"] for a in range(self.A)]

@@ -27,11 +27,15 @@ class Fabric(Topology, Shaping, Impairments, Counters):
     the hosts' own ports) then gets a CE marker whose virtual queue drains at
     mark_fraction x the link's rate (set_marking); mark_cap caps its backlog
     (default: the queue limit).
+    ipv6: also give every host and link an IPv6 address (fd76:7366::/32, a
+    ULA) with the same ECMP routes and the L4 hash for IPv6
+    (net.ipv6.fib_multipath_hash_policy=1); host_ip6 / host_addr(t, i, 6)
+    name the hosts. Off by default: IPv4 alone needs no IPv6 in the kernel.
     """
 
     def __init__(self, tors=2, hosts=1, aggs=4, uplink_rate=None, host_rate=None,
                  queue=200_000, delay=None, mtu=9000, hash_seed=None, prefix=None,
-                 verbose=False, mark_k=None, mark_fraction=0.95, mark_cap=None):
+                 verbose=False, mark_k=None, mark_fraction=0.95, mark_cap=None, ipv6=False):
         if aggs < 1 or tors < 1 or hosts < 1 or hosts > 127 or tors > 63 or aggs > 511:
             raise ValueError("need 1..63 ToRs, 1..127 hosts per ToR, 1..511 aggs")
         if mark_k is not None:
@@ -43,6 +47,7 @@ class Fabric(Topology, Shaping, Impairments, Counters):
         self.uplink_rate, self.host_rate = uplink_rate, host_rate
         self.queue, self.delay, self.mtu = queue, delay, mtu
         self.hash_seed = hash_seed
+        self.ipv6 = bool(ipv6)
         self.prefix = prefix or f"vsf{os.getpid()}-"
         self.verbose = verbose
         self.namespaces = []
@@ -106,7 +111,9 @@ class Fabric(Topology, Shaping, Impairments, Counters):
         return {"tors": self.T, "hosts_per_tor": self.H, "aggs": self.A,
                 "uplink_rate": self.uplink_rate, "host_rate": self.host_rate,
                 "queue_bytes": self.queue, "delay": self.delay, "mtu": self.mtu,
-                "ecmp": "fib_multipath_hash_policy=1 (L4 5-tuple)",
+                "ecmp": "fib_multipath_hash_policy=1 (L4 5-tuple)" +
+                        (", IPv4 and IPv6" if self.ipv6 else ""),
+                "ipv6": "fd76:7366::/32" if self.ipv6 else None,
                 "hash_seed": self.hash_seed, "namespaces": len(self.namespaces),
                 "ecn_marking": None if self.mark_k is None else
                 {"kind": "phantom queue (eBPF)", "k_bytes": self.mark_k,

@@ -5,7 +5,9 @@ source ports (the harness shares one socket per path among the QPs of a
 process, so "C connections of k paths" means C harness pairs):
   server base port 10000 + 512k, client base port 38000 + 512k, control 9000 + k.
 Path i of the client sends from port (client base + i) to the server's base
-port; ACKs come back from (server base + i).
+port; ACKs come back from (server base + i). family=6 runs the pairs over the
+fabric's IPv6 addresses (a Fabric built with ipv6=True): data, ACKs and the
+control connection are then IPv6.
 """
 import json
 import os
@@ -34,18 +36,19 @@ def ports(k):
     return 10000 + 512 * k, 38000 + 512 * k, 9000 + k
 
 
-def run_pairs(fab, pairs, args, duration, during=None, timeout=None):
+def run_pairs(fab, pairs, args, duration, during=None, timeout=None, family=4):
     """pairs: [((src_tor, src_host), (dst_tor, dst_host))]; the client runs on
     src and WRITEs to dst. args: harness options for both ends (transport) and
     the client (workload). during(t_start): called once all clients started,
-    in this thread, while they run. Returns a list of dicts per pair:
+    in this thread, while they run. family: 4 or 6, the IP version of the
+    hosts' addresses the pairs use. Returns a list of dicts per pair:
     {client, server, rc, t_start (wall), t_exit (wall), stderr}."""
     h = harness_binary()
     args = [str(a) for a in args]
     servers, clients = [], []
     for k, (src, dst) in enumerate(pairs):
         sp, cp, ctl = ports(k)
-        sip, cip = fab.host_ip(*dst), fab.host_ip(*src)
+        sip, cip = fab.host_addr(*dst, family), fab.host_addr(*src, family)
         servers.append(fab.popen(fab.host(*dst), [
             h, "--role", "server", "--local-ip", sip, "--peer-ip", cip, "--base-port", sp,
             "--peer-port", cp, "--ctrl-port", ctl] + args))
@@ -53,7 +56,7 @@ def run_pairs(fab, pairs, args, duration, during=None, timeout=None):
     starts = []
     for k, (src, dst) in enumerate(pairs):
         sp, cp, ctl = ports(k)
-        sip, cip = fab.host_ip(*dst), fab.host_ip(*src)
+        sip, cip = fab.host_addr(*dst, family), fab.host_addr(*src, family)
         starts.append(time.time())
         clients.append(fab.popen(fab.host(*src), [
             h, "--role", "client", "--local-ip", cip, "--peer-ip", sip, "--base-port", cp,
@@ -120,7 +123,8 @@ def summarize(results):
 
 def route_dev(fab, ns, pairs_ports, src_ip, dst_ip):
     """Which device the ECMP route in ns picks for each (sport, dport):
-    `ip route get ... ipproto udp sport S dport D`, batched."""
+    `ip route get ... ipproto udp sport S dport D`, batched. The addresses
+    may be IPv4 or IPv6 (ip takes the family from them)."""
     # Asked as a packet forwarded from the first host port (iif d0).
     cmds = "".join(f"route get {dst_ip} from {src_ip} iif d0 ipproto udp sport {s} dport {d}\n"
                    for s, d in pairs_ports)

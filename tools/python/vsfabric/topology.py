@@ -1,9 +1,17 @@
 """The fabric's topology: the names of its namespaces, their addresses,
 the veth links between them and the routes, ECMP from each ToR over all its
-uplinks (addressing plan in the package docstring and docs/fabric.md)."""
+uplinks (addressing plan in the package docstring and docs/fabric.md). With
+ipv6 the same links carry IPv6 too: the same plan in the ULA prefix
+fd76:7366::/32, the same ECMP routes."""
+import os
+
 from . import shaping
 from .command import run
 from .netns import Netns
+
+# The IPv6 plan mirrors the IPv4 one: 198.18 -> V6:18, 198.19 -> V6:19
+# (fd76:7366 is "vsf" after the ULA's fd: a ULA prefix, not routed anywhere).
+V6 = "fd76:7366"
 
 
 class Topology:
@@ -23,9 +31,30 @@ class Topology:
     def host_ip(self, t, i):
         return f"198.18.{t + 1}.{2 * i + 1}"
 
+    def host_ip6(self, t, i):
+        """Host i under ToR t's IPv6 address (the fabric needs ipv6=True)."""
+        if not self.ipv6:
+            raise ValueError("this fabric has no IPv6 underlay: build it with ipv6=True")
+        return f"{V6}:18:{t + 1:x}::{2 * i + 1:x}"
+
+    def host_addr(self, t, i, family=4):
+        """Host i under ToR t's address of IP version `family` (4 or 6)."""
+        if family not in (4, 6):
+            raise ValueError(f"IP version {family}: 4 or 6")
+        return self.host_ip6(t, i) if family == 6 else self.host_ip(t, i)
+
     def _link_ip(self, t, a, side):  # side 0: ToR, 1: agg
         n = 2 * a + side
         return f"198.19.{4 * t + n // 256}.{n % 256}"
+
+    def _tor_port_ip6(self, t, i):
+        return f"{V6}:18:{t + 1:x}::{2 * i:x}"
+
+    def _link_ip6(self, t, a, side):
+        return f"{V6}:19:{t:x}::{2 * a + side:x}"
+
+    def _tor_net6(self, t):
+        return f"{V6}:18:{t + 1:x}::/64"
 
     def uplinks(self, t=0):
         """(namespace, device) of ToR t's uplinks, index = agg."""
@@ -61,12 +90,22 @@ class Topology:
                 per[hn] += [f"link set h0 mtu {self.mtu} gso_max_segs 1 up", f"addr add {hip}/31 dev h0",
                             f"route add default via {tip} dev h0"]
                 per[tn] += [f"link set d{i} mtu {self.mtu} up", f"addr add {tip}/31 dev d{i}"]
+                if self.ipv6:
+                    hip6, tip6 = self.host_ip6(t, i), self._tor_port_ip6(t, i)
+                    per[hn] += [f"addr add {hip6}/127 dev h0 nodad",
+                                f"route add ::/0 via {tip6} dev h0"]
+                    per[tn].append(f"addr add {tip6}/127 dev d{i} nodad")
             for a in range(A):
                 an = self.agg(a)
                 tip, aip = self._link_ip(t, a, 0), self._link_ip(t, a, 1)
                 per[tn] += [f"link set u{a} mtu {self.mtu} up", f"addr add {tip}/31 dev u{a}"]
                 per[an] += [f"link set d{t} mtu {self.mtu} up", f"addr add {aip}/31 dev d{t}",
                             f"route add 198.18.{t + 1}.0/24 via {tip} dev d{t}"]
+                if self.ipv6:
+                    tip6, aip6 = self._link_ip6(t, a, 0), self._link_ip6(t, a, 1)
+                    per[tn].append(f"addr add {tip6}/127 dev u{a} nodad")
+                    per[an] += [f"addr add {aip6}/127 dev d{t} nodad",
+                                f"route add {self._tor_net6(t)} via {tip6} dev d{t}"]
             # ECMP to every other ToR's hosts over all uplinks.
             for u in range(T):
                 if u == t:
@@ -74,6 +113,10 @@ class Topology:
                 hops = " ".join(f"nexthop via {self._link_ip(t, a, 1)} dev u{a}"
                                 for a in range(A))
                 per[tn].append(f"route add 198.18.{u + 1}.0/24 {hops}")
+                if self.ipv6:
+                    hops6 = " ".join(f"nexthop via {self._link_ip6(t, a, 1)} dev u{a}"
+                                     for a in range(A))
+                    per[tn].append(f"route add {self._tor_net6(u)} {hops6}")
         for n in names:
             self._sysctls(n, forward=not n.startswith(self.prefix + "h"))
         for n, cmds in per.items():
@@ -115,6 +158,8 @@ class Topology:
         if self.hash_seed is not None:
             vals["net/ipv4/fib_multipath_hash_seed"] = self.hash_seed
         with Netns(ns):
+            if self.ipv6:
+                vals.update(self._sysctls6(forward))
             for k, v in vals.items():
                 try:
                     with open(f"/proc/sys/{k}", "w") as f:
@@ -122,3 +167,26 @@ class Topology:
                 except OSError:
                     if "hash_seed" not in k and "rmem" not in k:
                         raise
+
+    def _sysctls6(self, forward):
+        """The IPv6 sysctls of the namespace this thread is in. Written before
+        the links come up, so no device starts DAD or router solicitations;
+        `all` does not reach existing devices for most keys, so each device
+        gets them too. fib_multipath_hash_seed (IPv4's) seeds IPv6 ECMP too.
+
+        auto_flowlabels 0: with automatic flow labels a host's UDP stack
+        computes each packet's flow hash (skb->hash, marked as an L4 hash) to
+        derive the label, the hash crosses the veth with the packet, and the
+        ToR's ECMP (policy 1) takes that hash as it is instead of hashing the
+        headers: the uplink would not depend on fib_multipath_hash_seed nor
+        be the one `ip route get` names. A wire carries no skb hash; without
+        labels the ToR hashes the 5-tuple, seeded, as for IPv4."""
+        vals = {"net/ipv6/conf/all/forwarding": 1 if forward else 0,
+                "net/ipv6/fib_multipath_hash_policy": 1,
+                "net/ipv6/auto_flowlabels": 0}
+        for dev in ["all", "default"] + sorted(os.listdir("/proc/sys/net/ipv6/conf")):
+            for k, v in (("disable_ipv6", 0), ("accept_ra", 0), ("accept_dad", 0),
+                         ("dad_transmits", 0), ("router_solicitations", 0),
+                         ("accept_redirects", 0)):
+                vals[f"net/ipv6/conf/{dev}/{k}"] = v
+        return vals
