@@ -14,10 +14,11 @@ class RxeTest(unittest.TestCase):
         for i, (status, out, console) in enumerate(results):
             self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console))
         sections = pt.split_sections(results[1][1])
-        bw = pt.parse_bw(sections["ib_write_bw " + TESTS[0][1]])
+        out = sections["ib_write_bw " + TESTS[0][1]]
+        bw = pt.parse_bw(out)
         self.assertEqual(len(bw), 1, sections)
         self.assertEqual((bw[0]["bytes"], bw[0]["iterations"]), (65536, 100))
-        self.assertGreater(bw[0]["bw_avg_gbps"], 0.0)
+        pt.check_rate(self, bw[0]["bw_avg_gbps"], out)
         lat = pt.parse_lat(sections["ib_write_lat " + TESTS[1][1]])
         self.assertEqual(len(lat), 1, sections)
         self.assertEqual((lat[0]["bytes"], lat[0]["iterations"]), (8, 200))

@@ -188,7 +188,7 @@ class SharedDaemonTest(SharedDaemonCase):
                 rows = pt.parse_bw(out)
                 self.assertEqual(len(rows), 1, out)
                 self.assertEqual((rows[0]["bytes"], rows[0]["iterations"]), (65536, 100))
-                self.assertGreater(rows[0]["bw_avg_gbps"], 0.0)
+                pt.check_rate(self, rows[0]["bw_avg_gbps"], out)
                 self.assertRegex("\n".join(out), gid)
 
     def test_ud_pingpong(self):

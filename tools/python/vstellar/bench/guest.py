@@ -126,15 +126,22 @@ def run_transport(name, outdir, plan):
         if len(rows) != 1:
             sys.exit(f"guest bench ({name}): no result row from {tool} {args}; "
                      f"see {outdir}/guest-{name}-raw.txt")
+        # A run whose clock calibration failed printed no rate at all: keep it
+        # in the raw runs, leave it out of the medians.
+        rows[0]["uncalibrated"] = pt.clock_uncalibrated(lines)
         (bw[rows[0]["bytes"]] if tool == "ib_write_bw" else lat).append(rows[0])
+
+    def median(runs, key):
+        values = [r[key] for r in runs if not r["uncalibrated"]]
+        return statistics.median(values) if values else None
     return {
         "ib_write_bw": [{"bytes": s, "runs": bw[s],
-                         "median_bw_avg_gbps": statistics.median(r["bw_avg_gbps"] for r in bw[s]),
-                         "median_msg_rate_mpps": statistics.median(r["msg_rate_mpps"] for r in bw[s])}
+                         "median_bw_avg_gbps": median(bw[s], "bw_avg_gbps"),
+                         "median_msg_rate_mpps": median(bw[s], "msg_rate_mpps")}
                         for s in BW_SIZES],
         "ib_write_lat": {"bytes": 8, "runs": lat,
-                         "median_t_typical_us": statistics.median(r["t_typical_us"] for r in lat),
-                         "median_p99_us": statistics.median(r["p99_us"] for r in lat)},
+                         "median_t_typical_us": median(lat, "t_typical_us"),
+                         "median_p99_us": median(lat, "p99_us")},
     }
 
 
@@ -155,13 +162,16 @@ def main(outdir):
     v, r = doc["vstellar"], doc["rxe"]
     doc["ratio_guest_to_engine"] = {
         str(a["bytes"]): round(a["median_bw_avg_gbps"] / e["median_gbps"], 3)
-        for a, e in zip(v["ib_write_bw"], doc["engine_write"]) if e["median_gbps"] > 0}
+        for a, e in zip(v["ib_write_bw"], doc["engine_write"]) if a["median_bw_avg_gbps"] and e["median_gbps"] > 0}
     doc["ratio_vstellar_to_rxe"] = {
         "ib_write_bw": {str(a["bytes"]): round(a["median_bw_avg_gbps"] / b["median_bw_avg_gbps"], 2)
-                        for a, b in zip(v["ib_write_bw"], r["ib_write_bw"]) if b["median_bw_avg_gbps"] > 0},
+                        for a, b in zip(v["ib_write_bw"], r["ib_write_bw"])
+                        if a["median_bw_avg_gbps"] and b["median_bw_avg_gbps"]},
         # Latency ratio below 1 means vStellar is faster.
-        "ib_write_lat_8B_typical": round(v["ib_write_lat"]["median_t_typical_us"] /
-                                         r["ib_write_lat"]["median_t_typical_us"], 3),
+        "ib_write_lat_8B_typical": (round(v["ib_write_lat"]["median_t_typical_us"] /
+                                          r["ib_write_lat"]["median_t_typical_us"], 3)
+                                    if v["ib_write_lat"]["median_t_typical_us"] and
+                                    r["ib_write_lat"]["median_t_typical_us"] else None),
     }
     doc["seconds"] = round(time.time() - started, 1)
     with open(os.path.join(outdir, "guest.json"), "w") as f:
@@ -169,10 +179,10 @@ def main(outdir):
     plot(doc, os.path.join(outdir, "guest.png"))
     for name in TRANSPORTS:
         for e in doc[name]["ib_write_bw"]:
-            print(f"{name:8} ib_write_bw {e['bytes']:>8} B: median {e['median_bw_avg_gbps']:.3f} Gb/s")
+            print(f"{name:8} ib_write_bw {e['bytes']:>8} B: median {e['median_bw_avg_gbps']} Gb/s")
         lt = doc[name]["ib_write_lat"]
-        print(f"{name:8} ib_write_lat 8 B: median typical {lt['median_t_typical_us']:.1f} us, "
-              f"p99 {lt['median_p99_us']:.1f} us")
+        print(f"{name:8} ib_write_lat 8 B: median typical {lt['median_t_typical_us']} us, "
+              f"p99 {lt['median_p99_us']} us")
     print("vStellar/rxe:", json.dumps(doc["ratio_vstellar_to_rxe"]))
     print("guest/engine (WRITE, same sizes):", json.dumps(doc["ratio_guest_to_engine"]),
           "pinning:", json.dumps(doc["pinning"]))
