@@ -4,6 +4,8 @@
 #include "engine_internal.h"  // white box: a QP's PSNs for forging
 #include "sim_pair.h"
 
+#include <sodium.h>
+
 namespace vstellar::test {
 namespace {
 
@@ -125,6 +127,70 @@ TEST(Integrity, GmacCarriesOperationsAndDropsAlteredPackets) {
     pkt[i] ^= 0x40;
     EXPECT_FALSE(PacketMac::Verify(MacAlgorithm::AES_GMAC, key, pkt.data(), pkt.size())) << i;
     pkt[i] ^= 0x40;
+  }
+}
+
+// GMAC's wire bytes do not depend on the library behind PacketMac: a tag
+// PacketMac signs (header and payload in pieces, split anywhere) is the one
+// libsodium's AES-256-GCM computes over the whole packet as associated data
+// with nothing encrypted, and a tag libsodium computes verifies in
+// PacketMac. Many keys in turn, so PacketMac's cache of keyed contexts is
+// filled, evicted and reused on the way.
+TEST(Integrity, GmacTagIsLibsodiumsAes256GcmTag) {
+  if (!PacketMac::Usable(MacAlgorithm::AES_GMAC)) GTEST_SKIP() << "no AES-NI/PCLMUL on this CPU";
+  std::mt19937 rng(26);
+  std::vector<MacKey> keys(300);
+  for (size_t i = 0; i < keys.size(); i++) {
+    MacKey shared;
+    shared.fill(uint8_t(i));
+    keys[i] = PacketMac::ConnectionKey(shared, uint32_t(i), 0x456);
+  }
+  keys.push_back(keys[0]);  // one key again, after its context was evicted
+  PacketMac mac(MacAlgorithm::AES_GMAC, 0xabcdef);
+  for (size_t round = 0; round < 2 * keys.size(); round++) {
+    const MacKey& key = keys[round % keys.size()];
+    MacSender tx{key, PacketMac::FirstCounter() + round};
+    const size_t hdr_len = 12 + rng() % 60, len = rng() % 3 == 0 ? rng() % 64 : rng() % 9000;
+    std::vector<uint8_t> pkt(PacketMac::kPrefixLen + hdr_len + len);
+    for (size_t i = PacketMac::kPrefixLen; i < pkt.size(); i++) pkt[i] = uint8_t(rng());
+    const uint8_t* hdr = pkt.data() + PacketMac::kPrefixLen;
+    // The payload in up to four pieces of any length, empty ones too.
+    std::vector<HostSpan> spans;
+    size_t at = 0;
+    for (int i = 0; i < 3 && at < len; i++) {
+      const size_t n = rng() % (len - at + 1);
+      spans.push_back(HostSpan{const_cast<uint8_t*>(hdr + hdr_len + at), n});
+      at += n;
+    }
+    spans.push_back(HostSpan{const_cast<uint8_t*>(hdr + hdr_len + at), len - at});
+    mac.Sign(tx, hdr, hdr_len, spans.data(), spans.size(), pkt.data());
+    ASSERT_EQ(PacketMac::AlgorithmOf(pkt.data()), MacAlgorithm::AES_GMAC);
+
+    const uint8_t* ad = pkt.data() + PacketMac::kPrefixLen;
+    const size_t ad_len = pkt.size() - PacketMac::kPrefixLen;
+    uint8_t none[1] = {0}, tag[PacketMac::kTagLen];
+    unsigned long long tag_len = 0;
+    ASSERT_EQ(crypto_aead_aes256gcm_encrypt_detached(none, tag, &tag_len, none, 0, ad, ad_len, nullptr, pkt.data(),
+                                                     key.data()),
+              0);
+    ASSERT_EQ(std::memcmp(tag, pkt.data() + PacketMac::kNonceLen, sizeof(tag)), 0)
+        << "round " << round << ", " << hdr_len << " + " << len << " bytes in " << spans.size() << " pieces";
+    EXPECT_EQ(crypto_aead_aes256gcm_decrypt_detached(none, nullptr, none, 0, pkt.data() + PacketMac::kNonceLen, ad,
+                                                     ad_len, pkt.data(), key.data()),
+              0);
+
+    // The other way: libsodium's tag under a nonce of its own.
+    pkt[11] ^= 0x5a;
+    ASSERT_EQ(crypto_aead_aes256gcm_encrypt_detached(none, pkt.data() + PacketMac::kNonceLen, &tag_len, none, 0, ad,
+                                                     ad_len, nullptr, pkt.data(), key.data()),
+              0);
+    EXPECT_TRUE(PacketMac::Verify(MacAlgorithm::AES_GMAC, key, pkt.data(), pkt.size())) << round;
+    pkt[pkt.size() - 1] ^= 1;
+    EXPECT_FALSE(PacketMac::Verify(MacAlgorithm::AES_GMAC, key, pkt.data(), pkt.size())) << round;
+    EXPECT_FALSE(PacketMac::Verify(MacAlgorithm::AES_GMAC, keys[(round + 1) % keys.size()], pkt.data(),
+                                   pkt.size()) &&
+                 keys[(round + 1) % keys.size()] != key)
+        << round;
   }
 }
 

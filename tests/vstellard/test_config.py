@@ -89,6 +89,26 @@ class ConfigFile(unittest.TestCase):
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
 
+    def test_integrity_alg(self):
+        self.refused("integrity-alg = aes-gcm\n", "1: integrity-alg = aes-gcm: not chacha20-poly1305 or aes-gmac")
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+        if not {"aes", "pclmulqdq"} <= set(flags):
+            self.skipTest("aes-gmac needs AES-NI and PCLMUL")
+        key = os.path.join(self.dir.name, "fabric.key")
+        with open(key, "w", encoding="utf-8") as f:
+            f.write("ab" * 32 + "\n")
+        path = self.conf(f"integrity-key = {key}\nintegrity-alg = aes-gmac\n")
+        p = subprocess.Popen([VSTELLARD, "--config", path, "--socket", self.sock],
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            line = p.stderr.readline()
+            self.assertTrue(line.startswith(f"vstellard: listening on {self.sock}"), line)
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+            p.stderr.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,19 +5,23 @@
 // EngineConfig::integrity turns it on for the whole engine, and every peer
 // must use the same key (docs/wire-format.md, "Integrity prefix").
 //
-// Built on libsodium, not by hand. Each connection direction has its own
-// key, derived from the shared key and the two QPNs with keyed BLAKE2b
-// (datagrams share one key). Each packet gets a fresh one-time Poly1305 key
-// from ChaCha20 under that key and a 96-bit nonce (the sending engine's
-// random 32-bit salt and a 64-bit counter), which is how ChaCha20-Poly1305
-// authenticates its associated data; the packet is not encrypted. The
+// Built on libsodium and OpenSSL, not by hand. Each connection direction
+// has its own key, derived from the shared key and the two QPNs with keyed
+// BLAKE2b (datagrams share one key). Each packet gets a fresh one-time
+// Poly1305 key from ChaCha20 under that key and a 96-bit nonce (the sending
+// engine's random 32-bit salt and a 64-bit counter), which is how
+// ChaCha20-Poly1305 authenticates its associated data; the packet is not
+// encrypted. The
 // 28-byte prefix (nonce, tag) goes in front of the header, so the payload
 // is MACed where it lies, with no copy.
 //
 // EngineConfig::integrity_alg can choose GMAC instead (AES-256-GCM with the
 // whole packet as associated data and nothing encrypted: the tag is
-// GHASH's, under a hash key and mask from AES), which AES-NI and PCLMUL make
-// about twice as fast per byte. The nonce's first byte names the
+// GHASH's, under a hash key and mask from AES), offered only where the CPU
+// has AES-NI and PCLMUL. OpenSSL's GCM and AES compute it (about twice as
+// fast per packet as libsodium's AES-256-GCM, and they take the header and
+// the payload in pieces, so neither is copied); each thread keeps the
+// contexts of the keys it used last, keyed once. The nonce's first byte names the
 // algorithm, so a receiver that uses the other one drops the packet and
 // says why (EngineStats::wrong_mac_alg) instead of counting a bad MAC; the
 // salt is the random other 24 bits.

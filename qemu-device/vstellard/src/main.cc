@@ -81,6 +81,8 @@ int Usage(const char* argv0, int rc) {
                "                         (default 5000)\n"
                "  --integrity-key FILE   integrity mode: a keyed MAC on every packet, with the\n"
                "                         key in FILE (64 hex digits); every peer needs it\n"
+               "  --integrity-alg A      its MAC: chacha20-poly1305 (default) or aes-gmac (only\n"
+               "                         with AES-NI and PCLMUL); every peer needs the same\n"
                "  --require-integrity    refuse to start without --integrity-key, so that no\n"
                "                         unsealed packet is ever sent or taken\n"
                "  --allow-unsealed-memory  accept guest memory that cannot be sealed against\n"
@@ -131,7 +133,7 @@ bool Size(const char* s, unsigned long long* out) {
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
-       kMcastGroups, kMcastQps, kDevice };
+       kMcastGroups, kMcastQps, kDevice, kIntegrityAlg };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -158,6 +160,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"allow-unsealed-memory", no_argument, nullptr, kAllowUnsealed},
                            {"integrity-key", required_argument, nullptr, kIntegrityKey},
                            {"require-integrity", no_argument, nullptr, kRequireIntegrity},
+                           {"integrity-alg", required_argument, nullptr, kIntegrityAlg},
                            {"device-memory-limit", required_argument, nullptr, kDevMemLimit},
                            {"guest-memory-limit", required_argument, nullptr, kGuestMemLimit},
                            {"mcast-groups", required_argument, nullptr, kMcastGroups},
@@ -299,6 +302,13 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       o.integrity = true;
       return true;
     case kRequireIntegrity: g_require_integrity = true; return true;
+    case kIntegrityAlg: {
+      using Alg = vstellar::EngineConfig::MacAlgorithm;
+      const std::string name = arg;
+      if (name != "chacha20-poly1305" && name != "aes-gmac") return *why = "not chacha20-poly1305 or aes-gmac", false;
+      o.integrity_alg = name == "aes-gmac" ? Alg::AES_GMAC : Alg::CHACHA20_POLY1305;
+      return true;
+    }
     case kMemLimit: if (!size()) return false; o.memory_limit = v; return true;
     case kDevMemLimit: if (!size()) return false; o.device_memory_limit = v; return true;
     case kGuestMemLimit: if (!size()) return false; o.guest_memory_limit = v; return true;

@@ -165,10 +165,15 @@ bool Worker::StartEngine(std::string* err) {
   ec.lkeys_at_post = true;  // a WQE with a bad lkey fails at once (design.md, data-path rules)
   ec.integrity = o_.integrity;
   ec.integrity_key = o_.integrity_key;
+  ec.integrity_alg = o_.integrity_alg;
   ec.qpn_shards = n;  // this worker's QPNs are index_ mod n: the steering key
   ec.qpn_shard = index_;
   if (!ec.validate()) {
-    *err = "bad engine configuration";
+    // The one check a valid command line can fail: GMAC on a CPU without
+    // AES-NI or PCLMUL (integrity.h).
+    *err = ec.integrity && ec.integrity_alg == vstellar::EngineConfig::MacAlgorithm::AES_GMAC
+               ? "--integrity-alg aes-gmac: this CPU lacks AES-NI or PCLMUL"
+               : "bad engine configuration";
     return false;
   }
   engine_ = std::make_unique<vstellar::Engine>(ec, *link_, clock_);

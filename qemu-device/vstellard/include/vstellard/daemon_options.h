@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <vstellar/engine.h>
 #include <vstellar/udp_link.h>
 
 #include "vstellard/pvdma.h"
@@ -56,6 +57,8 @@ struct DaemonOptions {
   // Integrity mode (docs/wire-format.md): a MAC on every packet.
   bool integrity = false;
   std::array<uint8_t, 32> integrity_key{};
+  // Its MAC (--integrity-alg); every peer needs the same.
+  vstellar::EngineConfig::MacAlgorithm integrity_alg = vstellar::EngineConfig::MacAlgorithm::CHACHA20_POLY1305;
   // Host memory the guests' objects may hold (memory_budget.h): all
   // devices together, and each device.
   uint64_t memory_limit = uint64_t{4} << 30;
