@@ -6,9 +6,10 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 # Host build: engine, vstellard, tests, benchmarks (libssl-dev: integrity
-# mode's AES-GMAC).
+# mode's AES-GMAC; zlib1g-dev: RoCE v2's ICRC; libpcap-dev: the RoCE v2
+# codec's test reads packets rxe wrote).
 pkgs_build=(build-essential cmake ninja-build pkg-config git liburing-dev libsodium-dev
-	libssl-dev libgtest-dev libgmock-dev libbenchmark-dev)
+	libssl-dev zlib1g-dev libpcap-dev libgtest-dev libgmock-dev libbenchmark-dev)
 # Fuzz targets (tests/fuzz, tools/fuzz.sh): clang, and libFuzzer with the
 # sanitizer runtimes (libclang_rt.fuzzer), which Debian ships in
 # libclang-rt-14-dev.

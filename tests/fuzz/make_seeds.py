@@ -268,3 +268,37 @@ def datapath():
 
 
 datapath()
+
+
+# ---- roce_wire: flags(1) UDP payload; see fuzz_roce_wire.cc ----
+def roce_wire():
+    """One packet per opcode from the capture of rxe's RoCE v2
+    (tests/engine/data/rxe-rocev2.pcap, classic pcap, Ethernet), with flag 2
+    (the fuzz target fixes the ICRC up for its own addresses) and flag 1 for
+    IPv6 ones."""
+    path = os.path.join(HERE, "..", "engine", "data", "rxe-rocev2.pcap")
+    with open(path, "rb") as f:
+        data = f.read()
+    assert struct.unpack("<I", data[:4])[0] == 0xa1b2c3d4, "little-endian classic pcap expected"
+    off, seen = 24, set()
+    while off + 16 <= len(data):
+        caplen = struct.unpack("<I", data[off + 8:off + 12])[0]
+        frame = data[off + 16:off + 16 + caplen]
+        off += 16 + caplen
+        ethertype = struct.unpack(">H", frame[12:14])[0]
+        if ethertype == 0x0800:
+            udp, v6 = 14 + (frame[14] & 0x0f) * 4, False
+        elif ethertype == 0x86dd:
+            udp, v6 = 14 + 40, True
+        else:
+            continue
+        udp_len = struct.unpack(">H", frame[udp + 4:udp + 6])[0]
+        payload = frame[udp + 8:udp + udp_len]
+        key = (payload[0], v6)
+        if key in seen:
+            continue
+        seen.add(key)
+        write("roce_wire", f"op{payload[0]:02x}{'-v6' if v6 else ''}", bytes([2 | v6]) + payload)
+
+
+roce_wire()
