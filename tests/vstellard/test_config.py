@@ -26,6 +26,25 @@ class ConfigFile(unittest.TestCase):
             f.write(text)
         return path
 
+    def key(self):
+        """A fabric key file (32 bytes in hex); its path."""
+        key = os.path.join(self.dir.name, "fabric.key")
+        with open(key, "w", encoding="utf-8") as f:
+            f.write("ab" * 32 + "\n")
+        return key
+
+    def starts(self, text):
+        """vstellard with this configuration file comes up and listens."""
+        p = subprocess.Popen([VSTELLARD, "--config", self.conf(text), "--socket", self.sock],
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            line = p.stderr.readline()
+            self.assertTrue(line.startswith(f"vstellard: listening on {self.sock}"), line)
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+            p.stderr.close()
+
     def refused(self, text, expect):
         path = self.conf(text)
         r = subprocess.run([VSTELLARD, "--config", path, "--socket", self.sock],
@@ -72,19 +91,7 @@ class ConfigFile(unittest.TestCase):
         self.assertEqual(r.stderr, "vstellard: --require-integrity: no --integrity-key configured\n")
         self.assertFalse(os.path.exists(self.sock))
         # From a file too, with the key on a later line.
-        key = os.path.join(self.dir.name, "fabric.key")
-        with open(key, "w", encoding="utf-8") as f:
-            f.write("ab" * 32 + "\n")
-        path = self.conf(f"require-integrity = yes\nintegrity-key = {key}\n")
-        p = subprocess.Popen([VSTELLARD, "--config", path, "--socket", self.sock],
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            line = p.stderr.readline()
-            self.assertTrue(line.startswith(f"vstellard: listening on {self.sock}"), line)
-        finally:
-            p.terminate()
-            p.wait(timeout=30)
-            p.stderr.close()
+        self.starts(f"require-integrity = yes\nintegrity-key = {self.key()}\n")
         r = subprocess.run([VSTELLARD, "--config", self.conf("require-integrity = yes\n"), "--socket", self.sock],
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -95,19 +102,7 @@ class ConfigFile(unittest.TestCase):
             flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
         if not {"aes", "pclmulqdq"} <= set(flags):
             self.skipTest("aes-gmac needs AES-NI and PCLMUL")
-        key = os.path.join(self.dir.name, "fabric.key")
-        with open(key, "w", encoding="utf-8") as f:
-            f.write("ab" * 32 + "\n")
-        path = self.conf(f"integrity-key = {key}\nintegrity-alg = aes-gmac\n")
-        p = subprocess.Popen([VSTELLARD, "--config", path, "--socket", self.sock],
-                             stderr=subprocess.PIPE, text=True)
-        try:
-            line = p.stderr.readline()
-            self.assertTrue(line.startswith(f"vstellard: listening on {self.sock}"), line)
-        finally:
-            p.terminate()
-            p.wait(timeout=30)
-            p.stderr.close()
+        self.starts(f"integrity-key = {self.key()}\nintegrity-alg = aes-gmac\n")
 
 
 if __name__ == "__main__":
