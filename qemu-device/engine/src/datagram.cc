@@ -150,7 +150,7 @@ void EngineCore::ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok) {
                       (qp->state_ == QpState::RTR || qp->state_ == QpState::RTS ||
                        qp->state_ == QpState::SQD);
   if (!usable || e.qkey != qp->attr.qkey ||
-      (qp->srq ? take_srq_wqes(*qp, 1) : qp->rq_tail - qp->rq_head) == 0) {
+      recv_held(*qp, 1) == 0) {
     stats_.ud_drops++;
     return;
   }

@@ -461,6 +461,7 @@ int Engine::destroy_srq(Srq* srq) { return core_->destroy_srq(impl(srq)); }
 int Engine::post_srq_recv(Srq* srq, const RecvWr& wr, WcStatus* why) {
   return core_->post_srq_recv(impl(srq), wr, why);
 }
+void Engine::set_recv_refill(RecvRefill hook) { core_->recv_refill_ = std::move(hook); }
 int Engine::set_gsi_gids(Qp* qp, const std::vector<Gid>& gids) {
   return core_->set_gsi_gids(impl(qp), gids);
 }

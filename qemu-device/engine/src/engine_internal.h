@@ -337,6 +337,11 @@ class EngineCore {
   // srq.cc: a QP on an SRQ takes WQEs until it holds `want` uncompleted
   // ones (or the SRQ or the QP's rq runs out); returns what it holds.
   uint64_t take_srq_wqes(QpImpl& qp, uint64_t want);
+  // Receive WQEs the QP holds for arriving messages, at least `want` if it
+  // can: its own, or taken from its SRQ, and if short after asking the
+  // owner for what was published since (recv_refill_).
+  uint64_t recv_held(QpImpl& qp, uint64_t want);
+  Engine::RecvRefill recv_refill_;
   bool owns_srq(const SrqImpl* srq) const;  // made by this engine and not destroyed
   QpImpl* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);

@@ -214,7 +214,7 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       resp_nak(qp, wire::Syndrome::NAK_INV_REQ, psn, WcStatus::SUCCESS);
       return;
     }
-    const uint64_t held = qp.srq ? take_srq_wqes(qp, uint64_t(k) + 1) : qp.rq_tail - qp.rq_head;
+    const uint64_t held = recv_held(qp, uint64_t(k) + 1);
     if (k >= held) {  // not posted yet: receiver not ready
       resp_nak(qp, wire::Syndrome::RNR_NAK, psn, WcStatus::SUCCESS);
       return;
@@ -336,7 +336,7 @@ bool EngineCore::resp_uc_place(QpImpl& qp, const wire::Packet& p) {
     return false;
   RecvWqe* r = nullptr;
   if (op == wire::Op::SEND || op == wire::Op::SEND_IMM || (op == wire::Op::WRITE_IMM && last)) {
-    const uint64_t held = qp.srq ? take_srq_wqes(qp, 1) : qp.rq_tail - qp.rq_head;
+    const uint64_t held = recv_held(qp, 1);
     if (held == 0) return false;  // no receive WQE: UC has no RNR wait
     r = &qp.rq_at(qp.rq_head);
   }

@@ -90,6 +90,15 @@ uint64_t EngineCore::take_srq_wqes(QpImpl& qp, uint64_t want) {
   return qp.rq_tail - qp.rq_head;
 }
 
+uint64_t EngineCore::recv_held(QpImpl& qp, uint64_t want) {
+  uint64_t held = qp.srq ? take_srq_wqes(qp, want) : qp.rq_tail - qp.rq_head;
+  if (held < want && recv_refill_) {
+    recv_refill_(qp, qp.init.owner);
+    held = qp.srq ? take_srq_wqes(qp, want) : qp.rq_tail - qp.rq_head;
+  }
+  return held;
+}
+
 uint32_t Srq::room() const {
   const SrqImpl& s = impl(*this);
   return uint32_t(s.ring.size() - s.posted());

@@ -145,6 +145,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   init.sq_sig_all = cmd.sq_sig_all;
   init.qp_type = vstellar::QpType(type);
   init.srq = on.srq ? on.srq->srq : nullptr;
+  init.owner = dp_.device_id();  // the receive-refill hook finds the device by it
   // The engine's rings and window, and our wr_id and opcode arrays.
   const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
   if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))

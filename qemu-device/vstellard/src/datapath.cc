@@ -552,6 +552,68 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
   return work;
 }
 
+// RefillRecv runs inside the engine's receive path, where a QP or an SRQ
+// must not change state (QpToErr would flush the queue the engine is
+// taking from). So it takes only WQEs that read, check and post cleanly,
+// and stops at the first that does not: the next scan of the doorbells
+// takes that one and fails its QP or SRQ as usual.
+void DataPath::RefillRecv(uint32_t qpn) {
+  auto it = obj_.qps.find(qpn);
+  if (it == obj_.qps.end() || events_.DeviceFatal()) return;
+  QpObj& q = it->second;
+  if (q.broken || q.slot < VSTELLAR_DB_FIRST_SLOT) return;  // kernel QPs post by command
+  uint8_t* page = DbPage(q.owner);
+  if (!page) return;
+  const uint8_t* slot = page + VSTELLAR_DB_SLOT_SIZE * q.slot;
+  vstellar::RecvWr wr;
+  vstellar::Sge sges[vstellar::DeviceLimits::kMaxSge];
+  uint64_t wr_id;
+  if (q.srqh) {
+    auto sit = obj_.srqs.find(q.srqh);
+    if (sit == obj_.srqs.end() || sit->second.broken) return;
+    SrqObj& s = sit->second;
+    uint8_t* sslot = DbPage(s.owner);
+    if (!sslot) return;
+    sslot += VSTELLAR_DB_SLOT_SIZE * s.slot;
+    const uint32_t pi = LoadLe32(sslot + offsetof(vstellar_db_srq, pi));
+    if (pi - s.ci > (1u << s.ring.log_n)) return;  // the scan fails the SRQ
+    for (uint32_t left = sh_.wqe_budget_queue; s.ci != pi && left && s.srq->room(); left--) {
+      if (!TakeRecv(s.ring, s.owner, s.pdn, qpn, s.ci, &wr, sges, &wr_id) ||
+          sh_.engine->post_srq_recv(s.srq, wr) != 0)
+        return;
+      s.wrid[s.ci++] = wr_id;
+      n_.wqes++;
+      n_.refilled_recvs++;
+    }
+    return;
+  }
+  const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, rq_pi));
+  const uint32_t size = 1u << q.rq.log_n;
+  if (pi - q.rq_ci > size || q.qp->state() == vstellar::QpState::ERR) return;  // for the scan
+  for (uint32_t left = sh_.wqe_budget_queue; q.rq_ci != pi && left && q.qp->rq_room(); left--) {
+    if (!TakeRecv(q.rq, q.owner, q.pdn, qpn, q.rq_ci, &wr, sges, &wr_id) || sh_.engine->post_recv(q.qp, wr) != 0)
+      return;
+    q.rq_wrid[q.rq_ci & (size - 1)] = wr_id;
+    q.rq_ci++;
+    n_.wqes++;
+    n_.refilled_recvs++;
+  }
+}
+
+// Copies receive WQE `idx` out of `ring` and checks it (the engine's
+// wr_id is the index); false if it does not read or check.
+bool DataPath::TakeRecv(const RingGeom& ring, uint32_t owner, uint32_t pdn, uint32_t qpn, uint32_t idx,
+                        vstellar::RecvWr* wr, vstellar::Sge* sges, uint64_t* wr_id) {
+  alignas(16) uint8_t buf[kMaxStride];
+  if (!RingRead(ring, idx, buf)) return false;
+  if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, qpn, false, idx);
+  std::memcpy(wr_id, buf, sizeof(*wr_id));
+  *wr_id = le64toh(*wr_id);
+  if (CheckRecvWqe(owner, pdn, buf, 1u << ring.log_stride, wr, sges) != CqeStatus(WcStatus::SUCCESS)) return false;
+  wr->wr_id = idx;
+  return true;
+}
+
 // An SRQ's ring, served like an RQ: fetch what its doorbell announces, copy
 // each WQE out, check it against the guest ABI and hand it to the engine.
 // The WQE index is the engine's wr_id. A bad WQE or record has no QP to

@@ -177,6 +177,13 @@ bool Worker::StartEngine(std::string* err) {
     return false;
   }
   engine_ = std::make_unique<vstellar::Engine>(ec, *link_, clock_);
+  // A message that finds no receive WQE: its device looks at its RQ (or
+  // SRQ) doorbell once more before the engine drops it or answers RNR.
+  // Only this worker's engine calls it, under mu (PumpEngine).
+  engine_->set_recv_refill([this](vstellar::Qp& qp, uint64_t owner) {
+    auto it = conns_.find(unsigned(owner));
+    if (it != conns_.end()) it->second.dev->RefillRecv(qp.qpn());
+  });
   // The ATC's entries are split among the workers (each device is on one).
   atc_ = std::make_unique<Atc>(std::max<size_t>(1, o_.atc_entries / n), o_.atc_miss_ns);
   return true;

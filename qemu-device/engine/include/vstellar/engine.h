@@ -10,6 +10,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -228,6 +229,16 @@ class Engine {
   size_t cq_footprint(uint32_t cqe) const;
   // A GSI QP answers to QP 1 for exactly these GIDs (its owner's).
   int set_gsi_gids(Qp* qp, const std::vector<Gid>& gids);
+  // Called when an arriving message needs a receive WQE and the QP (or its
+  // SRQ) has none: the owner (QpInitAttr::owner) posts the receives its
+  // consumer has published and not yet handed over, as an RNIC sees a
+  // doorbell rung before the packet came. Without it, a receive posted
+  // just before a message but fetched after it is missed: a UC or UD
+  // message is dropped, an RC one costs an RNR NAK and its wait. The hook
+  // runs inside receive(): it may call post_recv or post_srq_recv for this
+  // QP, nothing else. Unset: no refill.
+  using RecvRefill = std::function<void(Qp& qp, uint64_t owner)>;
+  void set_recv_refill(RecvRefill hook);
   // UD multicast: attach a UD QP to the group `mgid` (an IPv4-mapped GID in
   // 224.0.0.0/4) or detach it. Attaching twice is no error; EINVAL for a
   // QP that is not UD, a GID that is not a group, or a detach of a QP that

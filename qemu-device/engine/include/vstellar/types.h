@@ -304,6 +304,9 @@ struct QpInitAttr {
   Srq* srq = nullptr;
   QpCap cap;
   bool sq_sig_all = false;
+  // The engine user's name for whoever posts this QP's receives (vstellard:
+  // the device), handed to the receive-refill hook (Engine::set_recv_refill).
+  uint64_t owner = 0;
 };
 
 struct QpAttr {

@@ -43,6 +43,9 @@ struct DataPathCounters {
   // kick came for them: the kick was late (a descheduled vCPU between its
   // index store and its kick) or lost (a guest whose barrier did not hold).
   uint64_t missed_kicks = 0;
+  // Receive WQEs taken when a message found none (RefillRecv): posted by
+  // the guest before the message came, not yet fetched by a scan.
+  uint64_t refilled_recvs = 0;
 };
 
 class DataPath {
@@ -64,6 +67,11 @@ class DataPath {
   bool Recheck();
   // The device was reset: stop polling.
   void Stop() { polling_ = false; }
+  // The engine has a message for QP `qpn` and no receive WQE for it
+  // (Engine::set_recv_refill): takes what the guest published on the QP's
+  // RQ, or its SRQ's ring, since the last scan.
+  void RefillRecv(uint32_t qpn);
+  unsigned device_id() const { return id_; }
 
   // Doorbell pages: the host pointer of a context's page (mapped on first
   // use), a slot's record back to zero, the cached pointers dropped after
@@ -99,6 +107,8 @@ class DataPath {
   bool ScanDoorbells();
   bool ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget);
   bool ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget);
+  bool TakeRecv(const RingGeom& ring, uint32_t owner, uint32_t pdn, uint32_t qpn, uint32_t idx,
+                vstellar::RecvWr* wr, vstellar::Sge* sges, uint64_t* wr_id);
   void SrqToErr(uint32_t h, SrqObj& s, uint32_t info);
   uint8_t CheckSendWqe(QpObj& q, const uint8_t* buf, uint32_t len, vstellar::SendWr* wr, vstellar::Sge* sges,
                        uint8_t* vendor);

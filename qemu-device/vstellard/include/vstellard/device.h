@@ -93,6 +93,8 @@ class Device : private DataPathEvents {
   // Engine async event for one of this device's QPs or CQs.
   void OnEngineEvent(const vstellar::AsyncEvent& e);
   bool OwnsQp(uint32_t qpn) const { return obj_.qps.count(qpn) != 0; }
+  // The engine has a message for QP `qpn` and no receive WQE posted for it.
+  void RefillRecv(uint32_t qpn) { dp_.RefillRecv(qpn); }
   // Whether an engine event names one of this device's objects.
   bool OwnsEvent(const vstellar::AsyncEvent& e) const;
   bool HasQps() const { return !obj_.qps.empty(); }

@@ -255,7 +255,8 @@ struct Guest {
     WriteSend(q, w, sges, inl);
     Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_qp, sq_pi), q.sq_pi, kick);
   }
-  void PostRecv(GQp& q, uint64_t wr_id, const std::vector<vstellar_sge>& sges, uint32_t num_sge = ~0u) {
+  void PostRecv(GQp& q, uint64_t wr_id, const std::vector<vstellar_sge>& sges, uint32_t num_sge = ~0u,
+                bool kick = true) {
     uint8_t* s = RqSlot(q, q.rq_pi);
     vstellar_recv_wqe w{};
     w.wr_id = wr_id;
@@ -263,7 +264,7 @@ struct Guest {
     std::memcpy(s + sizeof(w), sges.data(), 16 * std::min<size_t>(sges.size(), 2));
     std::memcpy(s, &w, sizeof(w));
     q.rq_pi++;
-    Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_qp, rq_pi), q.rq_pi);
+    Ring(VSTELLAR_DB_SLOT_SIZE * q.slot + offsetof(vstellar_db_qp, rq_pi), q.rq_pi, kick);
   }
   vstellar_sge Sge(uint64_t off, uint32_t len) { return vstellar_sge{kMrGpa + off, len, lkey}; }
   uint8_t* Buf(uint64_t off) { return f.mem() + kMrGpa + off; }
@@ -415,6 +416,7 @@ class DataPath : public ::testing::Test {
   void ManyDevicesAttachMoveDataAndDetachLeavingNothing();
   std::vector<uint64_t> TwoQpPairsRun();
   void IdleDaemonWithQpsSleeps();
+  void AReceivePublishedBeforeTheMessageTakesIt();
   void KernelGsiAndUdQpsExchangeDatagrams();
   void OnlyOneDeviceHoldsAnAddressAndItsQp1();
   void MulticastGroupsThroughTheDaemon();
