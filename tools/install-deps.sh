@@ -9,6 +9,9 @@ set -euo pipefail
 # mode's AES-GMAC).
 pkgs_build=(build-essential cmake ninja-build pkg-config git liburing-dev libsodium-dev
 	libssl-dev libgtest-dev libgmock-dev libbenchmark-dev)
+# The engine on ns-3 (qemu-device/ns3, vstellar-ns3 and its ns3-labelled
+# tests): Debian's ns-3 3.37, found by CMake's ns3Config.cmake.
+pkgs_ns3=(libns3-dev)
 # Fuzz targets (tests/fuzz, tools/fuzz.sh): clang, and libFuzzer with the
 # sanitizer runtimes (libclang_rt.fuzzer), which Debian ships in
 # libclang-rt-14-dev.
@@ -36,7 +39,7 @@ pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu libvirt-daemon-sys
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 
-want=("${pkgs_build[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
+want=("${pkgs_build[@]}" "${pkgs_ns3[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
 	"${pkgs_deb[@]}" "${pkgs_run[@]}")
 
 [[ $(id -u) == 0 ]] || die "must run as root (apt-get install); try: sudo make deps"
