@@ -1,5 +1,6 @@
 #include "vstellar/ns3/topology.h"
 
+#include <ns3/boolean.h>
 #include <ns3/double.h>
 #include <ns3/error-model.h>
 #include <ns3/internet-stack-helper.h>
@@ -10,7 +11,6 @@
 #include <ns3/simulator.h>
 #include <ns3/string.h>
 #include <ns3/traffic-control-helper.h>
-#include <ns3/boolean.h>
 #include <ns3/uinteger.h>
 
 #include <algorithm>
