@@ -123,6 +123,19 @@ TEST_F(Ns3, SprayingRoutesAroundABlackHoleUplink) {
   EXPECT_GT(set_aside, 0u);
 }
 
+TEST_F(Ns3, SprayingRoutesAroundABlackHoleSpine) {
+  // Every link of spine 1 drops everything: a quarter of each sprayed
+  // connection's paths, in both directions.
+  Fabric f(load("leaf-spine-16.conf"));
+  f.black_hole("spine1");
+  Workload w(f, options(PathAlgo::OBS, 128), {{0, 4}, {9, 13}});
+  w.run();
+  expect_all_delivered(w, "black-hole spine");
+  for (uint32_t t = 0; t < 4; t++) EXPECT_EQ(f.uplinks(t)[1]->stats().drops, 0u);  // lost on the wire, not queued
+  EXPECT_GT(w.host(0).engine().stats().paths_set_aside, 0u);
+  EXPECT_GT(w.host(9).engine().stats().paths_set_aside, 0u);
+}
+
 TEST_F(Ns3, IncastIsMarkedAndDelivered) {
   // 8 senders under ToRs 1 and 2 into host 0: its ToR port queues, the
   // threshold marker marks CE, and the engines see the marks (the first

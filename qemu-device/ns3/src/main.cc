@@ -35,7 +35,8 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
   --messages N          WRITEs per connection (default 64; 0: until --stop)
   --stop TIME           give up at this simulated time (default 2s)
   --seed N              seed of the engines and the pattern (default 1)
-  --black-hole PORT     make the link of switch port PORT (e.g. tor0.up1)
+  --black-hole PORT     make the link of switch port PORT (e.g. tor0.up1) a
+                        black hole both ways; a switch name (spine0): all its links
   --black-hole-at TIME  a black hole from TIME on (default 0)
   --ports all|used      ports in the JSON (default used: those that sent)
   --out FILE            write the JSON there

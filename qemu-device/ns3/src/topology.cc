@@ -406,18 +406,21 @@ void Fabric::reset_stats() {
   for (Port& p : ports_) p.mon->reset();
 }
 
-void Fabric::black_hole(const std::string& port_name) {
+void Fabric::black_hole(const std::string& name) {
+  // A port name is one link; a switch name ("spine0", "tor3") is every
+  // link of that switch (all its ports, whose peers are the other ends).
+  bool any = false;
   for (size_t i = 0; i < ports_.size(); i++) {
-    if (ports_[i].name != port_name) continue;
+    if (ports_[i].name != name && ports_[i].name.rfind(name + ".", 0) != 0) continue;
+    any = true;
     for (Ptr<NetDevice> d : {ports_[i].dev, peer_of_port_[i]}) {
       Ptr<RateErrorModel> em = CreateObject<RateErrorModel>();
       em->SetUnit(RateErrorModel::ERROR_UNIT_PACKET);
       em->SetRate(1.0);
       DynamicCast<PointToPointNetDevice>(d)->SetReceiveErrorModel(em);
     }
-    return;
   }
-  NS_ABORT_MSG("no port named " << port_name);
+  NS_ABORT_MSG_IF(!any, "no port or switch named " << name);
 }
 
 }  // namespace vstellar::ns3sim

@@ -95,8 +95,9 @@ class Fabric {
   // Start every port's statistics afresh (after a warm-up).
   void reset_stats();
   // Make a link a black hole both ways from now on: a port's packets and
-  // its peer's vanish (the peer devices drop whatever arrives).
-  void black_hole(const std::string& port_name);
+  // its peer's vanish (both devices drop whatever arrives). A switch's
+  // name ("spine0") makes every link of that switch one.
+  void black_hole(const std::string& name);
 
  private:
   TopologyConfig cfg_;
