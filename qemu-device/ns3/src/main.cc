@@ -38,6 +38,8 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
   --black-hole PORT     make the link of switch port PORT (e.g. tor0.up1) a
                         black hole both ways; a switch name (spine0): all its links
   --black-hole-at TIME  a black hole from TIME on (default 0)
+  --loss PORT:RATE      the link of PORT (or every link of a switch) loses
+                        packets with probability RATE both ways, from the start
   --ports all|used      ports in the JSON (default used: those that sent)
   --out FILE            write the JSON there
 )";
@@ -64,6 +66,8 @@ void port_json(std::ostream& o, const Fabric::Port& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string loss_port;
+  double loss_rate = 0;
   std::string topo_path, overrides, pattern = "permutation", out_path, bh_port, ports_mode = "used";
   uint64_t bh_at = 0;
   WorkloadOptions opt;
@@ -110,6 +114,13 @@ int main(int argc, char** argv) {
     else if (a == "--black-hole-at") {
       std::string v = val();
       if (!parse_time_ns(v, bh_at)) bad(v);
+    } else if (a == "--loss") {
+      std::string v = val();
+      size_t colon = v.rfind(':');
+      if (colon == std::string::npos) bad(v);
+      loss_port = v.substr(0, colon);
+      loss_rate = std::atof(v.c_str() + colon + 1);
+      if (loss_rate < 0 || loss_rate > 1) bad(v);
     } else if (a == "--ports") ports_mode = val();
     else if (a == "--out") out_path = val();
     else {
@@ -161,6 +172,7 @@ int main(int argc, char** argv) {
         std::cerr << "bad connection " << s << "-" << d << "\n";
         return 2;
       }
+    if (!loss_port.empty()) fab.lossy(loss_port, loss_rate);
     if (!bh_port.empty())
       ns3::Simulator::Schedule(ns3::NanoSeconds(int64_t(bh_at)), [&fab, bh_port] { fab.black_hole(bh_port); });
 
@@ -187,7 +199,7 @@ int main(int argc, char** argv) {
       << ",\"paths\":" << opt.engine.num_paths << ",\"path_algo\":\"" << to_string(opt.engine.path_algo)
       << "\",\"msg_bytes\":" << opt.msg_bytes << ",\"depth\":" << opt.depth
       << ",\"messages\":" << opt.messages << ",\"seed\":" << opt.seed << ",\"black_hole\":\"" << bh_port
-      << "\"}";
+      << "\",\"loss\":\"" << loss_port << "\",\"loss_rate\":" << loss_rate << "}";
     o << ",\"ok\":" << (ok ? "true" : "false") << ",\"completed\":" << completed << ",\"failed\":" << failed
       << ",\"verified\":" << verified << ",\"sim_ns\":" << w.sim_ns() << ",\"last_completion_ns\":" << last
       << ",\"goodput_gbps\":" << (last ? double(bytes) * 8 / double(last) : 0.0)

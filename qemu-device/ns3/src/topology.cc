@@ -406,9 +406,13 @@ void Fabric::reset_stats() {
   for (Port& p : ports_) p.mon->reset();
 }
 
-void Fabric::black_hole(const std::string& name) {
+void Fabric::black_hole(const std::string& name) { lossy(name, 1.0); }
+
+void Fabric::lossy(const std::string& name, double rate) {
   // A port name is one link; a switch name ("spine0", "tor3") is every
   // link of that switch (all its ports, whose peers are the other ends).
+  // Each end's device drops what it receives with this probability, so
+  // the link loses packets both ways.
   bool any = false;
   for (size_t i = 0; i < ports_.size(); i++) {
     if (ports_[i].name != name && ports_[i].name.rfind(name + ".", 0) != 0) continue;
@@ -416,7 +420,7 @@ void Fabric::black_hole(const std::string& name) {
     for (Ptr<NetDevice> d : {ports_[i].dev, peer_of_port_[i]}) {
       Ptr<RateErrorModel> em = CreateObject<RateErrorModel>();
       em->SetUnit(RateErrorModel::ERROR_UNIT_PACKET);
-      em->SetRate(1.0);
+      em->SetRate(rate);
       DynamicCast<PointToPointNetDevice>(d)->SetReceiveErrorModel(em);
     }
   }

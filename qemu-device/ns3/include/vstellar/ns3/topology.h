@@ -98,6 +98,8 @@ class Fabric {
   // its peer's vanish (both devices drop whatever arrives). A switch's
   // name ("spine0") makes every link of that switch one.
   void black_hole(const std::string& name);
+  // The same link or links lose each packet with probability `rate`.
+  void lossy(const std::string& name, double rate);
 
  private:
   TopologyConfig cfg_;
