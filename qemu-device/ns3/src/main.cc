@@ -27,7 +27,8 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
   --set KEY=VALUE       override one of its keys (e.g. --set ecn=off); repeatable
   --pattern P           permutation (default): every host sends to one host
                         under another ToR; pairs:S-D,S-D,...: those host pairs;
-                        incast:N: hosts 1..N send to host 0
+                        incast:N: hosts 1..N send to host 0; all-to-all: every
+                        host to every other (n(n-1) connections)
   --paths N             paths per connection (1..256, default 128)
   --path-algo A         obs (default), rr, dwrr, bestrtt, single
   --msg SIZE            bytes per WRITE (default 64KiB)
@@ -156,6 +157,10 @@ int main(int argc, char** argv) {
         std::cerr << "bad --pattern " << pattern << "\n";
         return 2;
       }
+    } else if (pattern == "all-to-all") {
+      for (uint32_t s = 0; s < fab.hosts(); s++)
+        for (uint32_t d = 0; d < fab.hosts(); d++)
+          if (s != d) conns.emplace_back(s, d);
     } else if (pattern.rfind("incast:", 0) == 0) {
       uint32_t n = uint32_t(std::atoi(pattern.c_str() + 7));
       if (n < 1 || n >= fab.hosts()) {
