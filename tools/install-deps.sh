@@ -10,6 +10,10 @@ set -euo pipefail
 # codec's test reads packets rxe wrote).
 pkgs_build=(build-essential cmake ninja-build pkg-config git liburing-dev libsodium-dev
 	libssl-dev zlib1g-dev libpcap-dev libgtest-dev libgmock-dev libbenchmark-dev)
+# The engine on ns-3 (qemu-device/ns3, vstellar-ns3 and its ns3-labelled
+# tests): Debian's ns-3 3.37 (its headers and libraries are found directly:
+# the package's ns3Config.cmake names a file the package lacks).
+pkgs_ns3=(libns3-dev)
 # Fuzz targets (tests/fuzz, tools/fuzz.sh): clang, and libFuzzer with the
 # sanitizer runtimes (libclang_rt.fuzzer), which Debian ships in
 # libclang-rt-14-dev.
@@ -37,7 +41,7 @@ pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu libvirt-daemon-sys
 # Test networks and benchmark plots.
 pkgs_run=(python3-matplotlib procps psmisc)
 
-want=("${pkgs_build[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
+want=("${pkgs_build[@]}" "${pkgs_ns3[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
 	"${pkgs_deb[@]}" "${pkgs_run[@]}")
 
 [[ $(id -u) == 0 ]] || die "must run as root (apt-get install); try: sudo make deps"

@@ -1,0 +1,111 @@
+// Fabrics for the ns-3 runs: a topology is a small config file (key =
+// value lines, docs/experiments.md "The engine on ns-3"), and Fabric builds
+// it: hosts, switches, point-to-point links, per-port queue discs (tail
+// drop, optionally ECN marking at a threshold or RED) and the per-flow
+// ECMP routes (flow_ecmp.h).
+#pragma once
+#include <ns3/net-device.h>
+#include <ns3/node-container.h>
+#include <ns3/queue-disc.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vstellar/ns3/flow_ecmp.h"
+
+namespace vstellar::ns3sim {
+
+enum class EcnMode { OFF, THRESHOLD, RED };
+
+struct TopologyConfig {
+  std::string name;
+  int tiers = 2;                 // 2: ToRs and spines (a leaf-spine fat-tree)
+  uint32_t tors = 4;
+  uint32_t hosts_per_tor = 4;
+  // Every ToR has one uplink to every spine. 0: derived from
+  // oversubscription = hosts_per_tor * host_rate / (spines * fabric_rate).
+  uint32_t spines = 0;
+  double oversubscription = 1.0;
+  uint64_t host_rate_bps = 100'000'000'000ull;
+  uint64_t fabric_rate_bps = 100'000'000'000ull;
+  uint64_t link_delay_ns = 1'000;
+  // Per switch port (each direction of a link has its own queue).
+  uint64_t buffer_bytes = 1'000'000;
+  EcnMode ecn = EcnMode::OFF;
+  uint64_t ecn_threshold_bytes = 100'000;    // threshold: mark what finds more queued
+  uint64_t red_min_bytes = 50'000, red_max_bytes = 200'000;  // RED: average-queue thresholds
+  double red_max_p = 0.1;
+  // Each switch hashes with mix(hash_seed, switch number); with
+  // hash_seed_per_switch = no every switch uses hash_seed itself (the same
+  // hash at every tier: polarisation).
+  uint64_t hash_seed = 1;
+  bool hash_seed_per_switch = true;
+  // A host's NIC queue. The engine has no back pressure from its link
+  // (a real host's socket buffer and NIC ring), so this is large: what the
+  // congestion window releases waits here, not on the fabric.
+  uint64_t host_queue_bytes = 64'000'000;
+
+  uint32_t hosts() const { return tors * hosts_per_tor; }
+  uint32_t spine_count() const;
+};
+
+// Parse a topology file's text. Unknown keys and bad values are errors.
+bool parse_topology(const std::string& text, TopologyConfig& out, std::string& err);
+bool load_topology(const std::string& path, TopologyConfig& out, std::string& err);
+
+// Values like "100Gbps", "1MB", "64KiB", "2us" (used by the program's options too).
+bool parse_rate(const std::string& s, uint64_t& bps);
+bool parse_bytes(const std::string& s, uint64_t& bytes);
+bool parse_time_ns(const std::string& s, uint64_t& ns);
+
+// What one switch port's queue saw (its queue disc's traces).
+struct PortStats {
+  uint64_t pkts = 0, bytes = 0, drops = 0, marks = 0;
+  uint64_t max_backlog = 0;   // bytes
+  double mean_backlog = 0;    // bytes, time-weighted since the last reset
+  uint64_t p99_backlog = 0;   // bytes found queued by arriving packets, 1 KiB bins
+};
+
+class Fabric {
+ public:
+  explicit Fabric(const TopologyConfig& cfg);
+  ~Fabric();
+
+  struct Port {
+    std::string name;        // "tor0.up2", "spine1.down3", "tor2.down0"
+    uint32_t sw = 0;         // switch number (ToRs first, then spines)
+    bool uplink = false;     // ToR to spine
+    ns3::Ptr<ns3::NetDevice> dev;
+    ns3::Ptr<ns3::QueueDisc> qdisc;
+    struct Monitor;
+    std::unique_ptr<Monitor> mon;
+    PortStats stats() const;
+  };
+
+  const TopologyConfig& config() const { return cfg_; }
+  uint32_t hosts() const { return cfg_.hosts(); }
+  ns3::Ptr<ns3::Node> host_node(uint32_t h) const { return hosts_.Get(h); }
+  uint32_t host_ip(uint32_t h) const;  // host order
+  uint32_t tor_of(uint32_t h) const { return h / cfg_.hosts_per_tor; }
+  std::vector<Port>& ports() { return ports_; }
+  // The uplink ports of ToR t, in spine order.
+  std::vector<const Port*> uplinks(uint32_t tor) const;
+  // Start every port's statistics afresh (after a warm-up).
+  void reset_stats();
+  // Make a link a black hole both ways from now on: a port's packets and
+  // its peer's vanish (both devices drop whatever arrives). A switch's
+  // name ("spine0") makes every link of that switch one.
+  void black_hole(const std::string& name);
+  // The same link or links lose each packet with probability `rate`.
+  void lossy(const std::string& name, double rate);
+
+ private:
+  TopologyConfig cfg_;
+  ns3::NodeContainer hosts_, tors_, spines_;
+  std::vector<Port> ports_;
+  std::vector<ns3::Ptr<ns3::NetDevice>> peer_of_port_;  // the device at the other end
+};
+
+}  // namespace vstellar::ns3sim

@@ -1,0 +1,157 @@
+// The vstellar engine as the transport of ns-3 hosts on a 16-host
+// leaf-spine fabric (qemu-device/ns3/topologies/leaf-spine-16.conf: 4 ToRs
+// of 4 hosts, 4 spines). Behaviour only, no timing thresholds: data arrives
+// intact, nothing fails, and the fabric's per-flow ECMP spreads a sprayed
+// connection over every uplink while a single-path one stays on one.
+#include <gtest/gtest.h>
+#include <ns3/simulator.h>
+
+#include "vstellar/ns3/topology.h"
+#include "vstellar/ns3/workload.h"
+
+namespace vstellar::ns3sim {
+namespace {
+
+TopologyConfig load(const std::string& file) {
+  TopologyConfig c;
+  std::string err;
+  EXPECT_TRUE(load_topology(std::string(VSTELLAR_TOPOLOGIES) + "/" + file, c, err)) << err;
+  return c;
+}
+
+WorkloadOptions options(PathAlgo algo, uint16_t paths) {
+  WorkloadOptions o;
+  o.engine.path_algo = algo;
+  o.engine.num_paths = paths;
+  o.engine.audit = true;  // every engine pass checks the liveness rules
+  o.msg_bytes = 64 * 1024;
+  o.depth = 4;
+  o.messages = 16;
+  return o;
+}
+
+// Each test builds its own fabric; ns-3's simulator is process-wide, so
+// it is destroyed after each (hosts and fabric first).
+class Ns3 : public ::testing::Test {
+ protected:
+  void TearDown() override { ns3::Simulator::Destroy(); }
+};
+
+void expect_all_delivered(Workload& w, const std::string& what) {
+  EXPECT_TRUE(w.all_done()) << what;
+  for (const ConnectionResult& r : w.results()) {
+    EXPECT_EQ(r.failed, 0u) << what << ": " << r.src << "->" << r.dst << " first error "
+                            << r.first_error;
+    EXPECT_EQ(r.completed, 16u) << what << ": " << r.src << "->" << r.dst;
+    EXPECT_TRUE(r.verified) << what << ": " << r.src << "->" << r.dst << " data differs";
+  }
+  for (uint32_t h = 0; h < 16; h++)
+    EXPECT_EQ(w.host(h).engine().audit_log(), "") << what << ": host " << h;
+}
+
+std::vector<uint64_t> uplink_pkts(Fabric& f, uint32_t tor) {
+  std::vector<uint64_t> v;
+  for (const Fabric::Port* p : f.uplinks(tor)) v.push_back(p->stats().pkts);
+  return v;
+}
+
+TEST_F(Ns3, TopologyFileParses) {
+  TopologyConfig c = load("leaf-spine-16.conf");
+  EXPECT_EQ(c.hosts(), 16u);
+  EXPECT_EQ(c.spine_count(), 4u);
+  TopologyConfig o = load("leaf-spine-128-2to1.conf");
+  EXPECT_EQ(o.hosts(), 128u);
+  EXPECT_EQ(o.spine_count(), 2u);  // 16 x 100 Gb/s down, 2:1, 400 Gb/s up
+  std::string err;
+  TopologyConfig bad;
+  EXPECT_FALSE(parse_topology("tors = 4\nwidth = 3\n", bad, err));
+  EXPECT_NE(err.find("unknown key"), std::string::npos) << err;
+  EXPECT_FALSE(parse_topology("buffer = lots\n", bad, err));
+  EXPECT_FALSE(parse_topology("tiers = 3\n", bad, err));
+}
+
+TEST_F(Ns3, PermutationOfWritesArrivesIntact) {
+  Fabric f(load("leaf-spine-16.conf"));
+  Workload w(f, options(PathAlgo::OBS, 128), permutation(16, 4, 1));
+  ASSERT_EQ(w.results().size(), 16u);
+  w.run();
+  expect_all_delivered(w, "obs 128 paths");
+  // Every ToR sent over all four of its uplinks.
+  for (uint32_t t = 0; t < 4; t++)
+    for (uint64_t n : uplink_pkts(f, t)) EXPECT_GT(n, 0u) << "tor " << t;
+}
+
+TEST_F(Ns3, SinglePathStaysOnOneUplinkSprayingUsesAll) {
+  // One connection, host 0 (ToR 0) to host 4 (ToR 1): single path puts
+  // every data packet on one of ToR 0's uplinks (its ACKs on one of ToR
+  // 1's); 128 sprayed paths reach all four.
+  for (PathAlgo algo : {PathAlgo::SINGLE, PathAlgo::OBS}) {
+    std::string what = to_string(algo);
+    {
+      Fabric f(load("leaf-spine-16.conf"));
+      Workload w(f, options(algo, algo == PathAlgo::SINGLE ? 1 : 128), {{0, 4}});
+      w.run();
+      expect_all_delivered(w, what);
+      for (uint32_t t : {0u, 1u}) {
+        std::vector<uint64_t> up = uplink_pkts(f, t);
+        size_t used = 0;
+        for (uint64_t n : up) used += n > 0;
+        if (algo == PathAlgo::SINGLE)
+          EXPECT_EQ(used, 1u) << what << " tor " << t;
+        else
+          EXPECT_EQ(used, 4u) << what << " tor " << t;
+      }
+      // Nothing crossed ToRs 2 and 3.
+      for (uint32_t t : {2u, 3u})
+        for (uint64_t n : uplink_pkts(f, t)) EXPECT_EQ(n, 0u) << what;
+    }
+    ns3::Simulator::Destroy();
+  }
+}
+
+TEST_F(Ns3, SprayingRoutesAroundABlackHoleUplink) {
+  // ToR 0's first uplink drops everything both ways from the start: the
+  // sprayed connection sets aside the paths that hash onto it and still
+  // delivers every WRITE.
+  Fabric f(load("leaf-spine-16.conf"));
+  f.black_hole("tor0.up0");
+  Workload w(f, options(PathAlgo::OBS, 128), {{0, 4}, {1, 5}});
+  w.run();
+  expect_all_delivered(w, "black hole");
+  uint64_t set_aside = 0;
+  for (uint32_t h : {0u, 1u}) set_aside += w.host(h).engine().stats().paths_set_aside;
+  EXPECT_GT(set_aside, 0u);
+}
+
+TEST_F(Ns3, SprayingRoutesAroundABlackHoleSpine) {
+  // Every link of spine 1 drops everything: a quarter of each sprayed
+  // connection's paths, in both directions.
+  Fabric f(load("leaf-spine-16.conf"));
+  f.black_hole("spine1");
+  Workload w(f, options(PathAlgo::OBS, 128), {{0, 4}, {9, 13}});
+  w.run();
+  expect_all_delivered(w, "black-hole spine");
+  for (uint32_t t = 0; t < 4; t++) EXPECT_EQ(f.uplinks(t)[1]->stats().drops, 0u);  // lost on the wire, not queued
+  EXPECT_GT(w.host(0).engine().stats().paths_set_aside, 0u);
+  EXPECT_GT(w.host(9).engine().stats().paths_set_aside, 0u);
+}
+
+TEST_F(Ns3, IncastIsMarkedAndDelivered) {
+  // 8 senders under ToRs 1 and 2 into host 0: its ToR port queues, the
+  // threshold marker marks CE, and the engines see the marks (the first
+  // windows, 8 x 256 KiB, overflow the 1 MB buffer: the drops are resent).
+  Fabric f(load("leaf-spine-16-ecn.conf"));
+  std::vector<std::pair<uint32_t, uint32_t>> conns;
+  for (uint32_t h = 4; h < 12; h++) conns.emplace_back(h, 0);
+  Workload w(f, options(PathAlgo::OBS, 128), conns);
+  w.run();
+  expect_all_delivered(w, "incast");
+  uint64_t marks = 0;
+  for (const Fabric::Port& p : f.ports()) marks += p.stats().marks;
+  EXPECT_GT(marks, 0u);
+  EXPECT_GT(w.host(0).counters().rx_ce, 0u);
+  EXPECT_GT(w.engine_totals().ce_marks, 0u);
+}
+
+}  // namespace
+}  // namespace vstellar::ns3sim
