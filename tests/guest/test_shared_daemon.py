@@ -57,12 +57,17 @@ def rping_server(addr, port, pings=PINGS):
 
 
 def rping_client(addr, port, pings=PINGS, tries=60):
-    """rping to addr, retried once a second (at most tries times) until
-    the server listens; prints the last try's output."""
+    """rping to addr, retried once a second (at most tries times) while the
+    server does not listen yet; prints the last try's output. A try that
+    got as far as pinging is not retried: its failure is the test's, and
+    every try's output is printed with it."""
     return f"""\
 i=0
+: > /tmp/rping.all
 until timeout 60 rping -c -a {addr} -p {port} -C {pings} -v > /tmp/rping.out 2>&1; do
-  i=$((i + 1)); [ $i -lt {tries} ] || {{ cat /tmp/rping.out; exit 1; }}
+  echo "try $i: status $?" >> /tmp/rping.all; cat /tmp/rping.out >> /tmp/rping.all
+  i=$((i + 1))
+  if grep -q 'ping data' /tmp/rping.out || [ $i -ge {tries} ]; then cat /tmp/rping.all; exit 1; fi
   sleep 1
 done
 cat /tmp/rping.out
