@@ -3,6 +3,7 @@
 // black-hole uplink), path health, the retry rule, the congestion signal of
 // the most loaded path, and READs paced by the requester's window.
 #include <map>
+#include <set>
 
 #include "engine_internal.h"  // white box: the QP's path selector
 #include "sim_pair.h"
@@ -139,12 +140,28 @@ TEST(PathHealth, ProbesTakeAFewPercentOfThePackets) {
   EXPECT_EQ(probes, 100);
 }
 
-TEST(PathHealth, WithNoHealthyPathLeftThePicksGoOn) {
-  PathSelector s(PathAlgo::OBS, 4, 5);
-  for (uint16_t p = 0; p < 4; p++) s.on_timeout(p, 100 + p);
-  EXPECT_EQ(s.down_count(), 4u);
-  EXPECT_EQ(s.pick(4096), 0);  // the one whose probe is nearest
-  EXPECT_NE(s.pick_retx(1, 4096), 1);
+// With every path set aside (a dead peer, or timeouts of a descheduled
+// engine), sends and resends go on, spread over all the paths: a stalled
+// connection's resends must find the paths that still deliver, not
+// alternate between two that may both be dead.
+TEST(PathHealth, WithNoHealthyPathLeftThePicksSpreadOverEveryPath) {
+  for (PathAlgo algo : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
+    PathSelector s(algo, 16, 5);
+    for (uint16_t p = 0; p < 16; p++) s.on_timeout(p, 100 + p);
+    ASSERT_EQ(s.down_count(), 16u) << to_string(algo);
+    std::set<uint16_t> sent, resent;
+    uint16_t last = 0;
+    for (int i = 0; i < 400; i++) {
+      sent.insert(s.pick(4096));
+      const uint16_t r = s.pick_retx(last, 4096);
+      EXPECT_NE(r, last) << to_string(algo);
+      EXPECT_LT(r, 16) << to_string(algo);
+      resent.insert(r);
+      last = r;
+    }
+    EXPECT_EQ(sent.size(), 16u) << to_string(algo);
+    EXPECT_EQ(resent.size(), 16u) << to_string(algo);
+  }
 }
 
 // 64 MiB of WRITEs over 128 paths while one of 4 uplinks is a black hole

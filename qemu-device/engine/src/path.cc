@@ -89,12 +89,17 @@ uint16_t PathSelector::pick_healthy(int avoid) {
     uint16_t p = uint16_t((start + i) % n_);
     if (ok(p)) return p;
   }
-  // No healthy path left (a dead peer, or every route broken): the one
-  // whose probe is nearest.
-  uint16_t best = avoid == 0 && n_ > 1 ? 1 : 0;
-  for (uint16_t p = 0; p < n_; p++)
-    if (int(p) != avoid && down_[p].until < down_[best].until) best = p;
-  return best;
+  // No healthy path left. That is a dead peer, or stale evidence: on a
+  // busy host a descheduled engine times out path after path although
+  // they deliver, and with nothing sent no probe brings one back. So try
+  // any other path at random. (Always taking the down path whose probe
+  // was nearest sent a stalled connection's resends back and forth
+  // between two paths of a black hole until its retry deadline passed,
+  // while most of its 128 paths would have delivered.)
+  if (n_ == 1) return 0;
+  if (avoid < 0 || avoid >= int(n_)) return uint16_t(rand() % n_);
+  uint16_t p = uint16_t(rand() % (n_ - 1));
+  return p >= avoid ? uint16_t(p + 1) : p;
 }
 
 uint16_t PathSelector::probe(uint64_t now) {

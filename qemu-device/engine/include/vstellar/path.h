@@ -58,8 +58,8 @@ class PathSelector {
   uint16_t pick_dwrr(uint32_t bytes);
   uint16_t pick_best_rtt();
   uint16_t choose(uint32_t bytes);  // the algorithm's pick, moved off a down path
-  // A healthy path other than `avoid` (random start, then a scan), or the
-  // down path nearest to its probe if none is healthy.
+  // A healthy path other than `avoid` (random start, then a scan), or any
+  // other path at random if none is healthy.
   uint16_t pick_healthy(int avoid);
 
   PathAlgo algo_;
