@@ -61,6 +61,10 @@ void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t 
   r.acked = true;
   if (r.retries > 0 && int32_t(echo_us - uint32_t(r.sent_ns / 1000)) < 0) stats_.spurious_timeouts++;
   acked_bytes += r.len;
+  // Sent once, on one path, and acknowledged: that path delivers. (After
+  // a resend nobody can tell which transmission got through.)
+  if (r.retries == 0)
+    if (PathHealth* h = health_of(qp, r.path)) h->delivered++;
   qp.last_progress_ns = now;
   qp.backoff = 0;
   if (!r.lost) qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);  // a lost one left already
@@ -100,6 +104,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
   qp.paths.on_ack(a.echo_path, rtt);
+  health_answered(qp, a.echo_path, rtt);
   qp.cc.on_ack(acked, a.rx_count, a.ce_count, rtt, qp.snd_una, qp.snd_nxt);
 
   if (a.syndrome == wire::Syndrome::HELD) {
@@ -209,6 +214,7 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
   qp.paths.on_ack(path, rtt);
+  health_answered(qp, path, rtt);
   qp.cc.on_ack(acked, 1, ce ? 1 : 0, rtt, qp.snd_una, qp.snd_nxt);
   comp_retire(qp);
 }

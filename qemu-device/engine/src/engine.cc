@@ -188,8 +188,29 @@ void EngineCore::xmit_to(const IpAddr& src, const Endpoint& dst, uint16_t path, 
   }
 }
 
+PathHealth* EngineCore::health_of(QpImpl& qp, uint16_t path) {
+  if (path >= cfg_.num_paths) return nullptr;
+  if (!qp.health || qp.health_peer != qp.attr.ah) {
+    qp.health_peer = qp.attr.ah;
+    auto it = peer_health_.find(qp.attr.ah);
+    if (it == peer_health_.end()) {
+      if (peer_health_.size() >= Engine::kMaxHealthPeers) {
+        qp.health = nullptr;
+        return nullptr;
+      }
+      it = peer_health_.emplace(qp.attr.ah, std::vector<PathHealth>(cfg_.num_paths)).first;
+    }
+    qp.health = &it->second;  // std::map nodes never move
+  }
+  return &(*qp.health)[path];
+}
+
 void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce) {
   wire::Packet p;
+  if (wire::is_trace_probe(data, len)) {
+    stats_.trace_probes++;
+    return;
+  }
   stats_.rx_pkts++;
   stats_.rx_bytes += len;
   // Integrity mode: the packet follows its prefix; the prefix is checked
@@ -491,6 +512,10 @@ std::string Engine::describe_qp(uint32_t qpn) {
 }
 const EngineConfig& Engine::config() const { return core_->cfg_; }
 const EngineStats& Engine::stats() const { return core_->stats_; }
+void Engine::for_each_peer_health(
+    const std::function<void(const Endpoint&, const std::vector<PathHealth>&)>& f) const {
+  for (const auto& [peer, paths] : core_->peer_health_) f(peer, paths);
+}
 std::vector<AsyncEvent> Engine::take_async_events() { return std::move(core_->events_); }
 Clock& Engine::clock() { return core_->clock_; }
 

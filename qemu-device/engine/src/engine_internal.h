@@ -198,6 +198,9 @@ class QpImpl final : public Qp {
   uint8_t backoff = 0;
   bool stalled = false;           // counted in EngineStats::stalled_qps (audit.cc)
   uint32_t cum_seen = 0;  // highest cumulative ACK processed
+  // The path health entry of the peer `health_peer` (EngineCore::health_of).
+  std::vector<PathHealth>* health = nullptr;
+  Endpoint health_peer;
   bool drained_reported = false;
   uint64_t inflight = 0;  // payload bytes sent (or requested) and not yet acknowledged
   uint64_t srtt = 0, rttvar = 0;
@@ -450,6 +453,22 @@ class EngineCore {
                WcStatus& st);
 
   void emit(Cq* cq, const Wc& wc);
+  // Path health towards the QP's peer (Engine::for_each_peer_health):
+  // nullptr when the peer is not tracked.
+  PathHealth* health_of(QpImpl& qp, uint16_t path);
+  void health_sent(QpImpl& qp, uint16_t path) {
+    if (PathHealth* h = health_of(qp, path)) h->sent++;
+  }
+  void health_lost(QpImpl& qp, uint16_t path) {
+    if (PathHealth* h = health_of(qp, path)) h->lost++;
+  }
+  void health_answered(QpImpl& qp, uint16_t path, uint64_t rtt_ns) {
+    if (PathHealth* h = health_of(qp, path); h && rtt_ns) {
+      h->answered++;
+      h->rtt_sum_ns += rtt_ns;
+    }
+  }
+  std::map<Endpoint, std::vector<PathHealth>> peer_health_;
   void xmit(QpImpl& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
             size_t nspans, size_t plen, bool retx) {
     xmit_to(qp.attr.local, qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);

@@ -308,6 +308,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
     qp.timers.push({now + rto(qp, x.retries), psn + k, x.tx_seq, false});
   }
   xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
+  health_sent(qp, path);
   if (retx && r.kind == PktKind::READ) {
     if (qp.read_reruns.size() == QpImpl::kMaxReadReruns) qp.read_reruns.pop_front();
     qp.read_reruns.push_back({psn, npsn, path, now});
@@ -316,6 +317,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
     b.path = probe;
     hlen = wire::encode(b, de, hdr);
     xmit(qp, probe, hdr, hlen, spans, nspans, plen, false);
+    health_sent(qp, probe);
     stats_.path_probes++;
   }
   if (r.kind == PktKind::DATA) stats_.data_pkts_sent++;
@@ -432,6 +434,7 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     if (!t.rnr) {
       stats_.timeouts++;
       if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
+      health_lost(qp, r.path);
       // A READ or atomic executes only when every earlier PSN has arrived,
       // so its answer may be late because the responder waits for a
       // resend, not because its path lost it: it blames its path only when

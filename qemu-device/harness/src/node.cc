@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "vstellar/harness/harness.h"
@@ -26,7 +27,41 @@ Node::Node(const Options& o, uint16_t base_port, uint16_t peer_port)
       peer_port_(peer_port),
       lossy_link_(o.loss_link >= 0 ? o.loss_link : int(link_of(0, o.loss_links))),
       link_(link_config(o, base_port)),
-      eng_(o.eng, link_, clock_) {}
+      eng_(o.eng, link_, clock_) {
+  if (o.locate_faults) {
+    tracer_ = std::make_unique<telemetry::PathTracer>(o.local_ip, base_port, o.eng.num_paths);
+    if (!tracer_->ok())
+      fprintf(stderr, "vstellar-harness: no routes, faults at path granularity only: %s\n",
+              tracer_->error().c_str());
+    locator_ = std::make_unique<telemetry::FaultLocator>(telemetry::LocatorConfig{}, o.local_ip, *tracer_);
+  }
+}
+
+namespace {
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void Node::locate(uint64_t now) {
+  tracer_->poll(now, [&](const telemetry::HopReply& r) { locator_->on_reply(r); });
+  if (now < next_tick_ns_) return;
+  next_tick_ns_ = now + telemetry::LocatorConfig{}.tick_ns;
+  locator_->tick(now, eng_);
+  for (const std::string& line : locator_->take_log())
+    fprintf(stderr, "vstellar-harness: [%.3f] %s\n", wall_now(), line.c_str());
+}
+
+std::string Node::telemetry_json() {
+  if (!locator_) return "null";
+  const telemetry::TracerStats& t = tracer_->stats();
+  std::string j = locator_->json(wall_now(), clock_.now_ns());
+  char b[256];
+  snprintf(b, sizeof(b), ",\"tracer\":{\"ok\":%s,\"probes_sent\":%lu,\"probe_bytes\":%lu,\"replies\":%lu}}",
+           tracer_->ok() ? "true" : "false", t.probes_sent, t.probe_bytes, t.replies);
+  j.pop_back();
+  return j + b;
+}
 
 void Node::run_once(uint64_t max_wait_ns) {
   // Take in what arrived first: after this process was descheduled for a
@@ -34,6 +69,7 @@ void Node::run_once(uint64_t max_wait_ns) {
   // or every packet in flight would look lost.
   link_.poll(0, *this);
   bool more = eng_.progress();
+  if (locator_) locate(clock_.now_ns());
   uint64_t wait = 0;
   if (!more) {
     uint64_t now = clock_.now_ns(), dl = eng_.next_deadline();

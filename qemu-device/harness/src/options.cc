@@ -95,6 +95,15 @@ IMPAIRMENT (emulated on receive, before the engine)
     --loss-link K     the lossy link (default: the link path 0 maps to, so a
                       single-path connection crosses it)
 
+FAULT LOCALIZATION (docs/fabric.md, "Failure localization")
+    --locate-faults   learn each path's route with TTL-limited probes on the
+                      path's own ports (raw sockets: needs CAP_NET_RAW; IPv4)
+                      and name the fabric link that breaks, from the
+                      engine's per-path losses and RTTs. Each fault found
+                      and cleared is a line on stderr ("fault found: link
+                      A -> B, black_hole, ..."); the JSON gains telemetry
+                      {faults, history, routes_known, probes_sent, ...}.
+
 OUTPUT
     --no-path-detail  leave per-path counters out of the JSON
     -h, --help        this text
@@ -159,6 +168,7 @@ bool parse_args(int argc, char** argv, Options& o, int& code) {
     if (a == "--no-cc") { o.eng.cc.enabled = false; continue; }
     if (a == "--no-path-detail") { o.path_detail = false; continue; }
     if (a == "--zerocopy") { o.zerocopy = true; continue; }
+    if (a == "--locate-faults") { o.locate_faults = true; continue; }
     if (i + 1 >= argc) {
       fprintf(stderr, "vstellar-harness: %s needs a value (see --help)\n", a.c_str());
       return false;

@@ -388,6 +388,7 @@ int server_impl(const Options& o, std::string& json) {
               recvs, errors, s.node->emu_dropped, cpu_seconds() - cpu0,
               double(now_ns() - wall0) / 1e9);
   json += ",\"engine\":" + stats_json(e.stats(), o.path_detail);
+  json += ",\"telemetry\":" + s.node->telemetry_json();
   json += ",\"link\":" + link_json(s.node->link().stats()) + "}";
   return 0;
 }
@@ -606,6 +607,7 @@ int client_impl(const Options& o, std::string& json) {
     json += ",\"intervals\":[" + series.json + "]";
   }
   json += ",\"engine\":" + stats_json(e.stats(), o.path_detail);
+  json += ",\"telemetry\":" + s.node->telemetry_json();
   json += ",\"link\":" + link_json(s.node->link().stats()) + "}";
   if (errors) return 3;
   return stalls || posted != done ? 4 : 0;

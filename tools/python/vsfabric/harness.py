@@ -85,7 +85,7 @@ def run_pairs(fab, pairs, args, duration, during=None, timeout=None, family=4):
                 p.kill()
                 o, e = p.communicate()
             rec[role + "_rc"] = p.returncode
-            rec[role + "_stderr"] = (e or "").strip()[-500:]
+            rec[role + "_stderr"] = (e or "").strip()[-int(os.environ.get("VSF_STDERR_TAIL", 500)):]
             try:
                 rec[role] = json.loads(o) if o.strip() else None
             except json.JSONDecodeError:

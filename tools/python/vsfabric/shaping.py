@@ -29,3 +29,16 @@ class Shaping:
             run(["tc", "-n", ns, "qdisc", "add", "dev", dev] + parent +
                 ["handle", "10:", "tbf", "rate", rate, "burst", str(burst),
                  "limit", str(self.queue)])
+
+    def set_link_rate(self, tor, agg, rate):
+        """Change the tbf rate of the ToR `tor` <-> agg `agg` link, both
+        ends (a slow link: rate a tenth of uplink_rate, say); the queue
+        limit stays. The fabric must have been built with uplink_rate."""
+        if not self.uplink_rate:
+            raise ValueError("set_link_rate needs a fabric built with uplink_rate")
+        bps = rate_bps(rate)
+        burst = max(32 * 1024, int(bps / 8 / 1000))
+        parent = ["parent", "1:"] if self.delay else ["root"]
+        for ns, dev in ((self.tor(tor), f"u{agg}"), (self.agg(agg), f"d{tor}")):
+            run(["tc", "-n", ns, "qdisc", "change", "dev", dev] + parent +
+                ["handle", "10:", "tbf", "rate", rate, "burst", str(burst), "limit", str(self.queue)])

@@ -56,6 +56,13 @@ class Topology:
     def _tor_net6(self, t):
         return f"{V6}:18:{t + 1:x}::/64"
 
+    def link_ends(self, t, a):
+        """The IPv4 addresses of the ToR t - agg a link's two ends,
+        (ToR end, agg end). A router answering a probe that came in over
+        this link answers from the end it came in at (the fault locator
+        names a link by them)."""
+        return self._link_ip(t, a, 0), self._link_ip(t, a, 1)
+
     def uplinks(self, t=0):
         """(namespace, device) of ToR t's uplinks, index = agg."""
         return [(self.tor(t), f"u{a}") for a in range(self.A)]
@@ -157,6 +164,16 @@ class Topology:
                 "net/ipv4/udp_rmem_min": 4096}
         if self.hash_seed is not None:
             vals["net/ipv4/fib_multipath_hash_seed"] = self.hash_seed
+        if forward:
+            # Switches answer every TTL-limited probe (the fault locator's
+            # route traces, docs/fabric.md) from the interface it came in
+            # on, so that a hop's address names the link it arrived by.
+            # Linux's default, one answer per second per destination, is
+            # a policer a real switch sets in its own control plane.
+            vals.update({"net/ipv4/icmp_errors_use_inbound_ifaddr": 1,
+                         "net/ipv4/icmp_ratelimit": 0,
+                         "net/ipv4/icmp_msgs_per_sec": 100000,
+                         "net/ipv4/icmp_msgs_burst": 10000})
         with Netns(ns):
             if self.ipv6:
                 vals.update(self._sysctls6(forward))
@@ -165,7 +182,7 @@ class Topology:
                     with open(f"/proc/sys/{k}", "w") as f:
                         f.write(str(v))
                 except OSError:
-                    if "hash_seed" not in k and "rmem" not in k:
+                    if "hash_seed" not in k and "rmem" not in k and "icmp_msgs" not in k:
                         raise
 
     def _sysctls6(self, forward):

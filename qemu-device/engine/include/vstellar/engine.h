@@ -109,6 +109,20 @@ struct PathCounters {
   uint64_t rx_pkts = 0;    // packets that arrived with this path id
 };
 
+// What the requester saw of one path towards one peer (an address and
+// its port), summed over the engine's RC QPs to that peer: the evidence a
+// fault locator (qemu-device/telemetry) reads. Cumulative; a reader takes
+// differences. A path is a route through the fabric for one peer only
+// (the ECMP hash covers both addresses), so the counters of path 7 towards
+// two peers say nothing about each other.
+struct PathHealth {
+  uint64_t sent = 0;        // requests sent on the path: first transmissions, resends, probe copies
+  uint64_t lost = 0;        // timeouts of requests last sent on it
+  uint64_t delivered = 0;   // requests sent once, on it, and acknowledged
+  uint64_t answered = 0;    // ACKs and responses that named it, each with an RTT sample
+  uint64_t rtt_sum_ns = 0;  // the sum of those samples
+};
+
 struct EngineStats {
   uint64_t tx_pkts = 0, rx_pkts = 0, tx_bytes = 0, rx_bytes = 0;
   uint64_t data_pkts_sent = 0, retx_pkts = 0, timeouts = 0;
@@ -135,6 +149,7 @@ struct EngineStats {
   uint64_t bad_mac = 0;     // integrity mode: packets whose MAC did not verify
   uint64_t wrong_mac_alg = 0;  // integrity mode: packets MACed with another algorithm than ours
   uint64_t replayed = 0;    // integrity mode: packets seen before, or older than the replay window
+  uint64_t trace_probes = 0;  // path tracers' probes that reached us (wire::is_trace_probe): dropped
   uint64_t bad_parse = 0, bad_qpn = 0, bad_peer = 0, bad_state = 0, bad_ack = 0;
   uint64_t ce_marks = 0;
   uint64_t ud_sent = 0, ud_rcvd = 0;
@@ -281,6 +296,13 @@ class Engine {
 
   const EngineConfig& config() const;
   const EngineStats& stats() const;
+  // Path health per peer (PathHealth) for the first kMaxHealthPeers peers
+  // the engine's RC QPs talked to; later peers are not tracked (a guest
+  // choosing peers must not grow this without bound). The vectors have
+  // num_paths entries.
+  static constexpr size_t kMaxHealthPeers = 256;
+  void for_each_peer_health(
+      const std::function<void(const Endpoint& peer, const std::vector<PathHealth>& paths)>& f) const;
   std::vector<AsyncEvent> take_async_events();
   Clock& clock();
 

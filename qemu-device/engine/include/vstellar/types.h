@@ -189,6 +189,7 @@ struct Endpoint {
   IpAddr ip;
   uint16_t port = 0;
   bool operator==(const Endpoint&) const = default;
+  auto operator<=>(const Endpoint&) const = default;
 };
 
 // ibv_qp_type numbering; a GSI QP is a UD QP that answers to QP number 1.

@@ -24,6 +24,17 @@ constexpr size_t kMaxHeaderLen = 128;
 // prefix (nonce and MAC tag, docs/wire-format.md), the base header after it.
 constexpr size_t kIntegrityPrefixLen = 28;
 
+// A path tracer's TTL-limited probe (qemu-device/telemetry/path_tracer.h)
+// starts with these bytes instead of a header. One that outlives its TTL
+// reaches the peer's engine port, and the engine drops it (counted in
+// EngineStats::trace_probes): it is not a packet of ours and not an error.
+constexpr uint8_t kTraceMagic[4] = {'V', 'S', 'T', 'R'};
+constexpr size_t kTraceProbeLen = 16;
+inline bool is_trace_probe(const uint8_t* data, size_t len) {
+  return len == kTraceProbeLen && data[0] == kTraceMagic[0] && data[1] == kTraceMagic[1] &&
+         data[2] == kTraceMagic[2] && data[3] == kTraceMagic[3];
+}
+
 enum class Op : uint8_t {
   SEND = 1,         // DataExt
   SEND_IMM = 2,     // DataExt

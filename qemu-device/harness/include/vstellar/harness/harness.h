@@ -5,11 +5,14 @@
 // See `vstellar-harness --help` and docs/engine.md.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "vstellar/engine.h"
+#include "vstellar/telemetry/fault_locator.h"
+#include "vstellar/telemetry/path_tracer.h"
 #include "vstellar/udp_link.h"
 
 namespace vstellar::harness {
@@ -42,6 +45,7 @@ struct Options {
   uint32_t loss_links = 60;
   int loss_link = -1;  // -1: the link path 0 hashes to
   bool path_detail = true;
+  bool locate_faults = false;
   double connect_timeout = 10.0;
 };
 
@@ -69,6 +73,8 @@ class Node final : public RxSink {
   void on_datagram(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to,
                    bool ce) override;
   uint64_t emu_dropped = 0;
+  // With --locate-faults: the fault locator's JSON; "null" without.
+  std::string telemetry_json();
 
  private:
   static UdpLinkConfig link_config(const Options& o, uint16_t base_port);
@@ -79,6 +85,11 @@ class Node final : public RxSink {
   SteadyClock clock_;
   UdpLink link_;
   Engine eng_;
+  // --locate-faults
+  void locate(uint64_t now);
+  std::unique_ptr<telemetry::PathTracer> tracer_;
+  std::unique_ptr<telemetry::FaultLocator> locator_;
+  uint64_t next_tick_ns_ = 0;
 };
 
 // Run one role; returns the process exit code, prints JSON to stdout.

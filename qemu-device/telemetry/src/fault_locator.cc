@@ -1,0 +1,618 @@
+// Failure localization (fault_locator.h has the method; docs/fabric.md
+// the limits). Everything here is arithmetic over counters and probe
+// answers: no I/O, no clock of its own, so tests drive it with a model
+// fabric in virtual time.
+#include "vstellar/telemetry/fault_locator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <set>
+
+#include "vstellar/ip_text.h"
+
+namespace vstellar::telemetry {
+
+const char* to_string(FaultKind k) {
+  switch (k) {
+    case FaultKind::BLACK_HOLE: return "black_hole";
+    case FaultKind::LOSSY: return "lossy";
+    case FaultKind::SLOW: return "slow";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char b[512];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(b, sizeof(b), f, ap);
+  va_end(ap);
+  return b;
+}
+
+uint64_t median(std::vector<uint64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::string link_text(const LinkId& l) { return to_string(l.from) + " -> " + to_string(l.to); }
+
+// What hop probes at one TTL say, over a set of paths.
+struct HopView {
+  uint32_t n = 0, answered = 0;
+  std::vector<uint64_t> rtts;
+  double loss() const { return n ? double(n - answered) / n : 0; }
+};
+
+}  // namespace
+
+FaultLocator::FaultLocator(const LocatorConfig& cfg, const IpAddr& self, ProbeSender& probes)
+    : cfg_(cfg), self_(self), probes_(probes) {
+  if (cfg_.horizon_ticks < cfg_.dead_ticks) cfg_.horizon_ticks = cfg_.dead_ticks;
+  if (cfg_.max_ttl == 0) cfg_.max_ttl = 1;
+}
+
+// ---- probes ----
+
+bool FaultLocator::probe(uint64_t now, const Endpoint& peer, uint16_t path, uint8_t ttl, bool trace) {
+  const uint32_t id = next_id_++;
+  if (!probes_.send_probe(peer, path, ttl, id)) {
+    stats_.probe_send_failures++;
+    return false;
+  }
+  stats_.probes_sent++;
+  outstanding_.emplace(id, Outstanding{id, peer, path, ttl, trace, now});
+  return true;
+}
+
+void FaultLocator::on_reply(const HopReply& r) {
+  auto it = outstanding_.find(r.id);
+  if (it == outstanding_.end()) {
+    stats_.late_replies++;
+    return;
+  }
+  const Outstanding o = it->second;
+  outstanding_.erase(it);
+  stats_.replies++;
+  auto pit = peers_.find(o.peer);
+  if (pit == peers_.end() || o.path >= pit->second.paths.size()) return;
+  PeerState& ps = pit->second;
+  PathState& p = ps.paths[o.path];
+  if (o.trace && p.tracing && o.ttl <= p.trace.size()) p.trace[o.ttl - 1] = r.hop;
+  // A hop answering from another address than the route says: the route
+  // moved (a routing change); trace it again soon.
+  if (!o.trace && o.ttl <= p.route.size() && p.route[o.ttl - 1] != r.hop) p.next_trace_ns = 0;
+  ps.hops.push_back({o.path, o.ttl, true, r.at_ns > o.sent_ns ? r.at_ns - o.sent_ns : 1, r.at_ns});
+}
+
+void FaultLocator::expire_probes(uint64_t now) {
+  while (!outstanding_.empty()) {
+    const Outstanding& o = outstanding_.begin()->second;  // lowest id: the oldest
+    if (o.sent_ns + cfg_.probe_timeout_ns > now) break;
+    auto pit = peers_.find(o.peer);
+    if (pit != peers_.end()) pit->second.hops.push_back({o.path, o.ttl, false, 0, now});
+    outstanding_.erase(outstanding_.begin());
+  }
+  const uint64_t keep = uint64_t(cfg_.hop_window_ticks + 10) * cfg_.tick_ns;
+  for (auto& [peer, ps] : peers_) {
+    while (!ps.hops.empty() && ps.hops.front().at_ns + keep < now) ps.hops.pop_front();
+    for (uint16_t i = 0; i < ps.paths.size(); i++)
+      if (ps.paths[i].tracing && ps.paths[i].trace_started + cfg_.probe_timeout_ns <= now)
+        finish_trace(now, ps, i);
+  }
+}
+
+void FaultLocator::finish_trace(uint64_t now, PeerState& ps, uint16_t path) {
+  PathState& p = ps.paths[path];
+  p.tracing = false;
+  stats_.traces++;
+  // The hops that answered, from the first on. Past the last router the
+  // probe reaches the peer, which does not answer; a trace shorter than
+  // the others of this peer lost a probe (or met a fault) and is not a
+  // route.
+  size_t k = 0;
+  while (k < p.trace.size() && !p.trace[k].unspecified()) k++;
+  if (k > 0 && k >= ps.route_len) {
+    if (k > ps.route_len) ps.route_len = k;
+    if (p.route.empty()) stats_.routes_known++;
+    p.route.assign(p.trace.begin(), p.trace.begin() + long(k));
+    // Refresh slowly, spread over the refresh period so that the peer's
+    // paths do not all trace in the same tick.
+    rng_ = rng_ * 6364136223846793005ull + 1442695040888963407ull;
+    p.next_trace_ns = now + cfg_.route_refresh_ns / 2 + (rng_ >> 11) % (cfg_.route_refresh_ns / 2 + 1);
+  } else {
+    p.next_trace_ns = now + 10 * cfg_.tick_ns;  // try again soon
+  }
+}
+
+void FaultLocator::send_probes(uint64_t now) {
+  uint32_t budget = cfg_.probe_budget;
+  // Hop probes first: they settle a fault that is being located. Half of
+  // them over the suspect paths, half over other paths of the same peer
+  // (the baseline each hop is compared with).
+  for (auto& [peer, ps] : peers_) {
+    if (ps.suspects.empty() || ps.suspect_ttls.empty() || ps.route_len == 0) continue;
+    std::vector<uint16_t> others;
+    std::set<uint16_t> sus(ps.suspects.begin(), ps.suspects.end());
+    for (uint16_t i = 0; i < ps.paths.size(); i++)
+      if (!sus.count(i) && ps.paths[i].route.size() == ps.route_len && ps.paths[i].active) others.push_back(i);
+    const uint32_t share = std::max<uint32_t>(2, cfg_.probe_budget * 3 / 4 / uint32_t(peers_.size()));
+    for (uint32_t k = 0; k < share && budget; k++) {
+      const bool baseline = (k & 1) && !others.empty();
+      const uint16_t path = baseline ? others[(ps.suspect_cursor / 2 + k) % others.size()]
+                                     : ps.suspects[(ps.suspect_cursor + k) % ps.suspects.size()];
+      // The far end of each suspect link, in turn.
+      const uint8_t ttl =
+          ps.suspect_ttls[(ps.suspect_cursor / ps.suspects.size() + k / 2) % ps.suspect_ttls.size()];
+      if (probe(now, peer, path, ttl, false)) budget--;
+    }
+    ps.suspect_cursor = uint16_t(ps.suspect_cursor + share);
+  }
+  // Then route traces: paths that carry traffic and have no route, or
+  // whose refresh is due. A trace sends a probe per TTL at once.
+  for (auto& [peer, ps] : peers_) {
+    const uint8_t ttls = uint8_t(ps.route_len ? std::min<size_t>(ps.route_len + 1, cfg_.max_ttl) : cfg_.max_ttl);
+    for (size_t n = 0; n < ps.paths.size() && budget >= ttls; n++) {
+      const uint16_t i = uint16_t((ps.refresh_cursor + n) % ps.paths.size());
+      PathState& p = ps.paths[i];
+      if (p.tracing || !p.active || p.next_trace_ns > now) continue;
+      p.tracing = true;
+      p.trace_started = now;
+      p.trace.assign(ttls, IpAddr());
+      for (uint8_t t = 1; t <= ttls; t++)
+        if (probe(now, peer, i, t, true)) budget--;
+      ps.refresh_cursor = uint16_t((i + 1) % ps.paths.size());
+    }
+  }
+}
+
+// ---- evidence ----
+
+void FaultLocator::update_health(const Endpoint& peer, const std::vector<PathHealth>& h) {
+  PeerState& ps = peers_[peer];
+  if (ps.paths.size() != h.size()) ps.paths.assign(h.size(), PathState{});
+  for (size_t i = 0; i < h.size(); i++) {
+    PathState& p = ps.paths[i];
+    Slot s;
+    s.sent = h[i].sent - p.last.sent;
+    s.lost = h[i].lost - p.last.lost;
+    s.delivered = h[i].delivered - p.last.delivered;
+    s.answered = h[i].answered - p.last.answered;
+    s.rtt_sum_ns = h[i].rtt_sum_ns - p.last.rtt_sum_ns;
+    p.last = h[i];
+    p.slots.push_back(s);
+    if (p.slots.size() > cfg_.horizon_ticks) p.slots.pop_front();
+    uint64_t sent = 0;
+    for (const Slot& x : p.slots) sent += x.sent;
+    p.active = sent > 0;
+  }
+}
+
+std::vector<LinkId> FaultLocator::links_of(const PeerState& ps, const Endpoint& peer, uint16_t path) const {
+  const PathState& p = ps.paths[path];
+  std::vector<LinkId> out;
+  if (ps.route_len == 0 || p.route.size() != ps.route_len) return out;
+  IpAddr prev = self_;
+  for (const IpAddr& hop : p.route) {
+    out.push_back({prev, hop});
+    prev = hop;
+  }
+  // The last link, into the peer, is not listed: every path to the peer
+  // crosses it, so this peer's paths cannot tell it from the peer itself.
+  return out;
+}
+
+void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, std::vector<Candidate>& out) {
+  ps.suspects.clear();
+  ps.suspect_ttls.clear();
+  const size_t n = ps.paths.size();
+  // 1. Each path over the horizon (loss, RTT) and over the last dead_ticks.
+  struct PathView {
+    bool active = false, dead = false;
+    uint64_t sent = 0, lost = 0, rtt = 0;
+  };
+  std::vector<PathView> pv(n);
+  for (size_t i = 0; i < n; i++) {
+    const PathState& p = ps.paths[i];
+    uint64_t sent = 0, lost = 0, ans = 0, got = 0, rtt = 0, dsent = 0, dgot = 0;
+    for (size_t k = 0; k < p.slots.size(); k++) {
+      const Slot& s = p.slots[k];
+      sent += s.sent, lost += s.lost, ans += s.answered, got += s.delivered + s.answered, rtt += s.rtt_sum_ns;
+      if (k + cfg_.dead_ticks >= p.slots.size()) dsent += s.sent, dgot += s.delivered + s.answered;
+    }
+    PathView& v = pv[i];
+    v.active = sent >= 3;
+    // Dead: it went on sending (data, or the probe copies of a path set
+    // aside, a few per second) and nothing sent on it came back.
+    v.dead = dgot == 0 && dsent > 0 && (dsent >= 3 || (got == 0 && sent >= 3));
+    v.sent = sent, v.lost = lost, v.rtt = ans ? rtt / ans : 0;
+  }
+  auto good = [&](size_t i) { return pv[i].active && !pv[i].dead; };
+  size_t n_good = 0, n_dead = 0;
+  for (size_t i = 0; i < n; i++) n_good += good(i), n_dead += pv[i].active && pv[i].dead;
+  // Every active path dead: the peer is gone or a link every path crosses
+  // broke; nothing to compare with, nothing to say.
+  if (n_good == 0) return;
+
+  // Without routes: path granularity.
+  if (ps.route_len == 0) {
+    if (n_dead >= 2) {
+      Candidate c{{self_, peer.ip}, FaultKind::BLACK_HOLE, peer, uint32_t(n_dead), 0, "", false};
+      c.confidence = double(n_dead) / double(n_dead + n_good);
+      c.evidence = fmt("%zu of %zu active paths to the peer lost all they sent; no routes known (no ICMP "
+                       "answers), so no link can be named",
+                       n_dead, n_dead + n_good);
+      out.push_back(c);
+    }
+    return;
+  }
+
+  // 2. Tomography over the links of the known routes.
+  struct LinkAgg {
+    std::vector<uint16_t> paths;  // active paths crossing it
+    size_t position = 0;          // 1: our own first link; route_len + 1: into the peer
+    uint64_t dead = 0, sent = 0, lost = 0;
+    std::vector<uint64_t> rtts;
+  };
+  std::map<LinkId, LinkAgg> links;
+  uint64_t all_sent = 0, all_lost = 0;
+  std::vector<uint64_t> all_rtts;
+  size_t all_active = 0, all_dead = 0;
+  for (uint16_t i = 0; i < n; i++) {
+    if (!pv[i].active) continue;
+    const std::vector<LinkId> ls = links_of(ps, peer, i);
+    if (ls.empty()) continue;
+    all_active++;
+    if (pv[i].dead) all_dead++;
+    if (!pv[i].dead) {
+      all_sent += pv[i].sent, all_lost += pv[i].lost;
+      if (pv[i].rtt) all_rtts.push_back(pv[i].rtt);
+    }
+    for (size_t k = 0; k < ls.size(); k++) {
+      LinkAgg& a = links[ls[k]];
+      a.paths.push_back(i);
+      a.position = k + 1;
+      if (pv[i].dead) {
+        a.dead++;
+      } else {
+        a.sent += pv[i].sent, a.lost += pv[i].lost;
+        if (pv[i].rtt) a.rtts.push_back(pv[i].rtt);
+      }
+    }
+  }
+  struct Suspect {
+    LinkId link;
+    FaultKind kind;
+    const LinkAgg* agg;
+    std::string why;
+  };
+  std::vector<Suspect> suspects;
+  for (const auto& [id, a] : links) {
+    const size_t crossing = a.paths.size();
+    if (crossing == 0 || crossing == all_active) continue;  // nothing to compare with
+    const size_t other_active = all_active - crossing;
+    const size_t other_dead = all_dead - a.dead;
+    if (a.dead >= 2 && double(a.dead) >= cfg_.dead_fraction * double(crossing) && other_dead < other_active) {
+      suspects.push_back({id, FaultKind::BLACK_HOLE, &a,
+                          fmt("%" PRIu64 " of %zu paths crossing it lost all they sent, %zu of %zu other paths",
+                              a.dead, crossing, other_dead, other_active)});
+      continue;
+    }
+    std::vector<uint64_t> other_rtts;
+    {
+      std::multiset<uint64_t> mine(a.rtts.begin(), a.rtts.end());
+      for (uint64_t r : all_rtts) {
+        auto it = mine.find(r);
+        if (it != mine.end()) mine.erase(it);
+        else other_rtts.push_back(r);
+      }
+    }
+    const uint64_t rtt_mine = median(a.rtts), rtt_other = median(other_rtts);
+    if (a.rtts.size() >= 2 && other_rtts.size() >= 2 && double(rtt_mine) >= cfg_.slow_factor * double(rtt_other) &&
+        rtt_mine >= rtt_other + cfg_.slow_min_ns) {
+      suspects.push_back({id, FaultKind::SLOW, &a,
+                          fmt("median RTT %.2f ms on the %zu paths crossing it, %.2f ms on the others",
+                              double(rtt_mine) / 1e6, a.rtts.size(), double(rtt_other) / 1e6)});
+      continue;
+    }
+    const uint64_t o_sent = all_sent - a.sent, o_lost = all_lost - a.lost;
+    const double loss_mine = a.sent ? double(a.lost) / double(a.sent) : 0;
+    const double loss_other = o_sent ? double(o_lost) / double(o_sent) : 0;
+    // More losses than chance puts on these paths: the expected count
+    // at the peer's overall ratio, plus four standard deviations (Poisson).
+    const double expect = double(a.sent) * double(all_lost) / double(all_sent ? all_sent : 1);
+    const bool beyond_chance = double(a.lost) >= expect + 4 * std::sqrt(expect) + 3;
+    if (a.lost >= cfg_.loss_min_events && loss_mine >= cfg_.loss_min && loss_mine >= cfg_.loss_factor * loss_other &&
+        beyond_chance)
+      suspects.push_back({id, FaultKind::LOSSY, &a,
+                          fmt("%.2f%% of %" PRIu64 " packets lost on the paths crossing it, %.2f%% on the others",
+                              100 * loss_mine, a.sent, 100 * loss_other)});
+  }
+  if (suspects.empty()) {
+    ps.unresolved.clear();
+    return;
+  }
+
+  // 3. Links crossed by the same paths are one group; hop probes tell
+  // which of them it is (and what kind: a hop that answers late is a slow
+  // link even where the end-to-end view saw mostly losses).
+  std::map<std::vector<uint16_t>, std::vector<const Suspect*>> groups;
+  for (const Suspect& s : suspects) groups[s.agg->paths].push_back(&s);
+  const uint64_t window = cfg_.hop_window_ticks * cfg_.tick_ns;
+  std::set<LinkId> still_unresolved;
+  for (auto& [paths, members] : groups) {
+    std::sort(members.begin(), members.end(),
+              [](const Suspect* x, const Suspect* y) { return x->agg->position < y->agg->position; });
+    std::set<uint16_t> in(paths.begin(), paths.end());
+    for (uint16_t p : paths) ps.suspects.push_back(p);
+    for (const Suspect* s : members)
+      if (std::find(ps.suspect_ttls.begin(), ps.suspect_ttls.end(), s->agg->position) == ps.suspect_ttls.end())
+        ps.suspect_ttls.push_back(uint8_t(s->agg->position));
+    const Suspect* pick = nullptr;
+    FaultKind kind = members.front()->kind;
+    double certainty = 1;  // what the hop probes add: 1 - answered share for a dead hop
+    std::string hop_why;
+    bool undecided = false;
+    for (size_t m = 0; m < members.size(); m++) {
+      const Suspect* s = members[m];
+      const size_t ttl = s->agg->position;  // the hop at the link's far end
+      HopView mine, other;
+      for (const HopSample& h : ps.hops) {
+        if (h.ttl != ttl || h.at_ns + window < now) continue;
+        HopView& v = in.count(h.path) ? mine : other;
+        v.n++;
+        if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
+      }
+      const uint64_t rm = median(mine.rtts), ro = median(other.rtts);
+      const bool late = mine.rtts.size() >= 3 && other.rtts.size() >= 3 && double(rm) >= 2 * double(ro) &&
+                        rm >= ro + cfg_.slow_min_ns / 2;
+      const uint32_t lost_mine = mine.n - mine.answered;
+      const double other_loss = (double(other.n - other.answered) + 0.5) / (double(other.n) + 1);
+      enum { ANOM, CLEAN, UNKNOWN } st = UNKNOWN;
+      if (mine.n >= 3 && mine.answered * 5 <= mine.n) {
+        st = ANOM, kind = FaultKind::BLACK_HOLE;
+        certainty = 1 - double(mine.answered) / double(mine.n);
+      } else if (late) {
+        st = ANOM, kind = FaultKind::SLOW;
+      } else if (lost_mine >= 3 && mine.loss() >= cfg_.loss_min && mine.loss() >= cfg_.loss_factor * other_loss) {
+        st = ANOM, kind = FaultKind::LOSSY;
+      } else if (mine.n >= 3 && mine.answered * 10 >= mine.n * 7) {
+        // Answering. Clean for a black hole at once; for loss or delay
+        // only with enough probes, or when a later hop of the group shows
+        // clearly more than this one.
+        const bool enough = s->kind == FaultKind::BLACK_HOLE ||
+                            (s->kind == FaultKind::SLOW ? mine.rtts.size() >= 5 : mine.n >= 3 / cfg_.loss_min);
+        st = enough ? CLEAN : UNKNOWN;
+        if (!enough && m + 1 < members.size()) {
+          const size_t next = members[m + 1]->agg->position;
+          HopView nx;
+          for (const HopSample& h : ps.hops)
+            if (h.ttl == next && h.at_ns + window >= now && in.count(h.path)) {
+              nx.n++;
+              if (h.answered) nx.answered++, nx.rtts.push_back(h.rtt_ns);
+            }
+          const bool nx_lossier = nx.n - nx.answered >= 6 && mine.loss() * 4 <= nx.loss() && 2 * mine.n >= nx.n;
+          const bool nx_later = nx.rtts.size() >= 3 && ro && double(median(nx.rtts)) >= 2 * double(ro) &&
+                                double(rm) < 1.5 * double(ro) + double(cfg_.slow_min_ns) / 4;
+          if (nx_lossier || nx_later) st = CLEAN;
+        }
+      }
+      if (st == ANOM) {
+        pick = s;
+        hop_why = fmt("hop %zu (%s) over its paths: %u of %u probes answered, median %.2f ms; over other paths: "
+                      "%u of %u, median %.2f ms",
+                      ttl, to_string(s->link.to).c_str(), mine.answered, mine.n, double(rm) / 1e6, other.answered,
+                      other.n, double(ro) / 1e6);
+        break;
+      }
+      if (st == UNKNOWN) {
+        undecided = true;
+        break;
+      }
+    }
+    const LinkId key = members.front()->link;
+    if (!pick && !undecided) {
+      // Every hop along these paths answers as the others do: whatever
+      // the end-to-end counters saw (a burst of losses while this host was
+      // descheduled, say), no link of the group shows it.
+      ps.unresolved.erase(key);
+      continue;
+    }
+    if (pick) {
+      ps.unresolved.erase(key);
+      // The share of its paths that show it end to end (a black hole seen
+      // as a black hole from both ends and hops), times the hops' word.
+      const double share = kind == FaultKind::BLACK_HOLE && pick->kind == FaultKind::BLACK_HOLE
+                               ? double(pick->agg->dead) / double(paths.size())
+                               : 1.0;
+      Candidate c{pick->link, kind, peer, uint32_t(paths.size()), share * certainty, pick->why + "; " + hop_why};
+      out.push_back(c);
+      continue;
+    }
+    // Not told apart yet. After a while, name them all, each with its
+    // share of the confidence.
+    still_unresolved.insert(key);
+    auto [it, fresh] = ps.unresolved.emplace(key, now);
+    if (!fresh && now - it->second >= 15 * cfg_.tick_ns) {
+      for (const Suspect* s : members)
+        out.push_back({s->link, s->kind, peer, uint32_t(paths.size()), 1.0 / double(members.size()),
+                       s->why + fmt("; not told apart from %zu other link(s) crossed by the same paths",
+                                    members.size() - 1)});
+    }
+  }
+  for (auto it = ps.unresolved.begin(); it != ps.unresolved.end();)
+    it = still_unresolved.count(it->first) ? std::next(it) : ps.unresolved.erase(it);
+}
+
+// ---- faults over time ----
+
+void FaultLocator::track(uint64_t now, const std::vector<Candidate>& found, const std::set<Endpoint>& active_peers) {
+  std::map<std::pair<LinkId, FaultKind>, Candidate> merged;
+  for (const Candidate& c : found) {
+    auto [it, fresh] = merged.emplace(std::make_pair(c.link, c.kind), c);
+    if (!fresh) {
+      it->second.paths += c.paths;
+      it->second.confidence = std::max(it->second.confidence, c.confidence);
+    }
+  }
+  for (auto& [key, c] : merged) {
+    auto [it, fresh] = tracking_.emplace(key, Tracking{});
+    Tracking& t = it->second;
+    if (fresh) t.since_ns = now;
+    t.c = c;
+    t.seen++;
+    t.missed = 0;
+    if (!t.reported && t.seen >= cfg_.confirm_ticks) {
+      t.reported = true;
+      t.history_index = history_.size();
+      Fault f;
+      f.link_known = c.link_known;
+      f.link = c.link;
+      f.peer = c.peer;
+      f.kind = c.kind;
+      f.since_ns = t.since_ns;
+      f.found_ns = now;
+      history_.push_back(f);
+      stats_.faults_found++;
+    }
+    if (t.reported) {
+      Fault& f = history_[t.history_index];
+      f.paths_affected = c.paths;
+      f.confidence = c.confidence;
+      f.evidence = c.evidence;
+      if (t.seen == cfg_.confirm_ticks) log_.push_back("fault found: " + describe(f));
+    }
+  }
+  for (auto it = tracking_.begin(); it != tracking_.end();) {
+    Tracking& t = it->second;
+    if (merged.count(it->first)) {
+      ++it;
+      continue;
+    }
+    // No verdict while the peer sends nothing: no news is not good news.
+    if (!active_peers.count(t.c.peer)) {
+      ++it;
+      continue;
+    }
+    t.missed++;
+    if (!t.reported) {
+      it = t.missed >= 2 ? tracking_.erase(it) : std::next(it);
+      if (t.missed < 2) t.seen = 0;
+      continue;
+    }
+    if (t.missed >= cfg_.clear_ticks) {
+      Fault& f = history_[t.history_index];
+      f.cleared_ns = now;
+      stats_.faults_cleared++;
+      log_.push_back("fault cleared: " + describe(f));
+      it = tracking_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+void FaultLocator::tick(uint64_t now_ns, const Engine& engine) {
+  std::map<Endpoint, std::vector<PathHealth>> h;
+  engine.for_each_peer_health([&](const Endpoint& peer, const std::vector<PathHealth>& paths) { h[peer] = paths; });
+  tick(now_ns, h);
+}
+
+void FaultLocator::tick(uint64_t now, const std::map<Endpoint, std::vector<PathHealth>>& health) {
+  for (const auto& [peer, h] : health) update_health(peer, h);
+  expire_probes(now);
+  std::vector<Candidate> found;
+  std::set<Endpoint> active_peers;
+  for (auto& [peer, ps] : peers_) {
+    for (const PathState& p : ps.paths)
+      if (p.active) {
+        active_peers.insert(peer);
+        break;
+      }
+    evaluate(now, peer, ps, found);
+  }
+  track(now, found, active_peers);
+  send_probes(now);
+}
+
+// ---- reports ----
+
+std::vector<Fault> FaultLocator::active() const {
+  std::vector<Fault> out;
+  for (const auto& [key, t] : tracking_)
+    if (t.reported) out.push_back(history_[t.history_index]);
+  return out;
+}
+
+std::vector<std::string> FaultLocator::take_log() {
+  std::vector<std::string> out;
+  out.swap(log_);
+  return out;
+}
+
+std::vector<IpAddr> FaultLocator::route(const Endpoint& peer, uint16_t path) const {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || path >= it->second.paths.size()) return {};
+  return it->second.paths[path].route;
+}
+
+std::string FaultLocator::describe(const Fault& f) {
+  std::string where = f.link_known ? "link " + link_text(f.link)
+                                   : "a path towards " + to_string(f.peer.ip) + " (no route known)";
+  return fmt("%s, %s, %u paths affected, confidence %.2f (%s)", where.c_str(), to_string(f.kind), f.paths_affected,
+             f.confidence, f.evidence.c_str());
+}
+
+namespace {
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+std::string FaultLocator::json(double wall_now_s, uint64_t now_ns) const {
+  auto wall = [&](uint64_t t) { return wall_now_s - (double(now_ns) - double(t)) / 1e9; };
+  auto one = [&](const Fault& f) {
+    std::string s = "{";
+    if (f.link_known)
+      s += "\"link\":{\"from\":\"" + to_string(f.link.from) + "\",\"to\":\"" + to_string(f.link.to) + "\"}";
+    else
+      s += "\"link\":null";
+    s += fmt(",\"peer\":\"%s\",\"kind\":\"%s\",\"since\":%.3f,\"found\":%.3f", to_string(f.peer.ip).c_str(),
+             to_string(f.kind), wall(f.since_ns), wall(f.found_ns));
+    if (f.cleared_ns) s += fmt(",\"cleared\":%.3f", wall(f.cleared_ns));
+    s += fmt(",\"paths_affected\":%u,\"confidence\":%.3f,\"evidence\":\"%s\"}", f.paths_affected, f.confidence,
+             json_escape(f.evidence).c_str());
+    return s;
+  };
+  std::string out = "{\"faults\":[";
+  bool first = true;
+  for (const Fault& f : active()) {
+    out += (first ? "" : ",") + one(f);
+    first = false;
+  }
+  out += "],\"history\":[";
+  for (size_t i = 0; i < history_.size(); i++) out += (i ? "," : "") + one(history_[i]);
+  size_t routes = 0, paths = 0;
+  for (const auto& [peer, ps] : peers_)
+    for (const PathState& p : ps.paths) paths += p.active, routes += !p.route.empty() && p.active;
+  out += fmt("],\"active_paths\":%zu,\"routes_known\":%zu,\"traces\":%" PRIu64 ",\"probes_sent\":%" PRIu64
+             ",\"probe_replies\":%" PRIu64 ",\"late_replies\":%" PRIu64 ",\"probe_send_failures\":%" PRIu64 "}",
+             paths, routes, stats_.traces, stats_.probes_sent, stats_.replies, stats_.late_replies,
+             stats_.probe_send_failures);
+  return out;
+}
+
+}  // namespace vstellar::telemetry
