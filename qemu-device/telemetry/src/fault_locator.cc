@@ -134,23 +134,23 @@ void FaultLocator::finish_trace(uint64_t now, PeerState& ps, uint16_t path) {
 
 void FaultLocator::send_probes(uint64_t now) {
   uint32_t budget = cfg_.probe_budget;
-  // Hop probes first: they settle a fault that is being located. Half of
-  // them over the suspect paths, half over other paths of the same peer
-  // (the baseline each hop is compared with).
+  // Hop probes first: they settle a fault that is being located: most
+  // over the suspect paths, some over other paths of the same peer (the
+  // baseline each hop is compared with).
   for (auto& [peer, ps] : peers_) {
     if (ps.suspects.empty() || ps.suspect_ttls.empty() || ps.route_len == 0) continue;
     std::vector<uint16_t> others;
     std::set<uint16_t> sus(ps.suspects.begin(), ps.suspects.end());
     for (uint16_t i = 0; i < ps.paths.size(); i++)
       if (!sus.count(i) && ps.paths[i].route.size() == ps.route_len && ps.paths[i].active) others.push_back(i);
-    const uint32_t share = std::max<uint32_t>(2, cfg_.probe_budget * 3 / 4 / uint32_t(peers_.size()));
+    const uint32_t share = std::max<uint32_t>(2, cfg_.probe_budget * 7 / 8 / uint32_t(peers_.size()));
     for (uint32_t k = 0; k < share && budget; k++) {
-      const bool baseline = (k & 1) && !others.empty();
-      const uint16_t path = baseline ? others[(ps.suspect_cursor / 2 + k) % others.size()]
-                                     : ps.suspects[(ps.suspect_cursor + k) % ps.suspects.size()];
+      // One probe in four over a path outside the suspects: the baseline.
+      const bool baseline = k % 4 == 3 && !others.empty();
+      const uint32_t c = ps.suspect_cursor + k;
+      const uint16_t path = baseline ? others[c % others.size()] : ps.suspects[c % ps.suspects.size()];
       // The far end of each suspect link, in turn.
-      const uint8_t ttl =
-          ps.suspect_ttls[(ps.suspect_cursor / ps.suspects.size() + k / 2) % ps.suspect_ttls.size()];
+      const uint8_t ttl = ps.suspect_ttls[(c / ps.suspects.size() + k) % ps.suspect_ttls.size()];
       if (probe(now, peer, path, ttl, false)) budget--;
     }
     ps.suspect_cursor = uint16_t(ps.suspect_cursor + share);
@@ -347,6 +347,10 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   for (const Suspect& s : suspects) groups[s.agg->paths].push_back(&s);
   const uint64_t window = cfg_.hop_window_ticks * cfg_.tick_ns;
   std::set<LinkId> still_unresolved;
+  // The baseline of a hop is the paths outside every suspect group (a
+  // second fault's paths would make any hop look good).
+  std::set<uint16_t> any_suspect;
+  for (const auto& [paths, members] : groups) any_suspect.insert(paths.begin(), paths.end());
   for (auto& [paths, members] : groups) {
     std::sort(members.begin(), members.end(),
               [](const Suspect* x, const Suspect* y) { return x->agg->position < y->agg->position; });
@@ -366,6 +370,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
       HopView mine, other;
       for (const HopSample& h : ps.hops) {
         if (h.ttl != ttl || h.at_ns + window < now) continue;
+        if (!in.count(h.path) && any_suspect.count(h.path)) continue;
         HopView& v = in.count(h.path) ? mine : other;
         v.n++;
         if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
@@ -440,7 +445,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     // share of the confidence.
     still_unresolved.insert(key);
     auto [it, fresh] = ps.unresolved.emplace(key, now);
-    if (!fresh && now - it->second >= 15 * cfg_.tick_ns) {
+    if (!fresh && now - it->second >= uint64_t(cfg_.tell_apart_ticks) * cfg_.tick_ns) {
       for (const Suspect* s : members)
         out.push_back({s->link, s->kind, peer, uint32_t(paths.size()), 1.0 / double(members.size()),
                        s->why + fmt("; not told apart from %zu other link(s) crossed by the same paths",

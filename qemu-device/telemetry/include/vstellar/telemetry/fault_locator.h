@@ -84,6 +84,9 @@ struct LocatorConfig {
   uint8_t max_ttl = 8;
   uint32_t probe_budget = 64;   // probes per tick, all purposes
   unsigned hop_window_ticks = 30;  // hop probes are judged over this many ticks
+  // Links the hop probes have not told apart after this long are named
+  // together, each with its share of the confidence.
+  unsigned tell_apart_ticks = 50;
   uint64_t probe_timeout_ns = 300'000'000;
   uint64_t route_refresh_ns = 30'000'000'000ull;
   // Thresholds (per link, against the peer's other paths).
