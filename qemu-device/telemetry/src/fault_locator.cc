@@ -89,7 +89,7 @@ void FaultLocator::on_reply(const HopReply& r) {
   // A hop answering from another address than the route says: the route
   // moved (a routing change); trace it again soon.
   if (!o.trace && o.ttl <= p.route.size() && p.route[o.ttl - 1] != r.hop) p.next_trace_ns = 0;
-  ps.hops.push_back({o.path, o.ttl, true, r.at_ns > o.sent_ns ? r.at_ns - o.sent_ns : 1, r.at_ns});
+  ps.hops.push_back({o.path, o.ttl, true, r.at_ns > o.sent_ns ? r.at_ns - o.sent_ns : 1, o.sent_ns, r.at_ns});
 }
 
 void FaultLocator::expire_probes(uint64_t now) {
@@ -97,7 +97,7 @@ void FaultLocator::expire_probes(uint64_t now) {
     const Outstanding& o = outstanding_.begin()->second;  // lowest id: the oldest
     if (o.sent_ns + cfg_.probe_timeout_ns > now) break;
     auto pit = peers_.find(o.peer);
-    if (pit != peers_.end()) pit->second.hops.push_back({o.path, o.ttl, false, 0, now});
+    if (pit != peers_.end()) pit->second.hops.push_back({o.path, o.ttl, false, 0, o.sent_ns, now});
     outstanding_.erase(outstanding_.begin());
   }
   const uint64_t keep = uint64_t(cfg_.hop_window_ticks + 10) * cfg_.tick_ns;
@@ -336,7 +336,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
                               100 * loss_mine, a.sent, 100 * loss_other)});
   }
   if (suspects.empty()) {
-    ps.unresolved.clear();
+    ps.group_since.clear();
     return;
   }
 
@@ -346,7 +346,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   std::map<std::vector<uint16_t>, std::vector<const Suspect*>> groups;
   for (const Suspect& s : suspects) groups[s.agg->paths].push_back(&s);
   const uint64_t window = cfg_.hop_window_ticks * cfg_.tick_ns;
-  std::set<LinkId> still_unresolved;
+  std::set<LinkId> groups_seen;
   // The baseline of a hop is the paths outside every suspect group (a
   // second fault's paths would make any hop look good).
   std::set<uint16_t> any_suspect;
@@ -359,6 +359,11 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     for (const Suspect* s : members)
       if (std::find(ps.suspect_ttls.begin(), ps.suspect_ttls.end(), s->agg->position) == ps.suspect_ttls.end())
         ps.suspect_ttls.push_back(uint8_t(s->agg->position));
+    // Hop probes count from when the group became suspect: older answers
+    // describe the fabric before the fault.
+    const LinkId key = members.front()->link;
+    const uint64_t since = ps.group_since.emplace(key, now).first->second;
+    groups_seen.insert(key);
     const Suspect* pick = nullptr;
     FaultKind kind = members.front()->kind;
     double certainty = 1;  // what the hop probes add: 1 - answered share for a dead hop
@@ -369,7 +374,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
       const size_t ttl = s->agg->position;  // the hop at the link's far end
       HopView mine, other;
       for (const HopSample& h : ps.hops) {
-        if (h.ttl != ttl || h.at_ns + window < now) continue;
+        if (h.ttl != ttl || h.at_ns + window < now || h.sent_ns < since) continue;
         if (!in.count(h.path) && any_suspect.count(h.path)) continue;
         HopView& v = in.count(h.path) ? mine : other;
         v.n++;
@@ -399,7 +404,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
           const size_t next = members[m + 1]->agg->position;
           HopView nx;
           for (const HopSample& h : ps.hops)
-            if (h.ttl == next && h.at_ns + window >= now && in.count(h.path)) {
+            if (h.ttl == next && h.at_ns + window >= now && h.sent_ns >= since && in.count(h.path)) {
               nx.n++;
               if (h.answered) nx.answered++, nx.rtts.push_back(h.rtt_ns);
             }
@@ -422,16 +427,13 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         break;
       }
     }
-    const LinkId key = members.front()->link;
     if (!pick && !undecided) {
       // Every hop along these paths answers as the others do: whatever
       // the end-to-end counters saw (a burst of losses while this host was
       // descheduled, say), no link of the group shows it.
-      ps.unresolved.erase(key);
       continue;
     }
     if (pick) {
-      ps.unresolved.erase(key);
       // The share of its paths that show it end to end (a black hole seen
       // as a black hole from both ends and hops), times the hops' word.
       const double share = kind == FaultKind::BLACK_HOLE && pick->kind == FaultKind::BLACK_HOLE
@@ -443,17 +445,15 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     }
     // Not told apart yet. After a while, name them all, each with its
     // share of the confidence.
-    still_unresolved.insert(key);
-    auto [it, fresh] = ps.unresolved.emplace(key, now);
-    if (!fresh && now - it->second >= uint64_t(cfg_.tell_apart_ticks) * cfg_.tick_ns) {
+    if (now - since >= uint64_t(cfg_.tell_apart_ticks) * cfg_.tick_ns) {
       for (const Suspect* s : members)
         out.push_back({s->link, s->kind, peer, uint32_t(paths.size()), 1.0 / double(members.size()),
                        s->why + fmt("; not told apart from %zu other link(s) crossed by the same paths",
                                     members.size() - 1)});
     }
   }
-  for (auto it = ps.unresolved.begin(); it != ps.unresolved.end();)
-    it = still_unresolved.count(it->first) ? std::next(it) : ps.unresolved.erase(it);
+  for (auto it = ps.group_since.begin(); it != ps.group_since.end();)
+    it = groups_seen.count(it->first) ? std::next(it) : ps.group_since.erase(it);
 }
 
 // ---- faults over time ----

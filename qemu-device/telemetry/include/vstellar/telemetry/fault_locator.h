@@ -146,7 +146,8 @@ class FaultLocator {
     uint8_t ttl;
     bool answered;
     uint64_t rtt_ns;
-    uint64_t at_ns;
+    uint64_t sent_ns;
+    uint64_t at_ns;  // answered, or given up
   };
   struct PeerState {
     std::vector<PathState> paths;
@@ -157,9 +158,9 @@ class FaultLocator {
     std::vector<uint16_t> suspects;  // paths to probe hop by hop this tick
     std::vector<uint8_t> suspect_ttls;  // at these TTLs (the suspect links' far ends)
     uint16_t suspect_cursor = 0;
-    // Groups of suspect links not yet told apart (keyed by their first
-    // link), and since when.
-    std::map<LinkId, uint64_t> unresolved;
+    // Groups of suspect links (keyed by their first link), and since
+    // when they are suspect.
+    std::map<LinkId, uint64_t> group_since;
   };
   struct Outstanding {
     uint32_t id;
