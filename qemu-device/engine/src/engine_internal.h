@@ -98,6 +98,9 @@ struct PktRec {
   // asked for (a READ run); 0 in the others. Requests sent in one pass
   // share sent_ns, so a run is not told apart by its time.
   uint16_t run = 0;
+  // The path of the transmission before the latest resend: the one a
+  // late answer older than the resend proves was not lost.
+  uint16_t prev_path = 0;
   uint64_t sent_ns = 0;
   // The responder said it holds this request (Syndrome::HELD) at this
   // time: its answer waits for an earlier PSN, not for the network, and

@@ -302,6 +302,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
     PktRec& x = qp.rec(psn + k);
     x.run = k == 0 ? uint16_t(npsn) : 0;
     x.tx_seq++;
+    if (retx) x.prev_path = x.path;
     x.path = path;
     x.sent_ns = now;
     x.held_ns = 0;

@@ -183,12 +183,13 @@ void FaultLocator::update_health(const Endpoint& peer, const std::vector<PathHea
     Slot s;
     s.sent = h[i].sent - p.last.sent;
     s.lost = h[i].lost - p.last.lost;
+    s.not_lost = h[i].not_lost - p.last.not_lost;
     s.delivered = h[i].delivered - p.last.delivered;
     s.answered = h[i].answered - p.last.answered;
     s.rtt_sum_ns = h[i].rtt_sum_ns - p.last.rtt_sum_ns;
     p.last = h[i];
     p.slots.push_back(s);
-    if (p.slots.size() > cfg_.horizon_ticks) p.slots.pop_front();
+    if (p.slots.size() > std::max(cfg_.horizon_ticks, cfg_.loss_ticks)) p.slots.pop_front();
     uint64_t sent = 0;
     for (const Slot& x : p.slots) sent += x.sent;
     p.active = sent > 0;
@@ -221,18 +222,24 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   std::vector<PathView> pv(n);
   for (size_t i = 0; i < n; i++) {
     const PathState& p = ps.paths[i];
-    uint64_t sent = 0, lost = 0, ans = 0, got = 0, rtt = 0, dsent = 0, dgot = 0;
+    uint64_t sent = 0, lost = 0, not_lost = 0, ans = 0, got = 0, rtt = 0, dsent = 0, dgot = 0;
+    uint64_t lsent = 0;
     for (size_t k = 0; k < p.slots.size(); k++) {
       const Slot& s = p.slots[k];
-      sent += s.sent, lost += s.lost, ans += s.answered, got += s.delivered + s.answered, rtt += s.rtt_sum_ns;
-      if (k + cfg_.dead_ticks >= p.slots.size()) dsent += s.sent, dgot += s.delivered + s.answered;
+      const size_t age = p.slots.size() - 1 - k;  // ticks ago
+      if (age < cfg_.loss_ticks) lsent += s.sent, lost += s.lost, not_lost += s.not_lost;
+      if (age >= cfg_.horizon_ticks) continue;
+      sent += s.sent, ans += s.answered, got += s.delivered + s.answered, rtt += s.rtt_sum_ns;
+      if (age < cfg_.dead_ticks) dsent += s.sent, dgot += s.delivered + s.answered;
     }
     PathView& v = pv[i];
     v.active = sent >= 3;
     // Dead: it went on sending (data, or the probe copies of a path set
     // aside, a few per second) and nothing sent on it came back.
     v.dead = dgot == 0 && dsent > 0 && (dsent >= 3 || (got == 0 && sent >= 3));
-    v.sent = sent, v.lost = lost, v.rtt = ans ? rtt / ans : 0;
+    // Losses: timeouts, less those answered after all (a descheduled
+    // engine at either end times out packets the fabric delivered).
+    v.sent = lsent, v.lost = lost > not_lost ? lost - not_lost : 0, v.rtt = ans ? rtt / ans : 0;
   }
   auto good = [&](size_t i) { return pv[i].active && !pv[i].dead; };
   size_t n_good = 0, n_dead = 0;
@@ -329,7 +336,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     // at the peer's overall ratio, plus four standard deviations (Poisson).
     const double expect = double(a.sent) * double(all_lost) / double(all_sent ? all_sent : 1);
     const bool beyond_chance = double(a.lost) >= expect + 4 * std::sqrt(expect) + 3;
-    if (a.lost >= cfg_.loss_min_events && loss_mine >= cfg_.loss_min && loss_mine >= cfg_.loss_factor * loss_other &&
+    if (a.lost >= cfg_.loss_min_events && loss_mine >= cfg_.loss_min && loss_mine >= loss_other + cfg_.loss_excess &&
         beyond_chance)
       suspects.push_back({id, FaultKind::LOSSY, &a,
                           fmt("%.2f%% of %" PRIu64 " packets lost on the paths crossing it, %.2f%% on the others",
@@ -391,7 +398,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         certainty = 1 - double(mine.answered) / double(mine.n);
       } else if (late) {
         st = ANOM, kind = FaultKind::SLOW;
-      } else if (lost_mine >= 3 && mine.loss() >= cfg_.loss_min && mine.loss() >= cfg_.loss_factor * other_loss) {
+      } else if (lost_mine >= 3 && mine.loss() >= cfg_.loss_min && mine.loss() >= cfg_.hop_loss_factor * other_loss) {
         st = ANOM, kind = FaultKind::LOSSY;
       } else if (mine.n >= 3 && mine.answered * 10 >= mine.n * 7) {
         // Answering. Clean for a black hole at once; for loss or delay
@@ -443,9 +450,15 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
       out.push_back(c);
       continue;
     }
-    // Not told apart yet. After a while, name them all, each with its
-    // share of the confidence.
-    if (now - since >= uint64_t(cfg_.tell_apart_ticks) * cfg_.tick_ns) {
+    // Not told apart yet. After a while, if the hops could not be
+    // measured (few answers: a fabric that polices ICMP hard), name them
+    // all, each with its share of the confidence; with plenty of answers
+    // and no hop standing out, the end-to-end view alone is not enough to
+    // name any (a loaded host's losses look like a link's).
+    size_t hop_samples = 0;
+    for (const HopSample& h : ps.hops)
+      if (h.sent_ns >= since && h.answered && in.count(h.path)) hop_samples++;
+    if (hop_samples < 200 && now - since >= uint64_t(cfg_.tell_apart_ticks) * cfg_.tick_ns) {
       for (const Suspect* s : members)
         out.push_back({s->link, s->kind, peer, uint32_t(paths.size()), 1.0 / double(members.size()),
                        s->why + fmt("; not told apart from %zu other link(s) crossed by the same paths",

@@ -77,7 +77,11 @@ struct Fault {
 
 struct LocatorConfig {
   uint64_t tick_ns = 100'000'000;
-  unsigned horizon_ticks = 10;  // loss and RTT are judged over this many ticks
+  unsigned horizon_ticks = 10;  // RTT and activity are judged over this many ticks
+  // Loss over this many: a loaded host loses a few percent of packets on
+  // every path (socket buffers, descheduling), and a lossy link's extra
+  // 1-2% on a quarter of the paths takes seconds to stand out of that.
+  unsigned loss_ticks = 30;
   unsigned dead_ticks = 3;      // dead: nothing answered and losses over this many
   unsigned confirm_ticks = 3;   // suspect this long before it is reported
   unsigned clear_ticks = 10;    // gone this long before it is cleared
@@ -92,7 +96,8 @@ struct LocatorConfig {
   // Thresholds (per link, against the peer's other paths).
   double dead_fraction = 0.8;   // of the active paths crossing a link
   double loss_min = 0.002;      // loss ratio of a lossy link's paths
-  double loss_factor = 4;       // ... and that many times the other paths'
+  double loss_excess = 0.004;   // ... and that much above the other paths'
+  double hop_loss_factor = 4;   // a lossy hop: its probes lost that many times more than the others'
   uint32_t loss_min_events = 5;
   double slow_factor = 3;       // median RTT of its paths over the others'
   uint64_t slow_min_ns = 1'000'000;
@@ -129,7 +134,7 @@ class FaultLocator {
 
  private:
   struct Slot {  // one tick of one path
-    uint64_t sent = 0, lost = 0, delivered = 0, answered = 0, rtt_sum_ns = 0;
+    uint64_t sent = 0, lost = 0, not_lost = 0, delivered = 0, answered = 0, rtt_sum_ns = 0;
   };
   struct PathState {
     std::vector<IpAddr> route;  // last complete trace: a hop per TTL
@@ -139,7 +144,7 @@ class FaultLocator {
     bool active = false;  // sent something within the horizon
     uint64_t next_trace_ns = 0;
     PathHealth last;
-    std::deque<Slot> slots;  // newest last, at most horizon_ticks
+    std::deque<Slot> slots;  // newest last, at most max(horizon_ticks, loss_ticks)
   };
   struct HopSample {  // one hop probe's outcome
     uint16_t path;
