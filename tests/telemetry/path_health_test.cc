@@ -37,7 +37,9 @@ TEST(PathHealth, CountsWhatEachPathTowardsAPeerSentDeliveredAndLost) {
       EXPECT_GT(h[i].delivered, 0u) << "path " << i;
       lost_elsewhere += h[i].lost;
     }
-    if (h[i].answered) EXPECT_GT(h[i].rtt_sum_ns, 0u);
+    if (h[i].answered) {
+      EXPECT_GT(h[i].rtt_sum_ns, 0u);
+    }
   }
   EXPECT_EQ(lost_elsewhere, 0u);
   // B sent nothing but ACKs: it has no requests to account for.

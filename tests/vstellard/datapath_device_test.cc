@@ -209,4 +209,37 @@ TEST_F(DataPath, EachDeviceHasItsOwnNodeGuid) {
   EXPECT_NE(g[0], g[1]);
 }
 
+// --locate-faults: the worker traces its paths and runs the locator beside
+// the data path. Two devices of one daemon talk over loopback, where no
+// router answers: every probe reaches the peer engine, which drops it as
+// a probe (not a bad packet), the WRITEs all land, and no fault is named.
+TEST_F(DataPath, LocatingFaultsTracesPathsAndNamesNothingOnAHealthyNetwork) {
+  StartDaemon(50, {}, [](DaemonOptions& o) { o.locate_faults = true; });
+  TwoGuests();
+  GQp qa = a_->CreateQp(), qb = b_->CreateQp();
+  a_->Connect(qa, qb.qpn);
+  b_->Connect(qb, qa.qpn);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  int n = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    auto w = Wqe(VSTELLAR_WR_RDMA_WRITE, uint64_t(n));
+    w.u.rdma.remote_addr = kMrGpa;
+    w.u.rdma.rkey = b_->rkey;
+    a_->PostSend(qa, w, {a_->Sge(0, 4096)});
+    auto c = a_->Poll();
+    ASSERT_TRUE(c) << n;
+    ASSERT_EQ(c->status, 0) << n;
+    n++;
+  }
+  const std::string json = d_->StatsJson();
+  EXPECT_NE(json.find("\"faults\":[]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"fault_history\":[]"), std::string::npos) << json;
+  ASSERT_NE(json.find("\"localization\":[{\"worker\":0,"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"active_paths\":0,"), std::string::npos) << "the locator saw no traffic: " << json;
+  if (geteuid() == 0) {  // raw sockets: the probes went out and reached the peer engine
+    EXPECT_NE(json.find("\"tracer_ok\":true"), std::string::npos) << json;
+    EXPECT_EQ(json.find("\"trace_probes\":0,"), std::string::npos) << json;
+  }
+}
+
 }  // namespace vstellard::datapath_test

@@ -600,7 +600,7 @@ std::string json_escape(const std::string& s) {
 }
 }  // namespace
 
-std::string FaultLocator::json(double wall_now_s, uint64_t now_ns) const {
+std::string FaultLocator::faults_json(double wall_now_s, uint64_t now_ns, bool history) const {
   auto wall = [&](uint64_t t) { return wall_now_s - (double(now_ns) - double(t)) / 1e9; };
   auto one = [&](const Fault& f) {
     std::string s = "{";
@@ -615,22 +615,24 @@ std::string FaultLocator::json(double wall_now_s, uint64_t now_ns) const {
              json_escape(f.evidence).c_str());
     return s;
   };
-  std::string out = "{\"faults\":[";
-  bool first = true;
-  for (const Fault& f : active()) {
-    out += (first ? "" : ",") + one(f);
-    first = false;
-  }
-  out += "],\"history\":[";
-  for (size_t i = 0; i < history_.size(); i++) out += (i ? "," : "") + one(history_[i]);
+  std::string out;
+  for (const Fault& f : history ? history_ : active()) out += (out.empty() ? "" : ",") + one(f);
+  return out;
+}
+
+std::string FaultLocator::summary_json() const {
   size_t routes = 0, paths = 0;
   for (const auto& [peer, ps] : peers_)
     for (const PathState& p : ps.paths) paths += p.active, routes += !p.route.empty() && p.active;
-  out += fmt("],\"active_paths\":%zu,\"routes_known\":%zu,\"traces\":%" PRIu64 ",\"probes_sent\":%" PRIu64
-             ",\"probe_replies\":%" PRIu64 ",\"late_replies\":%" PRIu64 ",\"probe_send_failures\":%" PRIu64 "}",
+  return fmt("\"active_paths\":%zu,\"routes_known\":%zu,\"traces\":%" PRIu64 ",\"probes_sent\":%" PRIu64
+             ",\"probe_replies\":%" PRIu64 ",\"late_replies\":%" PRIu64 ",\"probe_send_failures\":%" PRIu64,
              paths, routes, stats_.traces, stats_.probes_sent, stats_.replies, stats_.late_replies,
              stats_.probe_send_failures);
-  return out;
+}
+
+std::string FaultLocator::json(double wall_now_s, uint64_t now_ns) const {
+  return "{\"faults\":[" + faults_json(wall_now_s, now_ns, false) + "],\"history\":[" +
+         faults_json(wall_now_s, now_ns, true) + "]," + summary_json() + "}";
 }
 
 }  // namespace vstellar::telemetry

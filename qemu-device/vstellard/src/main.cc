@@ -67,6 +67,10 @@ int Usage(const char* argv0, int rc) {
                "  --path-burst N         packets a path carries before the next pick, so the\n"
                "                         link can send runs as one (1..64, default 16)\n"
                "  --zerocopy             gso link: zero-copy sends (SENDMSG_ZC) of 32 KiB and more\n"
+               "  --locate-faults        learn each path's route with TTL-limited probes (raw\n"
+               "                         sockets: CAP_NET_RAW; IPv4) and name the fabric link\n"
+               "                         that breaks; logged, and in the stats' \"faults\"\n"
+               "                         (docs/fabric.md, \"Failure localization\")\n"
                "  --threads N            worker threads, each with its own engine, io_uring and\n"
                "                         devices (default 1; 1..64); see docs/vstellard.md\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
@@ -133,7 +137,7 @@ bool Size(const char* s, unsigned long long* out) {
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
-       kMcastGroups, kMcastQps, kDevice, kIntegrityAlg };
+       kMcastGroups, kMcastQps, kDevice, kIntegrityAlg, kLocateFaults };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -147,6 +151,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"link", required_argument, nullptr, kLink},
                            {"path-burst", required_argument, nullptr, kPathBurst},
                            {"zerocopy", no_argument, nullptr, kZerocopy},
+                           {"locate-faults", no_argument, nullptr, kLocateFaults},
                            {"device-max", required_argument, nullptr, kDeviceMax},
                            {"threads", required_argument, nullptr, kThreads},
                            {"stats-json", required_argument, nullptr, kStats},
@@ -273,6 +278,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       return true;
     case kPathBurst: if (!num(1, 64)) return false; o.path_burst = uint16_t(v); return true;
     case kZerocopy: o.zerocopy = true; return true;
+    case kLocateFaults: o.locate_faults = true; return true;
     case kDeviceMax:
       if (!DeviceMax(arg, &o.device_max)) return *why = "not K=N[,K=N...] with K ucontext, pd, qp, cq or mr", false;
       return true;

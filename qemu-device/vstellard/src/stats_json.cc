@@ -74,11 +74,11 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
           "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"spurious_timeouts\":%llu,"
           "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,"
-          "\"early_reads\":%llu,\"path_tx_pkts\":[",
+          "\"early_reads\":%llu,\"trace_probes\":%llu,\"path_tx_pkts\":[",
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
-          ull(e.held_resends), ull(e.early_reads));
+          ull(e.held_resends), ull(e.early_reads), ull(e.trace_probes));
   for (size_t i = 0; i < e.paths.size(); i++) {
     *out += i ? "," : "";
     *out += std::to_string(e.paths[i].tx_pkts);
@@ -121,8 +121,30 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->held_notices_sent += s.held_notices_sent;
   sum->held_resends += s.held_resends;
   sum->early_reads += s.early_reads;
+  sum->trace_probes += s.trace_probes;
   sum->paths.resize(std::max(sum->paths.size(), s.paths.size()));
   for (size_t i = 0; i < s.paths.size(); i++) sum->paths[i].tx_pkts += s.paths[i].tx_pkts;
+}
+
+// Failure localization (--locate-faults): each worker names what its own
+// paths show, so one link may be named by several.
+void AppendFaults(const DaemonStats& s, std::string* out) {
+  if (!s.locating) return;
+  auto list = [&](const char* key, const std::vector<std::string>& items) {
+    *out += std::string(",\"") + key + "\":[";
+    bool first = true;
+    for (const std::string& i : items) {
+      if (i.empty()) continue;
+      *out += (first ? "" : ",") + i;
+      first = false;
+    }
+    *out += "]";
+  };
+  list("faults", s.faults);
+  list("fault_history", s.fault_history);
+  *out += ",\"localization\":[";
+  for (size_t i = 0; i < s.localization.size(); i++) *out += (i ? ",{" : "{") + s.localization[i] + "}";
+  *out += "]";
 }
 
 std::string StatsJson(const DaemonStats& s) {
@@ -131,6 +153,7 @@ std::string StatsJson(const DaemonStats& s) {
   AppendDevices(s, &out);
   AppendMemory(s, &out);
   AppendEngine(s, &out);
+  AppendFaults(s, &out);
   AppendQps(s, &out);
   return out + "}\n";
 }

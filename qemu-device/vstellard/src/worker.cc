@@ -20,7 +20,7 @@ namespace vstellard {
 
 namespace {
 constexpr uint64_t kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull - 3,
-                   kTokInbox = ~0ull - 4;
+                   kTokInbox = ~0ull - 4, kTokTrace = ~0ull - 5;
 // Per connection: token = id << 16 | 0xffff for its socket, id << 16 | q for a kick.
 // Listening socket i (the default one, then each --device socket).
 constexpr size_t kMaxListeners = DaemonOptions::kMaxDeviceSockets;
@@ -123,6 +123,7 @@ void Worker::Stop() { WakeEventfd(stopfd_); }
 
 bool Worker::Start(std::string* err) {
   if (!StartLink(err) || !StartEngine(err)) return false;
+  StartLocator();
   ShareWithDevices();
   return StartEpoll(err);
 }
@@ -225,6 +226,8 @@ bool Worker::StartEpoll(std::string* err) {
     for (size_t i = 0; i < env_.listen_fds.size(); i++) fds.emplace_back(env_.listen_fds[i], ListenTok(i));
   }
   if (udp_) fds.emplace_back(udp_->event_fd(), kTokUdp);  // a datagram or a send completion
+  // A router's answer to a path probe: read at once, so its RTT is the network's.
+  if (tracer_ && tracer_->fd() >= 0) fds.emplace_back(tracer_->fd(), kTokTrace);
   for (auto [fd, tok] : fds) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -332,6 +335,7 @@ timespec* Worker::NextTimeout(bool engine_more, timespec* ts) {
     std::lock_guard<std::mutex> g(mu);
     polling = !active_.empty() || !shared_.woken.empty();
     if (udp_) deadline = engine_->next_deadline();
+    if (locator_) deadline = std::min(deadline, next_locate_ns_);
     for (const auto& [at, id] : shared_.rechecks) deadline = std::min(deadline, at);
     // A connection stuck mid-message is closed when its time is up.
     for (unsigned id : partial_) deadline = std::min(deadline, conns_.at(id).partial_since_ns + StallLimitNs());
@@ -377,6 +381,7 @@ bool Worker::HandleEvents(const epoll_event* evs, int n, bool* stats) {
       DrainEventfd(udp_->event_fd());
       continue;
     }
+    if (tok == kTokTrace) continue;  // PumpEngine reads the answers
     const unsigned id = unsigned(tok >> 16);
     const uint32_t q = uint32_t(tok & 0xffff);
     auto it = conns_.find(id);
@@ -434,6 +439,7 @@ bool Worker::PumpEngine() {
   DatagramRouter router(*this);
   udp_->poll(0, router);
   const bool more = engine_->progress();
+  if (locator_) Locate();
   // The engine's watchdog (EngineStats::stalled_qps): a QP owing work
   // that nothing will move. Said once per episode, with its state.
   for (uint32_t qpn : engine_->take_stalled())
@@ -445,6 +451,27 @@ bool Worker::PumpEngine() {
     }
   }
   return more;
+}
+
+// The path tracer sends from the engine's address; a daemon serving
+// several (each device its own) has none to trace from, and its locator
+// works at path granularity (docs/fabric.md, "Failure localization").
+void Worker::StartLocator() {
+  if (!o_.locate_faults || !udp_) return;
+  const vstellar::IpAddr local = o_.serves_many_addresses() ? vstellar::IpAddr() : o_.ip;
+  tracer_ = std::make_unique<vstellar::telemetry::PathTracer>(local, o_.udp_port, o_.paths);
+  if (!tracer_->ok()) Log("fault localization: no routes, faults per peer only: %s", tracer_->error().c_str());
+  locator_ = std::make_unique<vstellar::telemetry::FaultLocator>(vstellar::telemetry::LocatorConfig{}, local,
+                                                                 *tracer_);
+}
+
+void Worker::Locate() {
+  const uint64_t now = clock_.now_ns();
+  tracer_->poll(now, [&](const vstellar::telemetry::HopReply& r) { locator_->on_reply(r); });
+  if (now < next_locate_ns_) return;
+  next_locate_ns_ = now + vstellar::telemetry::LocatorConfig{}.tick_ns;
+  locator_->tick(now, *engine_);
+  for (const std::string& line : locator_->take_log()) Log("%s", line.c_str());
 }
 
 // Under mu: device `id` on connection `sock` joins this worker.
@@ -594,6 +621,18 @@ void Worker::AddStats(DaemonStats* s) {
   if (!o_.udp_port || !engine_) return;
   s->have_engine = true;
   AddEngineStats(&s->engine, engine_->stats());
+  if (locator_) {
+    const double wall =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const uint64_t now = clock_.now_ns();
+    s->locating = true;
+    s->faults.push_back(locator_->faults_json(wall, now, false));
+    s->fault_history.push_back(locator_->faults_json(wall, now, true));
+    const vstellar::telemetry::TracerStats& t = tracer_->stats();
+    s->localization.push_back("\"worker\":" + std::to_string(index_) + "," + locator_->summary_json() +
+                              ",\"tracer_ok\":" + (tracer_->ok() ? "true" : "false") +
+                              ",\"probe_bytes\":" + std::to_string(t.probe_bytes));
+  }
 }
 
 }  // namespace vstellard

@@ -31,6 +31,10 @@ struct DaemonStats {
   bool have_engine = false;   // a network: the engine counters mean something
   vstellar::EngineStats engine;  // summed over the workers
   std::vector<std::string> qps;  // one line of key=value per QP (vstellar-stat --qps)
+  // --locate-faults, from every worker: faults active and every fault seen
+  // (JSON objects), and each worker's counters ("key":value pairs).
+  bool locating = false;
+  std::vector<std::string> faults, fault_history, localization;
 };
 
 void AddAtcStats(AtcStats* sum, const AtcStats& s);

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include <vstellar/engine.h>
+#include <vstellar/telemetry/fault_locator.h>
+#include <vstellar/telemetry/path_tracer.h>
 #include <vstellar/udp_link.h>
 
 #include "vstellard/daemon_options.h"
@@ -150,6 +152,12 @@ class Worker {
   vstellar::UdpLink* udp_ = nullptr;
   vstellar::SteadyClock clock_;
   std::unique_ptr<vstellar::Engine> engine_;
+  // --locate-faults: routes of the engine's paths and the faults they show.
+  void StartLocator();
+  void Locate();
+  std::unique_ptr<vstellar::telemetry::PathTracer> tracer_;
+  std::unique_ptr<vstellar::telemetry::FaultLocator> locator_;
+  uint64_t next_locate_ns_ = 0;
   std::unique_ptr<Atc> atc_;
   DeviceShared shared_;
   std::map<unsigned, Conn> conns_;

@@ -130,6 +130,10 @@ class FaultLocator {
   // {"faults":[...],"history":[...],"routes_known":N,...}; times as Unix
   // seconds, given the wall clock and the locator clock now.
   std::string json(double wall_now_s, uint64_t now_ns) const;
+  // Its parts: the faults (active, or every one seen) as JSON objects
+  // joined by commas, and the counters as "key":value pairs.
+  std::string faults_json(double wall_now_s, uint64_t now_ns, bool history) const;
+  std::string summary_json() const;
   static std::string describe(const Fault& f);
 
  private:
