@@ -44,7 +44,12 @@ double wall_now() {
 }  // namespace
 
 void Node::locate(uint64_t now) {
-  tracer_->poll(now, [&](const telemetry::HopReply& r) { locator_->on_reply(r); });
+  // The answers carry the kernel's arrival time: read them every few
+  // milliseconds, not every loop turn (a syscall each).
+  if (now >= next_poll_ns_) {
+    next_poll_ns_ = now + 5'000'000;
+    tracer_->poll(now, [&](const telemetry::HopReply& r) { locator_->on_reply(r); });
+  }
   if (now < next_tick_ns_) return;
   next_tick_ns_ = now + telemetry::LocatorConfig{}.tick_ns;
   locator_->tick(now, eng_);

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "vstellar/wire.h"
 
@@ -66,6 +67,11 @@ PathTracer::PathTracer(const IpAddr& local, uint16_t base_port, uint16_t num_pat
   icmp_filter f{};
   f.data = ~((1u << ICMP_TIME_EXCEEDED) | (1u << ICMP_DEST_UNREACH));
   setsockopt(icmp_fd_, SOL_RAW, ICMP_FILTER, &f, sizeof(f));
+  // The kernel's arrival time of each answer, so that an owner may read
+  // them in batches (a syscall per engine loop turn would cost more than
+  // the rest of the locator) and still get the hop's RTT.
+  const int on = 1;
+  setsockopt(icmp_fd_, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof(on));
 }
 
 PathTracer::~PathTracer() {
@@ -119,9 +125,29 @@ size_t PathTracer::poll(uint64_t now_ns, const std::function<void(const HopReply
   if (icmp_fd_ < 0) return 0;
   size_t n = 0;
   uint8_t buf[1500];
+  alignas(cmsghdr) uint8_t control[CMSG_SPACE(sizeof(timespec))];
+  timespec real_now{};
+  clock_gettime(CLOCK_REALTIME, &real_now);
+  const int64_t real_now_ns = int64_t(real_now.tv_sec) * 1'000'000'000 + real_now.tv_nsec;
   for (;;) {
-    const ssize_t len = recv(icmp_fd_, buf, sizeof(buf), 0);
+    iovec iov{buf, sizeof(buf)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t len = recvmsg(icmp_fd_, &msg, 0);
     if (len < 0) break;  // EAGAIN: nothing more
+    // Arrival on the caller's clock: now, less how long ago the kernel
+    // took it in (SO_TIMESTAMPNS is CLOCK_REALTIME).
+    uint64_t at = now_ns;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+        timespec ts;
+        std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+        const int64_t ago = real_now_ns - (int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec);
+        if (ago > 0 && uint64_t(ago) < now_ns) at = now_ns - uint64_t(ago);
+      }
     // outer IP | ICMP (8) | the probe's IP header | UDP | our payload
     if (size_t(len) < sizeof(iphdr)) continue;
     const auto* outer = reinterpret_cast<const iphdr*>(buf);
@@ -156,7 +182,7 @@ size_t PathTracer::poll(uint64_t now_ns, const std::function<void(const HopReply
     HopReply r;
     r.id = ntohl(pl.id);
     r.hop = IpAddr(ntohl(outer->saddr));
-    r.at_ns = now_ns;
+    r.at_ns = at;
     stats_.replies++;
     n++;
     f(r);

@@ -381,7 +381,10 @@ bool Worker::HandleEvents(const epoll_event* evs, int n, bool* stats) {
       DrainEventfd(udp_->event_fd());
       continue;
     }
-    if (tok == kTokTrace) continue;  // PumpEngine reads the answers
+    if (tok == kTokTrace) {  // PumpEngine reads the answers
+      trace_ready_ = true;
+      continue;
+    }
     const unsigned id = unsigned(tok >> 16);
     const uint32_t q = uint32_t(tok & 0xffff);
     auto it = conns_.find(id);
@@ -467,7 +470,11 @@ void Worker::StartLocator() {
 
 void Worker::Locate() {
   const uint64_t now = clock_.now_ns();
-  tracer_->poll(now, [&](const vstellar::telemetry::HopReply& r) { locator_->on_reply(r); });
+  // Only when epoll said an answer waits, or at a tick: not a syscall per turn.
+  if (trace_ready_ || now >= next_locate_ns_) {
+    trace_ready_ = false;
+    tracer_->poll(now, [&](const vstellar::telemetry::HopReply& r) { locator_->on_reply(r); });
+  }
   if (now < next_locate_ns_) return;
   next_locate_ns_ = now + vstellar::telemetry::LocatorConfig{}.tick_ns;
   locator_->tick(now, *engine_);

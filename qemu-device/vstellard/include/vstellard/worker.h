@@ -158,6 +158,7 @@ class Worker {
   std::unique_ptr<vstellar::telemetry::PathTracer> tracer_;
   std::unique_ptr<vstellar::telemetry::FaultLocator> locator_;
   uint64_t next_locate_ns_ = 0;
+  bool trace_ready_ = false;  // epoll: the tracer's ICMP socket is readable
   std::unique_ptr<Atc> atc_;
   DeviceShared shared_;
   std::map<unsigned, Conn> conns_;

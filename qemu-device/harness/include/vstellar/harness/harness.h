@@ -89,7 +89,7 @@ class Node final : public RxSink {
   void locate(uint64_t now);
   std::unique_ptr<telemetry::PathTracer> tracer_;
   std::unique_ptr<telemetry::FaultLocator> locator_;
-  uint64_t next_tick_ns_ = 0;
+  uint64_t next_tick_ns_ = 0, next_poll_ns_ = 0;
 };
 
 // Run one role; returns the process exit code, prints JSON to stdout.

@@ -45,7 +45,9 @@ class PathTracer final : public ProbeSender {
 
   bool send_probe(const Endpoint& peer, uint16_t path, uint8_t ttl, uint32_t id) override;
   // Hand every answer to one of our probes that has arrived to `f`
-  // (never blocks). Returns how many.
+  // (never blocks), each with its arrival time on the clock whose time is
+  // now_ns (the kernel stamps it: answers may be read in batches).
+  // Returns how many.
   size_t poll(uint64_t now_ns, const std::function<void(const HopReply&)>& f);
   // Readable when an ICMP message is waiting (for an owner's epoll).
   int fd() const { return icmp_fd_; }
