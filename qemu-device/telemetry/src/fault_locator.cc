@@ -138,22 +138,30 @@ void FaultLocator::send_probes(uint64_t now) {
   // over the suspect paths, some over other paths of the same peer (the
   // baseline each hop is compared with).
   for (auto& [peer, ps] : peers_) {
-    if (ps.suspects.empty() || ps.suspect_ttls.empty() || ps.route_len == 0) continue;
+    if (ps.targets.empty() || ps.route_len == 0) continue;
     std::vector<uint16_t> others;
-    std::set<uint16_t> sus(ps.suspects.begin(), ps.suspects.end());
+    std::set<uint16_t> sus;
+    for (const ProbeTarget& t : ps.targets) sus.insert(t.paths.begin(), t.paths.end());
     for (uint16_t i = 0; i < ps.paths.size(); i++)
       if (!sus.count(i) && ps.paths[i].route.size() == ps.route_len && ps.paths[i].active) others.push_back(i);
     const uint32_t share = std::max<uint32_t>(2, cfg_.probe_budget * 7 / 8 / uint32_t(peers_.size()));
+    // The groups in turn, each over its own paths at its own TTLs; one
+    // probe in four over a path outside every group, at the same TTL: the
+    // baseline.
+    // A group already told apart needs a few probes to stay so; one not
+    // yet, four times as many.
+    std::vector<size_t> turns;
+    for (size_t i = 0; i < ps.targets.size(); i++)
+      for (int w = ps.targets[i].resolved ? 1 : 4; w > 0; w--) turns.push_back(i);
     for (uint32_t k = 0; k < share && budget; k++) {
-      // One probe in four over a path outside the suspects: the baseline.
+      const ProbeTarget& t = ps.targets[turns[k % turns.size()]];
+      const uint32_t c = ps.suspect_cursor + k / uint32_t(turns.size());
       const bool baseline = k % 4 == 3 && !others.empty();
-      const uint32_t c = ps.suspect_cursor + k;
-      const uint16_t path = baseline ? others[c % others.size()] : ps.suspects[c % ps.suspects.size()];
-      // The far end of each suspect link, in turn.
-      const uint8_t ttl = ps.suspect_ttls[(c / ps.suspects.size() + k) % ps.suspect_ttls.size()];
+      const uint16_t path = baseline ? others[c % others.size()] : t.paths[c % t.paths.size()];
+      const uint8_t ttl = t.ttls[(c / t.paths.size() + c) % t.ttls.size()];
       if (probe(now, peer, path, ttl, false)) budget--;
     }
-    ps.suspect_cursor = uint16_t(ps.suspect_cursor + share);
+    ps.suspect_cursor = uint16_t(ps.suspect_cursor + share / turns.size() + 1);
   }
   // Then route traces: paths that carry traffic and have no route, or
   // whose refresh is due. A trace sends a probe per TTL at once.
@@ -211,8 +219,7 @@ std::vector<LinkId> FaultLocator::links_of(const PeerState& ps, const Endpoint& 
 }
 
 void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, std::vector<Candidate>& out) {
-  ps.suspects.clear();
-  ps.suspect_ttls.clear();
+  ps.targets.clear();
   const size_t n = ps.paths.size();
   // 1. Each path over the horizon (loss, RTT) and over the last dead_ticks.
   struct PathView {
@@ -343,7 +350,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
                               100 * loss_mine, a.sent, 100 * loss_other)});
   }
   if (suspects.empty()) {
-    ps.group_since.clear();
+    forget_groups(now, ps);
     return;
   }
 
@@ -353,7 +360,6 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   std::map<std::vector<uint16_t>, std::vector<const Suspect*>> groups;
   for (const Suspect& s : suspects) groups[s.agg->paths].push_back(&s);
   const uint64_t window = cfg_.hop_window_ticks * cfg_.tick_ns;
-  std::set<LinkId> groups_seen;
   // The baseline of a hop is the paths outside every suspect group (a
   // second fault's paths would make any hop look good).
   std::set<uint16_t> any_suspect;
@@ -362,15 +368,22 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     std::sort(members.begin(), members.end(),
               [](const Suspect* x, const Suspect* y) { return x->agg->position < y->agg->position; });
     std::set<uint16_t> in(paths.begin(), paths.end());
-    for (uint16_t p : paths) ps.suspects.push_back(p);
-    for (const Suspect* s : members)
-      if (std::find(ps.suspect_ttls.begin(), ps.suspect_ttls.end(), s->agg->position) == ps.suspect_ttls.end())
-        ps.suspect_ttls.push_back(uint8_t(s->agg->position));
+    // Hop probes over its paths at the far end of each member; for a slow
+    // suspect, at the near end of the first too (the reference for what
+    // each link adds to the RTT; a trace's answers serve otherwise).
+    ProbeTarget target{paths, {}};
+    for (const Suspect* s : members) {
+      if (s == members.front() && s->kind == FaultKind::SLOW && s->agg->position > 1)
+        target.ttls.push_back(uint8_t(s->agg->position - 1));
+      target.ttls.push_back(uint8_t(s->agg->position));
+    }
+    ps.targets.push_back(std::move(target));
     // Hop probes count from when the group became suspect: older answers
     // describe the fabric before the fault.
     const LinkId key = members.front()->link;
-    const uint64_t since = ps.group_since.emplace(key, now).first->second;
-    groups_seen.insert(key);
+    GroupTime& gt = ps.groups.emplace(key, GroupTime{now, now}).first->second;
+    gt.last = now;
+    const uint64_t since = gt.since;
     const Suspect* pick = nullptr;
     FaultKind kind = members.front()->kind;
     double certainty = 1;  // what the hop probes add: 1 - answered share for a dead hop
@@ -379,17 +392,29 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     for (size_t m = 0; m < members.size(); m++) {
       const Suspect* s = members[m];
       const size_t ttl = s->agg->position;  // the hop at the link's far end
-      HopView mine, other;
-      for (const HopSample& h : ps.hops) {
-        if (h.ttl != ttl || h.at_ns + window < now || h.sent_ns < since) continue;
-        if (!in.count(h.path) && any_suspect.count(h.path)) continue;
-        HopView& v = in.count(h.path) ? mine : other;
-        v.n++;
-        if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
-      }
+      auto view = [&](size_t at_ttl, HopView& mine_v, HopView& other_v) {
+        for (const HopSample& h : ps.hops) {
+          if (h.ttl != at_ttl || h.at_ns + window < now || h.sent_ns < since) continue;
+          if (!in.count(h.path) && any_suspect.count(h.path)) continue;
+          HopView& v = in.count(h.path) ? mine_v : other_v;
+          v.n++;
+          if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
+        }
+      };
+      HopView mine, other, mine_before, other_before;
+      view(ttl, mine, other);
+      view(ttl - 1, mine_before, other_before);
       const uint64_t rm = median(mine.rtts), ro = median(other.rtts);
-      const bool late = mine.rtts.size() >= 3 && other.rtts.size() >= 3 && double(rm) >= 2 * double(ro) &&
-                        rm >= ro + cfg_.slow_min_ns / 2;
+      // Slow: what this link adds (the RTT to its far end less the RTT to
+      // its near end) against what it adds over other paths; a queue
+      // before it delays every later hop too, and must not be blamed on
+      // them. Without samples of the near end, the whole RTT.
+      const bool have_before = mine_before.rtts.size() >= 3 && other_before.rtts.size() >= 3;
+      const double add_mine = double(rm) - (have_before ? double(median(mine_before.rtts)) : 0);
+      const double add_other = std::max(double(ro) - (have_before ? double(median(other_before.rtts)) : 0),
+                                        double(cfg_.slow_min_ns) / 10);
+      const bool late = mine.rtts.size() >= 3 && other.rtts.size() >= 3 && add_mine >= 2 * add_other &&
+                        add_mine >= add_other + double(cfg_.slow_min_ns) / 2;
       const uint32_t lost_mine = mine.n - mine.answered;
       const double other_loss = (double(other.n - other.answered) + 0.5) / (double(other.n) + 1);
       enum { ANOM, CLEAN, UNKNOWN } st = UNKNOWN;
@@ -398,6 +423,10 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         certainty = 1 - double(mine.answered) / double(mine.n);
       } else if (late) {
         st = ANOM, kind = FaultKind::SLOW;
+      } else if (mine.loss() >= 0.5) {
+        // Most probes lost but not yet nearly all: a black hole forming,
+        // or too few probes to say. Wait.
+        st = UNKNOWN;
       } else if (lost_mine >= 3 && mine.loss() >= cfg_.loss_min && mine.loss() >= cfg_.hop_loss_factor * other_loss) {
         st = ANOM, kind = FaultKind::LOSSY;
       } else if (mine.n >= 3 && mine.answered * 10 >= mine.n * 7) {
@@ -415,7 +444,11 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
               nx.n++;
               if (h.answered) nx.answered++, nx.rtts.push_back(h.rtt_ns);
             }
-          const bool nx_lossier = nx.n - nx.answered >= 6 && mine.loss() * 4 <= nx.loss() && 2 * mine.n >= nx.n;
+          // Lossier beyond chance: at the next hop's ratio, this hop would
+          // have lost this few probes less than 1 time in 100.
+          const double expect = double(mine.n) * nx.loss();
+          const bool nx_lossier = nx.n - nx.answered >= 6 && 2 * mine.n >= nx.n &&
+                                  double(lost_mine) <= expect - 2.33 * std::sqrt(expect);
           const bool nx_later = nx.rtts.size() >= 3 && ro && double(median(nx.rtts)) >= 2 * double(ro) &&
                                 double(rm) < 1.5 * double(ro) + double(cfg_.slow_min_ns) / 4;
           if (nx_lossier || nx_later) st = CLEAN;
@@ -434,6 +467,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         break;
       }
     }
+    ps.targets.back().resolved = pick != nullptr;
     if (!pick && !undecided) {
       // Every hop along these paths answers as the others do: whatever
       // the end-to-end counters saw (a burst of losses while this host was
@@ -465,8 +499,16 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
                                     members.size() - 1)});
     }
   }
-  for (auto it = ps.group_since.begin(); it != ps.group_since.end();)
-    it = groups_seen.count(it->first) ? std::next(it) : ps.group_since.erase(it);
+  forget_groups(now, ps);
+}
+
+// A group's suspicion may flicker while its evidence is near the
+// thresholds (a lossy link on a loaded host); its hop probes keep counting
+// until it has been gone for a while.
+void FaultLocator::forget_groups(uint64_t now, PeerState& ps) {
+  const uint64_t grace = uint64_t(cfg_.clear_ticks) * 2 * cfg_.tick_ns;
+  for (auto it = ps.groups.begin(); it != ps.groups.end();)
+    it = now - it->second.last > grace ? ps.groups.erase(it) : std::next(it);
 }
 
 // ---- faults over time ----

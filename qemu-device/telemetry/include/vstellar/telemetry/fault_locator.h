@@ -86,7 +86,7 @@ struct LocatorConfig {
   unsigned confirm_ticks = 3;   // suspect this long before it is reported
   unsigned clear_ticks = 10;    // gone this long before it is cleared
   uint8_t max_ttl = 8;
-  uint32_t probe_budget = 64;   // probes per tick, all purposes
+  uint32_t probe_budget = 96;   // probes per tick, all purposes
   unsigned hop_window_ticks = 30;  // hop probes are judged over this many ticks
   // Links the hop probes have not told apart after this long are named
   // together, each with its share of the confidence.
@@ -158,18 +158,25 @@ class FaultLocator {
     uint64_t sent_ns;
     uint64_t at_ns;  // answered, or given up
   };
+  struct ProbeTarget {  // a group of suspect links: its paths, and the TTLs of its hops
+    std::vector<uint16_t> paths;
+    std::vector<uint8_t> ttls;
+    bool resolved = false;  // its link was picked this tick
+  };
+  struct GroupTime {
+    uint64_t since, last;
+  };
   struct PeerState {
     std::vector<PathState> paths;
     uint16_t refresh_cursor = 0;
     uint64_t next_refresh_ns = 0;
     size_t route_len = 0;  // hops of most complete traces (the peer is one more)
     std::deque<HopSample> hops;
-    std::vector<uint16_t> suspects;  // paths to probe hop by hop this tick
-    std::vector<uint8_t> suspect_ttls;  // at these TTLs (the suspect links' far ends)
+    std::vector<ProbeTarget> targets;  // what to probe hop by hop this tick
     uint16_t suspect_cursor = 0;
-    // Groups of suspect links (keyed by their first link), and since
-    // when they are suspect.
-    std::map<LinkId, uint64_t> group_since;
+    // Groups of suspect links (keyed by their first link): since when
+    // they are suspect, and when they last were.
+    std::map<LinkId, GroupTime> groups;
   };
   struct Outstanding {
     uint32_t id;
@@ -202,6 +209,7 @@ class FaultLocator {
   void send_probes(uint64_t now);
   bool probe(uint64_t now, const Endpoint& peer, uint16_t path, uint8_t ttl, bool trace);
   void evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, std::vector<Candidate>& out);
+  void forget_groups(uint64_t now, PeerState& ps);
   void track(uint64_t now, const std::vector<Candidate>& found, const std::set<Endpoint>& active_peers);
   std::vector<LinkId> links_of(const PeerState& ps, const Endpoint& peer, uint16_t path) const;
 
