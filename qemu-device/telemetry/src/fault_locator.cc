@@ -120,9 +120,13 @@ void FaultLocator::finish_trace(uint64_t now, PeerState& ps, uint16_t path) {
   size_t k = 0;
   while (k < p.trace.size() && !p.trace[k].unspecified()) k++;
   if (k > 0 && k >= ps.route_len) {
-    if (k > ps.route_len) ps.route_len = k;
+    if (k > ps.route_len) {  // the shorter routes were not whole: their links go
+      ps.route_len = k;
+      for (PathState& q : ps.paths) q.links.clear();
+    }
     if (p.route.empty()) stats_.routes_known++;
     p.route.assign(p.trace.begin(), p.trace.begin() + long(k));
+    p.links.clear();  // evaluate() derives them again
     // Refresh slowly, spread over the refresh period so that the peer's
     // paths do not all trace in the same tick.
     rng_ = rng_ * 6364136223846793005ull + 1442695040888963407ull;
@@ -197,10 +201,17 @@ void FaultLocator::update_health(const Endpoint& peer, const std::vector<PathHea
     s.rtt_sum_ns = h[i].rtt_sum_ns - p.last.rtt_sum_ns;
     p.last = h[i];
     p.slots.push_back(s);
+    // Running sums over the last `w` slots: add the new one, take out the
+    // one that just left the window.
+    auto roll = [&](Slot& sum, size_t w) {
+      sum += s;
+      if (p.slots.size() > w) sum -= p.slots[p.slots.size() - 1 - w];
+    };
+    roll(p.loss_sum, cfg_.loss_ticks);
+    roll(p.horizon_sum, cfg_.horizon_ticks);
+    roll(p.dead_sum, cfg_.dead_ticks);
     if (p.slots.size() > std::max(cfg_.horizon_ticks, cfg_.loss_ticks)) p.slots.pop_front();
-    uint64_t sent = 0;
-    for (const Slot& x : p.slots) sent += x.sent;
-    p.active = sent > 0;
+    p.active = p.horizon_sum.sent > 0;
   }
 }
 
@@ -229,16 +240,11 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   std::vector<PathView> pv(n);
   for (size_t i = 0; i < n; i++) {
     const PathState& p = ps.paths[i];
-    uint64_t sent = 0, lost = 0, not_lost = 0, ans = 0, got = 0, rtt = 0, dsent = 0, dgot = 0;
-    uint64_t lsent = 0;
-    for (size_t k = 0; k < p.slots.size(); k++) {
-      const Slot& s = p.slots[k];
-      const size_t age = p.slots.size() - 1 - k;  // ticks ago
-      if (age < cfg_.loss_ticks) lsent += s.sent, lost += s.lost, not_lost += s.not_lost;
-      if (age >= cfg_.horizon_ticks) continue;
-      sent += s.sent, ans += s.answered, got += s.delivered + s.answered, rtt += s.rtt_sum_ns;
-      if (age < cfg_.dead_ticks) dsent += s.sent, dgot += s.delivered + s.answered;
-    }
+    const Slot& H = p.horizon_sum;
+    const Slot& L = p.loss_sum;
+    const uint64_t sent = H.sent, ans = H.answered, got = H.delivered + H.answered, rtt = H.rtt_sum_ns;
+    const uint64_t lsent = L.sent, lost = L.lost, not_lost = L.not_lost;
+    const uint64_t dsent = p.dead_sum.sent, dgot = p.dead_sum.delivered + p.dead_sum.answered;
     PathView& v = pv[i];
     v.active = sent >= 3;
     // Dead: it went on sending (data, or the probe copies of a path set
@@ -268,6 +274,24 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     return;
   }
 
+  // Nothing any link could be suspect of: no dead paths, too few losses
+  // for a lossy link, RTTs too close for a slow one. The common case,
+  // and the cheap one.
+  {
+    uint64_t lost_total = 0, rtt_min = UINT64_MAX, rtt_max = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (!good(i)) continue;
+      lost_total += pv[i].lost;
+      if (pv[i].rtt) rtt_min = std::min(rtt_min, pv[i].rtt), rtt_max = std::max(rtt_max, pv[i].rtt);
+    }
+    const bool rtt_spread = rtt_max && double(rtt_max) >= cfg_.slow_factor * double(rtt_min) &&
+                            rtt_max >= rtt_min + cfg_.slow_min_ns;
+    if (n_dead < 2 && lost_total < cfg_.loss_min_events && !rtt_spread) {
+      forget_groups(now, ps);
+      return;
+    }
+  }
+
   // 2. Tomography over the links of the known routes.
   struct LinkAgg {
     std::vector<uint16_t> paths;  // active paths crossing it
@@ -277,17 +301,17 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   };
   std::map<LinkId, LinkAgg> links;
   uint64_t all_sent = 0, all_lost = 0;
-  std::vector<uint64_t> all_rtts;
   size_t all_active = 0, all_dead = 0;
   for (uint16_t i = 0; i < n; i++) {
     if (!pv[i].active) continue;
-    const std::vector<LinkId> ls = links_of(ps, peer, i);
+    PathState& path = ps.paths[i];
+    if (path.links.empty()) path.links = links_of(ps, peer, i);
+    const std::vector<LinkId>& ls = path.links;
     if (ls.empty()) continue;
     all_active++;
     if (pv[i].dead) all_dead++;
     if (!pv[i].dead) {
       all_sent += pv[i].sent, all_lost += pv[i].lost;
-      if (pv[i].rtt) all_rtts.push_back(pv[i].rtt);
     }
     for (size_t k = 0; k < ls.size(); k++) {
       LinkAgg& a = links[ls[k]];
@@ -319,15 +343,12 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
                               a.dead, crossing, other_dead, other_active)});
       continue;
     }
+    // The RTTs of the live paths that do not cross it.
+    std::vector<bool> crosses(n);
+    for (uint16_t p : a.paths) crosses[p] = true;
     std::vector<uint64_t> other_rtts;
-    {
-      std::multiset<uint64_t> mine(a.rtts.begin(), a.rtts.end());
-      for (uint64_t r : all_rtts) {
-        auto it = mine.find(r);
-        if (it != mine.end()) mine.erase(it);
-        else other_rtts.push_back(r);
-      }
-    }
+    for (size_t i = 0; i < n; i++)
+      if (!crosses[i] && good(i) && pv[i].rtt && !ps.paths[i].links.empty()) other_rtts.push_back(pv[i].rtt);
     const uint64_t rtt_mine = median(a.rtts), rtt_other = median(other_rtts);
     if (a.rtts.size() >= 2 && other_rtts.size() >= 2 && double(rtt_mine) >= cfg_.slow_factor * double(rtt_other) &&
         rtt_mine >= rtt_other + cfg_.slow_min_ns) {

@@ -1,7 +1,9 @@
 // Micro-benchmarks of the engine's per-packet costs, without real I/O.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "vstellar/engine.h"
 #include "vstellar/harness/harness.h"
 #include "vstellar/sim_net.h"
+#include "vstellar/telemetry/fault_locator.h"
 #include "vstellar/wire.h"
 
 using namespace vstellar;
@@ -209,3 +212,67 @@ static void BM_SealVerify4K(benchmark::State& st) {
 BENCHMARK(BM_SealVerify4K)->Args({0, 1})->Args({1, 1})->Args({0, 2})->Args({1, 2});
 
 BENCHMARK_MAIN();
+
+// The fault locator's steady cost (issue 31's "less than 1% of a core at
+// 128 paths per connection and 64 connections"): one tick (every 100 ms)
+// over 64 peers of 128 paths each, routes known (3 hops through one of 4
+// aggregation switches), every path carrying traffic, nothing broken.
+// CPU share of one core = time per tick / 100 ms.
+namespace {
+// Answers as a two-tier Clos would: TTL 1 the ToR, 2 the path's
+// aggregation switch (path % 4), 3 the far ToR; TTL 4 reaches the peer.
+class ClosProbes : public vstellar::telemetry::ProbeSender {
+ public:
+  bool send_probe(const Endpoint&, uint16_t path, uint8_t ttl, uint32_t id) override {
+    if (ttl <= 3) {
+      vstellar::telemetry::HopReply r;
+      r.id = id;
+      r.hop = IpAddr(0x0a090000 + ttl * 16 + (ttl == 1 ? 0 : path % 4));
+      pending.push_back(r);
+    }
+    return true;
+  }
+  std::vector<vstellar::telemetry::HopReply> pending;
+};
+}  // namespace
+
+static void BM_LocatorTick64Peers(benchmark::State& st) {
+  using vstellar::telemetry::FaultLocator;
+  ClosProbes probes;
+  vstellar::telemetry::LocatorConfig cfg;
+  FaultLocator loc(cfg, IpAddr(0x0a000001), probes);
+  std::map<Endpoint, std::vector<PathHealth>> health;
+  for (uint32_t p = 0; p < 64; p++) health[Endpoint{IpAddr(0x0b000000 + p), 4791}].resize(128);
+  uint64_t now = 1'000'000'000;
+  auto advance = [&] {
+    for (auto& [peer, paths] : health)
+      for (PathHealth& h : paths) {
+        h.sent += 20;
+        h.delivered += 19;
+        h.answered += 1;
+        h.rtt_sum_ns += 50'000;
+      }
+    now += cfg.tick_ns;
+  };
+  // Learn the routes.
+  for (int t = 0; t < 400; t++) {
+    advance();
+    loc.tick(now, health);
+    for (vstellar::telemetry::HopReply& r : probes.pending) {
+      r.at_ns = now + 100'000;
+      loc.on_reply(r);
+    }
+    probes.pending.clear();
+  }
+  double spent_ns = 0;
+  for (auto _ : st) {
+    advance();
+    const auto t0 = std::chrono::steady_clock::now();
+    loc.tick(now, health);
+    spent_ns += double(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+  // Percent of one core: the time of a tick over the tick's period.
+  st.counters["core_pct"] = 100 * spent_ns / double(st.iterations()) / double(cfg.tick_ns);
+  st.counters["routes_known"] = double(loc.stats().routes_known);
+}
+BENCHMARK(BM_LocatorTick64Peers)->Unit(benchmark::kMicrosecond);

@@ -137,11 +137,22 @@ class FaultLocator {
   static std::string describe(const Fault& f);
 
  private:
-  struct Slot {  // one tick of one path
+  struct Slot {  // one tick of one path, or a sum of ticks
     uint64_t sent = 0, lost = 0, not_lost = 0, delivered = 0, answered = 0, rtt_sum_ns = 0;
+    Slot& operator+=(const Slot& o) {
+      sent += o.sent, lost += o.lost, not_lost += o.not_lost, delivered += o.delivered, answered += o.answered;
+      rtt_sum_ns += o.rtt_sum_ns;
+      return *this;
+    }
+    Slot& operator-=(const Slot& o) {
+      sent -= o.sent, lost -= o.lost, not_lost -= o.not_lost, delivered -= o.delivered, answered -= o.answered;
+      rtt_sum_ns -= o.rtt_sum_ns;
+      return *this;
+    }
   };
   struct PathState {
     std::vector<IpAddr> route;  // last complete trace: a hop per TTL
+    std::vector<LinkId> links;  // its links (evaluate: empty until derived)
     std::vector<IpAddr> trace;  // the trace in progress
     uint64_t trace_started = 0;
     bool tracing = false;
@@ -149,6 +160,7 @@ class FaultLocator {
     uint64_t next_trace_ns = 0;
     PathHealth last;
     std::deque<Slot> slots;  // newest last, at most max(horizon_ticks, loss_ticks)
+    Slot loss_sum, horizon_sum, dead_sum;  // over the last loss_ticks, horizon_ticks, dead_ticks
   };
   struct HopSample {  // one hop probe's outcome
     uint16_t path;
