@@ -215,7 +215,7 @@ void FaultLocator::update_health(const Endpoint& peer, const std::vector<PathHea
   }
 }
 
-std::vector<LinkId> FaultLocator::links_of(const PeerState& ps, const Endpoint& peer, uint16_t path) const {
+std::vector<LinkId> FaultLocator::links_of(const PeerState& ps, uint16_t path) const {
   const PathState& p = ps.paths[path];
   std::vector<LinkId> out;
   if (ps.route_len == 0 || p.route.size() != ps.route_len) return out;
@@ -295,7 +295,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   // 2. Tomography over the links of the known routes.
   struct LinkAgg {
     std::vector<uint16_t> paths;  // active paths crossing it
-    size_t position = 0;          // 1: our own first link; route_len + 1: into the peer
+    size_t position = 0;          // 1: our own first link (the one into the peer is not listed)
     uint64_t dead = 0, sent = 0, lost = 0;
     std::vector<uint64_t> rtts;
   };
@@ -305,7 +305,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   for (uint16_t i = 0; i < n; i++) {
     if (!pv[i].active) continue;
     PathState& path = ps.paths[i];
-    if (path.links.empty()) path.links = links_of(ps, peer, i);
+    if (path.links.empty()) path.links = links_of(ps, i);
     const std::vector<LinkId>& ls = path.links;
     if (ls.empty()) continue;
     all_active++;
@@ -410,18 +410,20 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     double certainty = 1;  // what the hop probes add: 1 - answered share for a dead hop
     std::string hop_why;
     bool undecided = false;
+    // The hop probes at one TTL since the group became suspect: over its
+    // paths, and over the paths outside every group.
+    auto view = [&](size_t at_ttl, HopView& mine_v, HopView& other_v) {
+      for (const HopSample& h : ps.hops) {
+        if (h.ttl != at_ttl || h.at_ns + window < now || h.sent_ns < since) continue;
+        if (!in.count(h.path) && any_suspect.count(h.path)) continue;
+        HopView& v = in.count(h.path) ? mine_v : other_v;
+        v.n++;
+        if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
+      }
+    };
     for (size_t m = 0; m < members.size(); m++) {
       const Suspect* s = members[m];
       const size_t ttl = s->agg->position;  // the hop at the link's far end
-      auto view = [&](size_t at_ttl, HopView& mine_v, HopView& other_v) {
-        for (const HopSample& h : ps.hops) {
-          if (h.ttl != at_ttl || h.at_ns + window < now || h.sent_ns < since) continue;
-          if (!in.count(h.path) && any_suspect.count(h.path)) continue;
-          HopView& v = in.count(h.path) ? mine_v : other_v;
-          v.n++;
-          if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
-        }
-      };
       HopView mine, other, mine_before, other_before;
       view(ttl, mine, other);
       view(ttl - 1, mine_before, other_before);
@@ -458,13 +460,8 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
                             (s->kind == FaultKind::SLOW ? mine.rtts.size() >= 5 : mine.n >= 3 / cfg_.loss_min);
         st = enough ? CLEAN : UNKNOWN;
         if (!enough && m + 1 < members.size()) {
-          const size_t next = members[m + 1]->agg->position;
-          HopView nx;
-          for (const HopSample& h : ps.hops)
-            if (h.ttl == next && h.at_ns + window >= now && h.sent_ns >= since && in.count(h.path)) {
-              nx.n++;
-              if (h.answered) nx.answered++, nx.rtts.push_back(h.rtt_ns);
-            }
+          HopView nx, nx_other;
+          view(members[m + 1]->agg->position, nx, nx_other);
           // Lossier beyond chance: at the next hop's ratio, this hop would
           // have lost this few probes less than 1 time in 100.
           const double expect = double(mine.n) * nx.loss();

@@ -223,7 +223,7 @@ class FaultLocator {
   void evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, std::vector<Candidate>& out);
   void forget_groups(uint64_t now, PeerState& ps);
   void track(uint64_t now, const std::vector<Candidate>& found, const std::set<Endpoint>& active_peers);
-  std::vector<LinkId> links_of(const PeerState& ps, const Endpoint& peer, uint16_t path) const;
+  std::vector<LinkId> links_of(const PeerState& ps, uint16_t path) const;
 
   LocatorConfig cfg_;
   IpAddr self_;
