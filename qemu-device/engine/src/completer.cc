@@ -87,7 +87,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
     return;
   }
   stats_.acks_rcvd++;
-  const uint64_t rtt = echo_rtt(a.echo_ts);
+  const uint64_t rtt = p.no_rtt ? 0 : echo_rtt(a.echo_ts);
   uint64_t acked = 0;
   // Cumulative part. READ and atomic PSNs are only done when their response
   // arrives, so the ACK skips them.

@@ -38,6 +38,9 @@ bool EngineConfig::validate() {
   if (rto_ns < 1000) return false;
   if (rto_max_ns < rto_ns) rto_max_ns = rto_ns;
   if (single_path >= num_paths) return false;
+  // Integrity mode drops every packet without our MAC; a RoCE v2 peer
+  // cannot send one.
+  if (integrity && !roce.peers.empty()) return false;
   if (path_burst < 1 || path_burst > 64) return false;
   if (!(cc.delay_percentile >= 0 && cc.delay_percentile <= 1)) return false;
   if (max_qpn > DeviceLimits::kMaxQpn || max_qpn < DeviceLimits::kFirstQpn + 15) return false;
@@ -209,6 +212,10 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
   wire::Packet p;
   if (wire::is_trace_probe(data, len)) {
     stats_.trace_probes++;
+    return;
+  }
+  if (!cfg_.roce.peers.empty() && roce_peer(from.ip)) {  // a peer that speaks plain RoCE v2
+    roce_receive(data, len, from, to, ce);
     return;
   }
   stats_.rx_pkts++;

@@ -17,9 +17,17 @@
 
 #include "integrity.h"
 #include "vstellar/engine.h"
+#include "vstellar/roce_wire.h"
 #include "vstellar/wire.h"
 
 namespace vstellar {
+
+// IB encoding of min_rnr_timer (and of an RNR NAK's timer field), in
+// microseconds.
+inline constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
+                                        160,    240,   320,   480,   640,   960,    1280,   1920,
+                                        2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
+                                        40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
 
 // READ and the atomics: the responder answers them with data, and they count
 // against max_rd_atomic while outstanding.
@@ -268,6 +276,19 @@ class QpImpl final : public Qp {
   std::vector<Gid> local_gids;  // GSI: the GIDs it answers QP 1 for (Engine::set_gsi_gids)
   uint32_t ud_next_path = 0;    // datagrams go round-robin over the paths
 
+  // ---- RoCE v2 mode (roce_mode.cc) ----
+  // Set at RTR for an RC QP whose peer is in EngineConfig::roce. The
+  // responder takes packets in PSN order only; the message in progress
+  // supplies what RoCE's middle and last packets do not carry.
+  bool roce = false;
+  bool roce_nak_sent = false;  // a NAK for epsn went out: no other until it arrives
+  bool roce_in_msg = false;
+  wire::Op roce_op = wire::Op::SEND;
+  uint64_t roce_va = 0;
+  uint32_t roce_rkey = 0, roce_len = 0, roce_off = 0;
+  uint32_t roce_msn = 0;       // messages completed as responder (AETH MSN)
+  uint16_t roce_sport_path = 0;  // the link path (UDP source port) of every packet
+
   // Integrity mode: the MAC keys of this connection, each way (set at RTR),
   // this side's packet counter and the peer's counters seen.
   MacSender mac_tx;
@@ -474,7 +495,23 @@ class EngineCore {
   std::map<Endpoint, std::vector<PathHealth>> peer_health_;
   void xmit(QpImpl& qp, uint16_t path, const uint8_t* hdr, size_t hlen, const HostSpan* pl,
             size_t nspans, size_t plen, bool retx) {
-    xmit_to(qp.attr.local, qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);
+    if (qp.roce) roce_xmit(qp, hdr, hlen, pl, nspans, plen, retx);
+    else xmit_to(qp.attr.local, qp.attr.ah, path, hdr, hlen, pl, nspans, plen, retx, &qp.mac_tx);
+  }
+  // roce_mode.cc: plain RoCE v2 towards peers in EngineConfig::roce. The
+  // requester, responder and completer run unchanged: roce_xmit writes
+  // each packet they send as its RoCE v2 equivalent, roce_receive turns
+  // what arrives into the packet they expect, keeping in-order delivery
+  // and go-back-N as RoCE's peers do.
+  bool roce_peer(const IpAddr& ip) const;
+  void roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const HostSpan* pl, size_t nspans, size_t plen,
+                 bool retx);
+  void roce_receive(const uint8_t* data, size_t len, const Endpoint& from, const IpAddr& to, bool ce);
+  void roce_responder(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
+  void roce_completer(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
+  void roce_send_seq_nak(QpImpl& qp);
+  IpAddr roce_source(const QpImpl& qp) const {
+    return qp.attr.local.unspecified() ? cfg_.roce.local : qp.attr.local;
   }
   // `tx`: the MAC key and counter of this packet in integrity mode (the
   // QP's, or the datagrams' when null).

@@ -31,4 +31,23 @@ std::string to_string(const IpAddr& a) {
   return buf;
 }
 
+bool parse_prefix(const std::string& s, IpPrefix* out) {
+  const size_t slash = s.find('/');
+  IpPrefix p;
+  if (!parse_ip(s.substr(0, slash), &p.addr)) return false;
+  const unsigned max = p.addr.is_v4() ? 32 : 128;
+  unsigned len = max;
+  if (slash != std::string::npos) {
+    const std::string n = s.substr(slash + 1);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos) return false;
+    len = unsigned(std::stoul(n));
+    if (len > max) return false;
+  }
+  p.len = uint8_t(len);
+  *out = p;
+  return true;
+}
+
+std::string to_string(const IpPrefix& p) { return to_string(p.addr) + "/" + std::to_string(p.len); }
+
 }  // namespace vstellar

@@ -379,6 +379,17 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
                              cfg_.single_path, cfg_.path_burst);
     // A path set aside after a timeout is probed again after a few RTOs.
     qp->paths.set_probe_hold(4 * cfg_.rto_ns);
+    // A peer that speaks plain RoCE v2 (roce_mode.cc): one path, and
+    // packets of exactly the path MTU, as RoCE's responders require.
+    qp->roce = qp->type_ == QpType::RC && roce_peer(s.ah.ip);
+    qp->roce_in_msg = qp->roce_nak_sent = false;
+    qp->roce_msn = 0;
+    if (qp->roce) {
+      qp->seg = path_bytes;
+      qp->paths = PathSelector(PathAlgo::SINGLE, 1, 0, 0, 1);
+      // RoCE picks a UDP source port per QP for the network's ECMP hash.
+      qp->roce_sport_path = uint16_t((qp->qpn_ * 0x9E3779B1u) >> 16) % cfg_.num_paths;
+    }
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);
     qp->pending_rd.clear();
     qp->reads_done.clear();

@@ -12,16 +12,6 @@
 #include "engine_internal.h"
 
 namespace vstellar {
-namespace {
-
-// IB encoding of min_rnr_timer, in microseconds.
-constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
-                                 160,    240,   320,   480,   640,   960,    1280,   1920,
-                                 2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
-                                 40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
-
-}  // namespace
-
 void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64_t now) {
   const uint32_t psn = p.base.psn;
   const uint32_t d = psn - qp.epsn;

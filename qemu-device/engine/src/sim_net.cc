@@ -103,13 +103,14 @@ void SimNet::enqueue(uint32_t from, uint32_t to, uint16_t path, std::vector<uint
     return;
   }
   if (t > now_) {  // still in flight to the destination's queue
-    events_.push({t, seq_++, from, to, ce, std::move(bytes), true});
+    events_.push({t, seq_++, from, to, ce, std::move(bytes), true, path});
     return;
   }
-  deliver_at(t, from, to, ce, std::move(bytes));
+  deliver_at(t, from, to, ce, std::move(bytes), path);
 }
 
-void SimNet::deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes) {
+void SimNet::deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes,
+                        uint16_t sport) {
   const SimImpairment& im = impairment;
   if (im.downlink.rate_bps) {
     t = down_[to].admit(im.downlink, t, uint32_t(bytes.size() + kWireOverhead), ce);
@@ -128,9 +129,9 @@ void SimNet::deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::ve
   if (ce) stats.ce++;
   if (im.dup > 0 && uni() < im.dup) {
     stats.duplicated++;
-    events_.push({t + im.delay_ns / 2 + 1, seq_++, from, to, ce, bytes});
+    events_.push({t + im.delay_ns / 2 + 1, seq_++, from, to, ce, bytes, false, sport});
   }
-  events_.push({t, seq_++, from, to, ce, std::move(bytes)});
+  events_.push({t, seq_++, from, to, ce, std::move(bytes), false, sport});
 }
 
 uint16_t SimNet::uplink_of(uint32_t from, uint16_t path) const {
@@ -251,7 +252,7 @@ bool SimNet::step(uint64_t limit) {
     Event ev = events_.top();
     events_.pop();
     if (ev.hop) {
-      deliver_at(ev.t, ev.from, ev.to, ev.ce, std::move(ev.bytes));
+      deliver_at(ev.t, ev.from, ev.to, ev.ce, std::move(ev.bytes), ev.sport);
       continue;
     }
     auto it = engines_.find(ev.to);
@@ -261,7 +262,7 @@ bool SimNet::step(uint64_t limit) {
       continue;
     }
     stats.delivered++;
-    it->second->receive(ev.bytes.data(), ev.bytes.size(), Endpoint{ev.from, 0}, IpAddr(ev.to), ev.ce);
+    it->second->receive(ev.bytes.data(), ev.bytes.size(), Endpoint{ev.from, ev.sport}, IpAddr(ev.to), ev.ce);
     busy = true;
   }
   for (Event& ev : held) {  // same order, at the end of the descheduling

@@ -39,6 +39,7 @@ bool sender_of(const void* name, uint32_t namelen, Endpoint* out) {
 constexpr uint64_t kTxTag = 1ull << 32;
 constexpr uint64_t kRxTag = 2ull << 32;
 constexpr uint64_t kMcRxTag = 4ull << 32;
+constexpr uint64_t kRoceRxTag = 8ull << 32;
 constexpr uint16_t kBufGroup = 0;
 constexpr uint32_t kGroBufBytes = 65536;  // a GRO receive holds up to 64 KiB
 
@@ -91,7 +92,42 @@ UdpLink::UdpLink(const UdpLinkConfig& cfg) : cfg_(cfg) {
   if (!init_receive_buffers()) return;
   rx_msg_.msg_namelen = sizeof(sockaddr_in6);
   arm_recv();
+  if (cfg_.roce_port && !open_roce_socket()) return;
   io_uring_submit(&ring_);
+}
+
+static int udp_socket(int family);
+
+bool UdpLink::open_roce_socket() {
+  if (cfg_.shards > 1) {
+    error_ = "a RoCE v2 port with several shards: the steering program cannot read BTH";
+    return false;
+  }
+  roce_fd_ = udp_socket(family_);
+  sockaddr_in6 a;
+  const socklen_t alen = sockaddr_of(cfg_.local, cfg_.roce_port, &a);
+  int on = 1;
+  const bool v6 = family_ == AF_INET6;
+  if (roce_fd_ < 0 || bind(roce_fd_, reinterpret_cast<sockaddr*>(&a), alen) != 0 ||
+      (v6 && (setsockopt(roce_fd_, IPPROTO_IPV6, IPV6_RECVTCLASS, &on, sizeof(on)) != 0 ||
+              setsockopt(roce_fd_, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof(on)) != 0)) ||
+      (!v6 && setsockopt(roce_fd_, IPPROTO_IP, IP_PKTINFO, &on, sizeof(on)) != 0)) {
+    error_ = "RoCE v2 port " + std::to_string(cfg_.roce_port) + ": " + strerror(errno);
+    return false;
+  }
+  setsockopt(roce_fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  set_buf(roce_fd_, SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
+  arm_roce_recv();
+  return true;
+}
+
+void UdpLink::arm_roce_recv() {
+  io_uring_sqe* s = sqe();
+  io_uring_prep_recvmsg_multishot(s, roce_fd_, &rx_msg_, 0);
+  s->flags |= IOSQE_BUFFER_SELECT;
+  s->buf_group = kBufGroup;
+  io_uring_sqe_set_data64(s, kRoceRxTag);
+  roce_armed_ = true;
 }
 
 // The io_uring, with the flags of newer kernels where they exist, and the
@@ -283,8 +319,9 @@ UdpLink::~UdpLink() {
     auto mc_armed = [&] {
       return std::any_of(mc_.begin(), mc_.end(), [](const McSocket& m) { return m.armed; });
     };
-    if (rx_armed_ || mc_armed()) {
+    if (rx_armed_ || roce_armed_ || mc_armed()) {
       std::vector<uint64_t> tags = {kRxTag};
+      if (roce_armed_) tags.push_back(kRoceRxTag);
       for (size_t i = 0; i < mc_.size(); i++) tags.push_back(kMcRxTag | i);
       for (uint64_t tag : tags) {
         io_uring_sqe* s = sqe();
@@ -296,12 +333,13 @@ UdpLink::~UdpLink() {
       if (io_uring_submit(&ring_) == -EEXIST)
         std::fprintf(stderr, "vstellar: UdpLink destroyed off its ring's thread: its receive stays armed\n");
       uint64_t deadline_loops = 100;
-      while ((rx_armed_ || mc_armed()) && deadline_loops--) {
+      while ((rx_armed_ || roce_armed_ || mc_armed()) && deadline_loops--) {
         __kernel_timespec ts{0, 1'000'000};
         io_uring_cqe* c;
         if (io_uring_wait_cqe_timeout(&ring_, &c, &ts) != 0) continue;
         uint64_t d = io_uring_cqe_get_data64(c);
         if (d == kRxTag && !(c->flags & IORING_CQE_F_MORE)) rx_armed_ = false;
+        if (d == kRoceRxTag && !(c->flags & IORING_CQE_F_MORE)) roce_armed_ = false;
         if ((d >> 32) == (kMcRxTag >> 32) && uint32_t(d) < mc_.size() && !(c->flags & IORING_CQE_F_MORE))
           mc_[uint32_t(d)].armed = false;
         if ((d >> 32) == 1) {
@@ -314,6 +352,7 @@ UdpLink::~UdpLink() {
   }
   for (int fd : fds_) close(fd);
   for (const McSocket& m : mc_) close(m.fd);
+  if (roce_fd_ >= 0) close(roce_fd_);
   if (event_fd_ >= 0) close(event_fd_);
   if (br_) munmap(br_, br_bytes_);
   free(rx_mem_);
@@ -437,17 +476,25 @@ bool UdpLink::join_group(const IpAddr& group, bool join) {
 
 void UdpLink::send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
                    size_t hdr_len, const HostSpan* payload, size_t nspans) {
+  send_trailed(path, src, dst, hdr, hdr_len, payload, nspans, nullptr, 0);
+}
+
+void UdpLink::send_trailed(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
+                           size_t hdr_len, const HostSpan* payload, size_t nspans, const uint8_t* trailer,
+                           size_t trailer_len) {
   if (!ok()) return;
   sockaddr_in6 to;
   const socklen_t tolen = sockaddr_of(dst.ip, dst.port, &to);
-  if (nspans + 1 > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr[0]) || tolen == 0) {
+  const size_t ntail = trailer_len ? 1 : 0;
+  if (nspans + 1 + ntail > size_t(kMaxIov) || hdr_len > sizeof(TxSlot::hdr[0]) ||
+      trailer_len > sizeof(TxSlot::tail[0]) || tolen == 0) {
     stats_.tx_err++;
     return;
   }
   // A link bound to one address sends from it, whatever src says.
   const IpAddr from = cfg_.local.unspecified() ? src : IpAddr();
   path = uint16_t(path % fds_.size());
-  size_t len = hdr_len;
+  size_t len = hdr_len + trailer_len;
   for (size_t i = 0; i < nspans; i++) len += payload[i].len;
   if (open_ >= 0) {
     // GSO: the datagram joins the open send if the kernel can cut it out of
@@ -457,12 +504,16 @@ void UdpLink::send(uint16_t path, const IpAddr& src, const Endpoint& dst, const 
     if (t.path == path && t.src == from && t.msg.msg_namelen == tolen &&
         std::memcmp(&t.dst, &to, tolen) == 0 && !t.closed &&
         len <= t.seg_len && t.segs < kMaxGsoSegs && t.bytes + len <= kGsoMaxBytes &&
-        t.msg.msg_iovlen + 1 + nspans <= size_t(cfg_.zerocopy ? kZcMaxIov : kSlotIov)) {
+        t.msg.msg_iovlen + 1 + nspans + ntail <= size_t(cfg_.zerocopy ? kZcMaxIov : kSlotIov)) {
       std::memcpy(t.hdr[t.segs], hdr, hdr_len);
       iovec* v = t.iov + t.msg.msg_iovlen;
       v[0] = {t.hdr[t.segs], hdr_len};
       for (size_t i = 0; i < nspans; i++) v[1 + i] = {payload[i].ptr, payload[i].len};
-      t.msg.msg_iovlen += 1 + nspans;
+      if (ntail) {
+        std::memcpy(t.tail[t.segs], trailer, trailer_len);
+        v[1 + nspans] = {t.tail[t.segs], trailer_len};
+      }
+      t.msg.msg_iovlen += 1 + nspans + ntail;
       t.segs++;
       t.bytes += uint32_t(len);
       t.closed = len < t.seg_len;
@@ -482,6 +533,10 @@ void UdpLink::send(uint16_t path, const IpAddr& src, const Endpoint& dst, const 
   std::memcpy(t.hdr[0], hdr, hdr_len);
   t.iov[0] = {t.hdr[0], hdr_len};
   for (size_t i = 0; i < nspans; i++) t.iov[1 + i] = {payload[i].ptr, payload[i].len};
+  if (ntail) {
+    std::memcpy(t.tail[0], trailer, trailer_len);
+    t.iov[1 + nspans] = {t.tail[0], trailer_len};
+  }
   t.dst = to;
   t.src = from;
   t.msg = msghdr{};
@@ -490,7 +545,7 @@ void UdpLink::send(uint16_t path, const IpAddr& src, const Endpoint& dst, const 
   t.msg.msg_name = &t.dst;
   t.msg.msg_namelen = tolen;
   t.msg.msg_iov = t.iov;
-  t.msg.msg_iovlen = 1 + nspans;
+  t.msg.msg_iovlen = 1 + nspans + ntail;
   t.path = path;
   t.segs = 1;
   t.seg_len = uint32_t(len);
@@ -585,6 +640,13 @@ void UdpLink::resend_unsegmented(const TxSlot& t) {
     for (v++; want > 0 && v < t.msg.msg_iovlen; v++) {
       n.iov[ni++] = t.iov[v];
       want -= t.iov[v].iov_len;
+      // A trailer lives in t, which is free for reuse once this returns:
+      // copied, as the header is.
+      const auto* b = static_cast<const uint8_t*>(t.iov[v].iov_base);
+      if (b >= &t.tail[0][0] && b < &t.tail[0][0] + sizeof(t.tail)) {
+        std::memcpy(n.tail[0], b, t.iov[v].iov_len);
+        n.iov[ni - 1].iov_base = n.tail[0];
+      }
     }
     n.dst = t.dst;
     n.src = t.src;
@@ -663,6 +725,8 @@ void UdpLink::reap(RxSink* sink, size_t& delivered) {
         const uint64_t d = local[i].data;
         if ((d >> 32) == (kMcRxTag >> 32)) {
           if (uint32_t(d) < mc_.size()) mc_[uint32_t(d)].armed = false;
+        } else if (d == kRoceRxTag) {
+          roce_armed_ = false;
         } else {
           rx_armed_ = false;
         }
@@ -746,6 +810,7 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   }
   reap(&sink, delivered);
   if (!rx_armed_) arm_recv();
+  if (roce_fd_ >= 0 && !roce_armed_) arm_roce_recv();
   mc_arm_missing();
   if (delivered == 0 && timeout_ns > 0) {
     __kernel_timespec ts;
@@ -758,8 +823,12 @@ size_t UdpLink::poll(uint64_t timeout_ns, RxSink& sink) {
   } else if (io_uring_sq_ready(&ring_)) {
     io_uring_submit(&ring_);
   }
-  const bool rearm_rx = !rx_armed_;
+  bool rearm_rx = !rx_armed_;
   if (rearm_rx) arm_recv();
+  if (roce_fd_ >= 0 && !roce_armed_) {
+    arm_roce_recv();
+    rearm_rx = true;
+  }
   if (mc_arm_missing() || rearm_rx) io_uring_submit(&ring_);
   return delivered;
 }

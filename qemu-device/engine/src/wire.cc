@@ -104,7 +104,8 @@ size_t encode(const Base& b, const UdExt& e, uint8_t* out) {
   return size_t(w.p - out);
 }
 
-ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
+namespace {
+ParseError parse_impl(const uint8_t* buf, size_t len, Packet& out, bool header_only) {
   if (len < kBaseLen) return ParseError::TRUNCATED;
   uint8_t hdr[kMaxHeaderLen + 8 * kMaxSackWords];
   size_t copy = len < sizeof(hdr) ? len : sizeof(hdr);
@@ -168,11 +169,21 @@ ParseError parse(const uint8_t* buf, size_t len, Packet& out) {
       break;
     }
   }
+  if (header_only) {
+    if (len != hl) return ParseError::BAD_LENGTH;
+    out.payload = nullptr;
+    out.payload_len = b.payload_len;
+    return ParseError::OK;
+  }
   if (len - hl != b.payload_len) return ParseError::BAD_LENGTH;
   out.payload = buf + hl;
   out.payload_len = b.payload_len;
   return ParseError::OK;
 }
+}  // namespace
+
+ParseError parse(const uint8_t* buf, size_t len, Packet& out) { return parse_impl(buf, len, out, false); }
+ParseError parse_header(const uint8_t* hdr, size_t len, Packet& out) { return parse_impl(hdr, len, out, true); }
 
 bool is_v4_mapped_gid(const uint8_t* gid) {
   static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};

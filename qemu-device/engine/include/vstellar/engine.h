@@ -98,6 +98,18 @@ struct EngineConfig {
   bool audit = true;
 #endif
   CcConfig cc;
+  // Plain RoCE v2 (docs/wire-format.md, "RoCE v2 mode"): an RC QP whose
+  // peer address lies in one of these prefixes speaks standard RoCE v2 to
+  // it from its first packet (one path, go-back-N, the peer's port 4791)
+  // instead of the sprayed format: the peer is rxe or a RoCE NIC. The
+  // ICRC covers the UDP source port and address, so the engine must know
+  // them: path p leaves from src_port_base + p, and from `local` when the
+  // QP has no address of its own.
+  struct Roce {
+    std::vector<IpPrefix> peers;
+    uint16_t src_port_base = 0;
+    IpAddr local;
+  } roce;
   bool validate();  // clamps/normalizes; false if unusable
 };
 
@@ -162,6 +174,12 @@ struct EngineStats {
   // that would move them (a hang; each counted once per episode).
   uint64_t stalled_qps = 0;
   uint64_t audit_failures = 0;  // passes that broke the liveness rules (EngineConfig::audit)
+  // RoCE v2 mode (EngineConfig::roce): packets each way; packets that did
+  // not parse (a bad ICRC among them) or fit no state; PSN sequence error
+  // NAKs sent (a packet arrived ahead of the expected PSN) and received;
+  // PSNs resent because a sequence NAK named them (go-back-N).
+  uint64_t roce_tx = 0, roce_rx = 0, roce_bad = 0;
+  uint64_t roce_seq_naks_sent = 0, roce_seq_naks_rcvd = 0, roce_goback_pkts = 0;
   std::vector<PathCounters> paths;
 };
 

@@ -36,6 +36,14 @@ class Link {
   // flush() returns (they point into MR memory: no copy on send).
   virtual void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
                     size_t hdr_len, const HostSpan* payload, size_t nspans) = 0;
+  // The same with `trailer` after the payload (the pad and ICRC of a RoCE
+  // v2 packet), copied now as the header is. The default hands the
+  // trailer on as one more payload span, which is right for a link that
+  // copies the datagram within send(); a link that keeps the spans until
+  // flush() must override it.
+  virtual void send_trailed(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr,
+                            size_t hdr_len, const HostSpan* payload, size_t nspans, const uint8_t* trailer,
+                            size_t trailer_len);
   // Hand everything queued to the network.
   virtual void flush() = 0;
   // Receive (join) or stop receiving (leave) datagrams sent to multicast

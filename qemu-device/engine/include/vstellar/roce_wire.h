@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "vstellar/memory.h"
 #include "vstellar/types.h"
 
 namespace vstellar::roce {
@@ -154,6 +155,9 @@ struct IpFields {
   uint16_t src_port = 0, dst_port = kUdpPort;
   uint16_t ipv4_id = 0;
   uint16_t ipv4_frag = 0x4000;  // flags and fragment offset: DF
+  // false: the receiver cannot see a field the ICRC covers (an IPv4
+  // identification, on a UDP socket), and parse() does not check it.
+  bool check_icrc = true;
 };
 
 // ICRC of a UDP payload whose last 4 bytes are (or will be) the ICRC: the
@@ -185,5 +189,16 @@ size_t packet_len(const Packet& p);
 // ICRC. Returns the length, or 0 when p's opcode is not spoken here or
 // cap is too small.
 size_t build(const Packet& p, const IpFields& ip, uint8_t* out, size_t cap);
+
+// The same in pieces, for a sender whose payload stays where it is (a
+// link sends header, payload spans and trailer as one datagram):
+// build_headers() writes the BTH and extended headers (returns their
+// length, 0 as build() does); seal() writes the pad and the ICRC of the
+// datagram hdr + payload + trailer into trailer (kMaxTrailerLen bytes)
+// and returns their length.
+constexpr size_t kMaxTrailerLen = 3 + kIcrcLen;
+size_t build_headers(const Packet& p, uint8_t* out, size_t cap);
+size_t seal(const IpFields& ip, const uint8_t* hdr, size_t hdr_len, const HostSpan* payload, size_t nspans,
+            uint8_t* trailer);
 
 }  // namespace vstellar::roce

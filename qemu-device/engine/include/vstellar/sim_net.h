@@ -141,6 +141,9 @@ class SimNet : public Clock {
     bool ce;
     std::vector<uint8_t> bytes;
     bool hop = false;  // reaches the destination's queue at t (not yet delivered)
+    // The source port it arrives from: the sender's path (a node's base
+    // port is 0), which a RoCE v2 ICRC covers.
+    uint16_t sport = 0;
   };
   struct Queue {
     std::deque<std::pair<uint64_t, uint32_t>> inq;  // (departure time, bytes), FIFO
@@ -163,7 +166,7 @@ class SimNet : public Clock {
   bool step(uint64_t limit);
   // The last leg of a packet: the destination's queue at time t, then the
   // link delay, jitter, reordering and duplication.
-  void deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes);
+  void deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::vector<uint8_t> bytes, uint16_t sport);
   double uni() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
 
   uint64_t now_ = 1'000'000;

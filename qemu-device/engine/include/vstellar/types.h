@@ -182,6 +182,22 @@ struct IpAddr {
   auto operator<=>(const IpAddr&) const = default;
 };
 
+// An address prefix (a subnet): 10.77.0.0/24, fd77::/64. An IPv4
+// prefix's length counts the IPv4 bits (0..32).
+struct IpPrefix {
+  IpAddr addr;
+  uint8_t len = 0;
+  bool contains(const IpAddr& a) const {
+    if (a.is_v4() != addr.is_v4()) return false;
+    const unsigned first = addr.is_v4() ? 96 : 0;  // where the prefix's bits start in b
+    const unsigned bits = first + len;
+    for (unsigned i = first; i < bits; i++)
+      if (((a.b[i / 8] ^ addr.b[i / 8]) >> (7 - i % 8)) & 1) return false;
+    return true;
+  }
+  bool operator==(const IpPrefix&) const = default;
+};
+
 // Where a peer engine lives: its address and the UDP port its engine
 // receives on (its base port). Paths are source ports, so the source port
 // of arriving packets is not part of the peer's identity.

@@ -83,6 +83,11 @@ struct UdpLinkConfig {
   uint16_t shards = 0;
   uint16_t shard = 0;  // this link's index in the group
   uint16_t shard_qpn_offset = 4;
+  // Plain RoCE v2 peers (EngineConfig::roce) send to this port (IANA's
+  // 4791) whatever port our packets came from: a socket bound to it on
+  // the link's address hands what arrives to the same sink. 0: none. Not
+  // with shards > 1 (the steering program reads our format's dst_qpn).
+  uint16_t roce_port = 0;
 };
 
 class RxSink {
@@ -116,6 +121,8 @@ class UdpLink final : public Link {
 
   void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
             const HostSpan* payload, size_t nspans) override;
+  void send_trailed(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,
+                    const HostSpan* payload, size_t nspans, const uint8_t* trailer, size_t trailer_len) override;
   void flush() override;
   bool join_group(const IpAddr& group, bool join) override;
 
@@ -143,6 +150,7 @@ class UdpLink final : public Link {
     IpAddr src;         // unspecified: the socket's own
     alignas(cmsghdr) uint8_t cmsg[CMSG_SPACE(sizeof(uint16_t)) + CMSG_SPACE(sizeof(in6_pktinfo))];
     uint8_t hdr[kMaxGsoSegs][256];
+    uint8_t tail[kMaxGsoSegs][8];  // send_trailed(): each datagram's trailer
     uint16_t path;
     uint16_t segs;       // datagrams in it
     uint32_t seg_len;    // bytes of each but the last
@@ -204,6 +212,11 @@ class UdpLink final : public Link {
   std::map<IpAddr, size_t> mc_group_;  // group -> index in mc_
   static constexpr size_t kMaxMcSockets = 64;
   bool mc_arm_missing();  // arms each socket whose receive ended; true if any
+  // The RoCE v2 socket (UdpLinkConfig::roce_port), with its multishot receive.
+  int roce_fd_ = -1;
+  bool roce_armed_ = false;
+  bool open_roce_socket();
+  void arm_roce_recv();
   // stashed receive completions seen while flush() waited for sends
   struct Stashed { int32_t res; uint32_t flags; };
   std::vector<Stashed> stash_;

@@ -188,11 +188,17 @@ struct Packet {
   // Not on the wire: when a responder began holding this request (a READ
   // or atomic waiting for earlier PSNs), in its clock's microseconds.
   uint32_t held_since_us = 0;
+  // Not on the wire: an ACK made from a RoCE v2 packet whose echo_ts is
+  // no RTT sample (RoCE echoes no timestamp; roce_mode.cc).
+  bool no_rtt = false;
   Packet() : data() {}
 };
 
 enum class ParseError { OK, TRUNCATED, BAD_VERSION, BAD_OPCODE, BAD_LENGTH };
 ParseError parse(const uint8_t* buf, size_t len, Packet& out);
+// A header alone, as an encoder wrote it (exactly len bytes, base +
+// extension [+ SACK words]); the payload's length is what it says.
+ParseError parse_header(const uint8_t* hdr, size_t len, Packet& out);
 
 // Encoders write the header (base + extension [+ SACK words]) into `out`
 // (at least kMaxHeaderLen bytes) and return its length. base.payload_len must
