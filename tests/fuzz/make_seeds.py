@@ -271,16 +271,14 @@ datapath()
 
 
 # ---- roce_wire: flags(1) UDP payload; see fuzz_roce_wire.cc ----
-def roce_wire():
-    """One packet per opcode from the capture of rxe's RoCE v2
-    (tests/engine/data/rxe-rocev2.pcap, classic pcap, Ethernet), with flag 2
-    (the fuzz target fixes the ICRC up for its own addresses) and flag 1 for
-    IPv6 ones."""
+def rxe_packets():
+    """(UDP payload, is IPv6) of every RoCE v2 packet in the capture of rxe
+    (tests/engine/data/rxe-rocev2.pcap, classic pcap, Ethernet)."""
     path = os.path.join(HERE, "..", "engine", "data", "rxe-rocev2.pcap")
     with open(path, "rb") as f:
         data = f.read()
     assert struct.unpack("<I", data[:4])[0] == 0xa1b2c3d4, "little-endian classic pcap expected"
-    off, seen = 24, set()
+    off, out = 24, []
     while off + 16 <= len(data):
         caplen = struct.unpack("<I", data[off + 8:off + 12])[0]
         frame = data[off + 16:off + 16 + caplen]
@@ -293,7 +291,17 @@ def roce_wire():
         else:
             continue
         udp_len = struct.unpack(">H", frame[udp + 4:udp + 6])[0]
-        payload = frame[udp + 8:udp + udp_len]
+        out.append((frame[udp + 8:udp + udp_len], v6))
+    return out
+
+
+def roce_wire():
+    """One packet per opcode from the capture of rxe's RoCE v2
+    (tests/engine/data/rxe-rocev2.pcap, classic pcap, Ethernet), with flag 2
+    (the fuzz target fixes the ICRC up for its own addresses) and flag 1 for
+    IPv6 ones."""
+    seen = set()
+    for payload, v6 in rxe_packets():
         key = (payload[0], v6)
         if key in seen:
             continue
@@ -302,3 +310,27 @@ def roce_wire():
 
 
 roce_wire()
+
+
+# ---- roce_engine: records ctl(1) len(2 BE) UDP payload; see fuzz_roce_engine.cc ----
+def roce_engine():
+    """rxe's IPv4 packets aimed at the fixture's QP (and MR, where a RETH or
+    AtomicETH names one): one seed per opcode, and one with the capture's
+    first 64 packets in a row, so that multi-packet messages and their
+    answers are in the corpus."""
+    with_key = {0x06, 0x0a, 0x0b, 0x0c, 0x13, 0x14}
+    packets = [p for p, v6 in rxe_packets() if not v6]
+
+    def record(p):
+        ctl = TO_QP | RUN | (TO_MR if p[0] in with_key else 0)
+        return bytes([ctl]) + struct.pack(">H", len(p)) + p
+
+    seen = set()
+    for p in packets:
+        if p[0] not in seen:
+            seen.add(p[0])
+            write("roce_engine", f"op{p[0]:02x}", record(p))
+    write("roce_engine", "first64", b"".join(record(p) for p in packets[:64]))
+
+
+roce_engine()

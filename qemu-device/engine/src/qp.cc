@@ -387,7 +387,8 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
     if (qp->roce) {
       qp->seg = path_bytes;
       qp->paths = PathSelector(PathAlgo::SINGLE, 1, 0, 0, 1);
-      // RoCE picks a UDP source port per QP for the network's ECMP hash.
+      // The link path its packets take: one per QP, which a SimNet makes
+      // the source port (UdpLink sends them all from its RoCE socket).
       qp->roce_sport_path = uint16_t((qp->qpn_ * 0x9E3779B1u) >> 16) % cfg_.num_paths;
     }
     std::fill(qp->rbits.begin(), qp->rbits.end(), 0);

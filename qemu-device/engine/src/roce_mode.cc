@@ -7,8 +7,7 @@
 // What differs is the wire and the delivery discipline:
 //  - roce_xmit() writes every packet they send as its RoCE v2 equivalent
 //    (BTH opcode FIRST/MIDDLE/LAST/ONLY, RETH on a WRITE's first packet,
-//    AETH with the MSN, ICRC), from one UDP source port per QP to the
-//    peer's port 4791, on one path;
+//    AETH with the MSN, ICRC) to the peer's port 4791, on one path;
 //  - roce_receive() parses RoCE v2 and rebuilds the self-describing packet
 //    the engine expects: a middle packet gets its message's address, key
 //    and offset from the message in progress, which is why the responder
@@ -169,7 +168,7 @@ void EngineCore::roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const Ho
   roce::IpFields ip;
   ip.src = roce_source(qp);
   ip.dst = qp.attr.ah.ip;
-  ip.src_port = uint16_t(cfg_.roce.src_port_base + qp.roce_sport_path);
+  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : qp.roce_sport_path;
   uint8_t trailer[roce::kMaxTrailerLen];
   const size_t tl = roce::seal(ip, rh, rhl, pl, nspans, trailer);
   link_.send_trailed(qp.roce_sport_path, qp.attr.local, Endpoint{qp.attr.ah.ip, roce::kUdpPort}, rh, rhl, pl,
@@ -196,7 +195,7 @@ void EngineCore::roce_send_seq_nak(QpImpl& qp) {
   roce::IpFields ip;
   ip.src = roce_source(qp);
   ip.dst = qp.attr.ah.ip;
-  ip.src_port = uint16_t(cfg_.roce.src_port_base + qp.roce_sport_path);
+  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : qp.roce_sport_path;
   uint8_t trailer[roce::kMaxTrailerLen];
   const size_t tl = roce::seal(ip, rh, rhl, nullptr, 0, trailer);
   link_.send_trailed(qp.roce_sport_path, qp.attr.local, Endpoint{qp.attr.ah.ip, roce::kUdpPort}, rh, rhl, nullptr,

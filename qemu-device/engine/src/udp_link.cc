@@ -116,6 +116,16 @@ bool UdpLink::open_roce_socket() {
     return false;
   }
   setsockopt(roce_fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof(on));
+  // DF without path MTU discovery's local fragmentation: Linux then gives
+  // the datagrams of an unconnected socket the IPv4 identification 0 (it
+  // numbers them otherwise, even with DF set), and a RoCE v2 ICRC covers
+  // the identification, so the engine can compute it.
+  const int probe = IP_PMTUDISC_PROBE;
+  if (setsockopt(roce_fd_, IPPROTO_IP, IP_MTU_DISCOVER, &probe, sizeof(probe)) != 0 ||
+      (v6 && setsockopt(roce_fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &probe, sizeof(probe)) != 0)) {
+    error_ = std::string("RoCE v2 port: IP_MTU_DISCOVER: ") + strerror(errno);
+    return false;
+  }
   set_buf(roce_fd_, SO_RCVBUFFORCE, SO_RCVBUF, cfg_.sock_buf);
   arm_roce_recv();
   return true;
@@ -501,7 +511,7 @@ void UdpLink::send_trailed(uint16_t path, const IpAddr& src, const Endpoint& dst
     // the same buffer (same socket, same source and destination, not longer
     // than the segment size, which only the last may undercut).
     TxSlot& t = tx_[size_t(open_)];
-    if (t.path == path && t.src == from && t.msg.msg_namelen == tolen &&
+    if (!ntail && t.path == path && t.src == from && t.msg.msg_namelen == tolen &&
         std::memcmp(&t.dst, &to, tolen) == 0 && !t.closed &&
         len <= t.seg_len && t.segs < kMaxGsoSegs && t.bytes + len <= kGsoMaxBytes &&
         t.msg.msg_iovlen + 1 + nspans + ntail <= size_t(cfg_.zerocopy ? kZcMaxIov : kSlotIov)) {
@@ -547,11 +557,17 @@ void UdpLink::send_trailed(uint16_t path, const IpAddr& src, const Endpoint& dst
   t.msg.msg_iov = t.iov;
   t.msg.msg_iovlen = 1 + nspans + ntail;
   t.path = path;
+  // A RoCE v2 datagram leaves from the RoCE socket (open_roce_socket: its
+  // IPv4 identification is 0, which the ICRC covers).
+  t.fd = ntail && roce_fd_ >= 0 ? roce_fd_ : fds_[path];
   t.segs = 1;
   t.seg_len = uint32_t(len);
   t.bytes = uint32_t(len);
   t.closed = false;
-  if (gso_mode() && gso_ok_) open_ = idx;
+  // A datagram with a trailer (RoCE v2) goes alone: the kernel numbers the
+  // IPv4 identification of GSO segments one by one, and a RoCE v2 ICRC
+  // covers it; alone, on an unconnected socket with DF, it is 0.
+  if (gso_mode() && gso_ok_ && !ntail) open_ = idx;
   else submit_slot(idx);
 }
 
@@ -603,11 +619,11 @@ void UdpLink::submit_slot(uint32_t idx) {
   // A zero-copy send's buffer becomes the skb's page fragments (at most
   // MAX_SKB_FRAGS, 17; more is EMSGSIZE), an iovec one or two of them.
   if (cfg_.zerocopy && t.bytes >= cfg_.zc_min_bytes && t.msg.msg_iovlen <= kZcMaxIov) {
-    io_uring_prep_sendmsg_zc(s, fds_[t.path], &t.msg, 0);
+    io_uring_prep_sendmsg_zc(s, t.fd, &t.msg, 0);
     s->ioprio |= IORING_SEND_ZC_REPORT_USAGE;
     stats_.tx_zc++;
   } else {
-    io_uring_prep_sendmsg(s, fds_[t.path], &t.msg, 0);
+    io_uring_prep_sendmsg(s, t.fd, &t.msg, 0);
   }
   io_uring_sqe_set_data64(s, kTxTag | idx);
   stats_.tx_sends++;
@@ -656,6 +672,7 @@ void UdpLink::resend_unsegmented(const TxSlot& t) {
     n.msg.msg_iov = n.iov;
     n.msg.msg_iovlen = ni;
     n.path = t.path;
+    n.fd = t.fd;
     n.segs = 1;
     n.seg_len = n.bytes = uint32_t(k + 1 < t.segs ? t.seg_len : t.bytes - size_t(k) * t.seg_len);
     n.closed = true;

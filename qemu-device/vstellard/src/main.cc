@@ -67,6 +67,12 @@ int Usage(const char* argv0, int rc) {
                "  --path-burst N         packets a path carries before the next pick, so the\n"
                "                         link can send runs as one (1..64, default 16)\n"
                "  --zerocopy             gso link: zero-copy sends (SENDMSG_ZC) of 32 KiB and more\n"
+               "  --roce-peers CIDR[,CIDR...]\n"
+               "                         peers in these subnets speak plain RoCE v2 (rxe, a\n"
+               "                         RoCE NIC): an RC QP to one uses standard IBTA packets\n"
+               "                         on UDP port 4791, one path, go-back-N, from its first\n"
+               "                         packet (repeatable; not with --threads > 1 or\n"
+               "                         integrity mode; docs/wire-format.md, \"RoCE v2 mode\")\n"
                "  --locate-faults        learn each path's route with TTL-limited probes (raw\n"
                "                         sockets: CAP_NET_RAW; IPv4) and name the fabric link\n"
                "                         that breaks; logged, and in the stats' \"faults\"\n"
@@ -137,7 +143,7 @@ bool Size(const char* s, unsigned long long* out) {
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
-       kMcastGroups, kMcastQps, kDevice, kIntegrityAlg, kLocateFaults };
+       kMcastGroups, kMcastQps, kDevice, kIntegrityAlg, kLocateFaults, kRocePeers };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
                            {"pin", required_argument, nullptr, kPin},
@@ -152,6 +158,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"path-burst", required_argument, nullptr, kPathBurst},
                            {"zerocopy", no_argument, nullptr, kZerocopy},
                            {"locate-faults", no_argument, nullptr, kLocateFaults},
+                           {"roce-peers", required_argument, nullptr, kRocePeers},
                            {"device-max", required_argument, nullptr, kDeviceMax},
                            {"threads", required_argument, nullptr, kThreads},
                            {"stats-json", required_argument, nullptr, kStats},
@@ -279,6 +286,18 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
     case kPathBurst: if (!num(1, 64)) return false; o.path_burst = uint16_t(v); return true;
     case kZerocopy: o.zerocopy = true; return true;
     case kLocateFaults: o.locate_faults = true; return true;
+    case kRocePeers: {
+      std::string list = arg;
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        vstellar::IpPrefix p;
+        if (!vstellar::parse_prefix(list.substr(at, comma - at), &p))
+          return *why = "not a subnet (ADDR/LEN, IPv4 or IPv6)", false;
+        o.roce_peers.push_back(p);
+        at = comma + 1;
+      }
+      return true;
+    }
     case kDeviceMax:
       if (!DeviceMax(arg, &o.device_max)) return *why = "not K=N[,K=N...] with K ucontext, pd, qp, cq or mr", false;
       return true;
@@ -397,6 +416,12 @@ int main(int argc, char** argv) {
     }
   }
   if ((o.socket.empty() && o.device_sockets.empty()) || optind != argc) return Usage(argv[0], 2);
+  if (!o.roce_peers.empty() && (o.threads > 1 || o.integrity)) {
+    std::fprintf(stderr, "vstellard: --roce-peers: %s\n",
+                 o.integrity ? "a RoCE v2 peer cannot seal its packets (integrity mode)"
+                             : "needs --threads 1 (datagrams on port 4791 are not steered to workers)");
+    return 2;
+  }
   if (g_require_integrity && !o.integrity) {
     std::fprintf(stderr, "vstellard: --require-integrity: no --integrity-key configured\n");
     return 2;

@@ -74,11 +74,17 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
           "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"spurious_timeouts\":%llu,"
           "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,"
-          "\"early_reads\":%llu,\"trace_probes\":%llu,\"path_tx_pkts\":[",
+          "\"early_reads\":%llu,\"trace_probes\":%llu,\"roce_tx\":%llu,\"roce_rx\":%llu,\"roce_bad\":%llu,"
+          "\"roce_seq_naks_sent\":%llu,\"roce_seq_naks_rcvd\":%llu,\"roce_goback_pkts\":%llu,"
+          "\"bad_parse\":%llu,\"bad_qpn\":%llu,\"bad_peer\":%llu,\"bad_state\":%llu,\"bad_ack\":%llu,"
+          "\"dup_pkts\":%llu,\"naks_sent\":%llu,\"naks_rcvd\":%llu,\"rnr_naks_sent\":%llu,\"path_tx_pkts\":[",
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
-          ull(e.held_resends), ull(e.early_reads), ull(e.trace_probes));
+          ull(e.held_resends), ull(e.early_reads), ull(e.trace_probes), ull(e.roce_tx), ull(e.roce_rx),
+          ull(e.roce_bad), ull(e.roce_seq_naks_sent), ull(e.roce_seq_naks_rcvd), ull(e.roce_goback_pkts),
+          ull(e.bad_parse), ull(e.bad_qpn), ull(e.bad_peer), ull(e.bad_state), ull(e.bad_ack), ull(e.dup_pkts),
+          ull(e.naks_sent), ull(e.naks_rcvd), ull(e.rnr_naks_sent));
   for (size_t i = 0; i < e.paths.size(); i++) {
     *out += i ? "," : "";
     *out += std::to_string(e.paths[i].tx_pkts);
@@ -122,6 +128,21 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->held_resends += s.held_resends;
   sum->early_reads += s.early_reads;
   sum->trace_probes += s.trace_probes;
+  sum->roce_tx += s.roce_tx;
+  sum->roce_rx += s.roce_rx;
+  sum->roce_bad += s.roce_bad;
+  sum->roce_seq_naks_sent += s.roce_seq_naks_sent;
+  sum->roce_seq_naks_rcvd += s.roce_seq_naks_rcvd;
+  sum->roce_goback_pkts += s.roce_goback_pkts;
+  sum->bad_parse += s.bad_parse;
+  sum->bad_qpn += s.bad_qpn;
+  sum->bad_peer += s.bad_peer;
+  sum->bad_state += s.bad_state;
+  sum->bad_ack += s.bad_ack;
+  sum->dup_pkts += s.dup_pkts;
+  sum->naks_sent += s.naks_sent;
+  sum->naks_rcvd += s.naks_rcvd;
+  sum->rnr_naks_sent += s.rnr_naks_sent;
   sum->paths.resize(std::max(sum->paths.size(), s.paths.size()));
   for (size_t i = 0; i < s.paths.size(); i++) sum->paths[i].tx_pkts += s.paths[i].tx_pkts;
 }

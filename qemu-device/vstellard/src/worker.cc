@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include <vstellar/roce_wire.h>
 #include <vstellar/udp_link.h>
 #include <vstellar/wire.h>
 
@@ -143,6 +144,7 @@ bool Worker::StartLink(std::string* err) {
   lc.mode = o_.link_mode;
   lc.zerocopy = o_.zerocopy;
   lc.mcast_port = uint16_t((o_.peer_port ? o_.peer_port : o_.udp_port) + DeviceShared::kMcastPortOffset);
+  if (!o_.roce_peers.empty()) lc.roce_port = vstellar::roce::kUdpPort;
   if (o_.threads > 1) {
     lc.shards = uint16_t(o_.threads);
     lc.shard = uint16_t(index_);
@@ -169,6 +171,9 @@ bool Worker::StartEngine(std::string* err) {
   ec.integrity_alg = o_.integrity_alg;
   ec.qpn_shards = n;  // this worker's QPNs are index_ mod n: the steering key
   ec.qpn_shard = index_;
+  ec.roce.peers = o_.roce_peers;
+  ec.roce.src_port = vstellar::roce::kUdpPort;  // the link's RoCE socket sends them
+  ec.roce.local = o_.serves_many_addresses() ? vstellar::IpAddr() : o_.ip;
   if (!ec.validate()) {
     // The one check a valid command line can fail: GMAC on a CPU without
     // AES-NI or PCLMUL (integrity.h).

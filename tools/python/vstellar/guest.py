@@ -37,6 +37,7 @@ ENV_FILE = os.path.join(TOP, "build", "guest.env")
 
 # Test-network addresses live only inside the namespaces made here.
 NET_PREFIX = "10.77.0"
+OOB_PREFIX = "10.79.0"
 # The IPv6 ones (ipv6=True): a ULA prefix, guest i being fd77::<i+1>/64.
 NET6_PREFIX = "fd77::"
 NET6_LEN = 64
@@ -44,6 +45,10 @@ NS_PREFIX = "vst"
 
 # What a guest with the vStellar device loads, and the daemon's UDP base port.
 VSTELLAR_MODULES = ["vstellar", "ib_uverbs", "rdma_ucm"]
+# Soft-RoCE, the baseline and the plain RoCE v2 peer: rxe needs
+# crc32_generic present (`rdma link add` fails with "No such file or
+# directory" without it).
+RXE_MODULES = ["crc32_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm"]
 VSTELLAR_PORT = 47000
 # Engine packets are up to 4 KiB: the daemons' network must not fragment them.
 FABRIC_MTU = 9000
@@ -305,9 +310,14 @@ class TestNet:
     exactly these addresses on the hosts' fab veths instead (a shared
     vstellard: all addresses of a group on its first host, none on the
     others).
+
+    rxe_hosts={i, ...}: host i's guest sits on the fabric network itself,
+    through a second tap device (tap1, bridged with its fab veth, which
+    then carries no address): a guest with Soft-RoCE on that NIC is a
+    plain RoCE v2 peer of the other hosts' vstellards.
     """
 
-    def __init__(self, hosts, tag=None, fabric=False, ipv6=False, fab_addrs=None):
+    def __init__(self, hosts, tag=None, fabric=False, ipv6=False, fab_addrs=None, rxe_hosts=()):
         if os.geteuid() != 0:
             raise GuestError("test networks need root (network namespaces, tap devices)")
         self.tag = tag or f"{NS_PREFIX}{os.getpid()}"
@@ -321,6 +331,7 @@ class TestNet:
         if len(fab_addrs) != hosts:
             raise GuestError(f"fab_addrs needs one entry per host ({hosts})")
         self.fab_addrs = [list(a) for a in fab_addrs]
+        self.rxe_hosts = set(rxe_hosts)
         self.made = []
 
     def ns_exec(self, ns):
@@ -371,6 +382,13 @@ class TestNet:
                          "peer", "name", f"f{i}", "mtu", str(FABRIC_MTU), ns=ns)
                 self._ip("link", "set", f"f{i}", "netns", self.hub, ns=ns)
                 self._ip("link", "set", f"f{i}", "master", "fbr0", "up", ns=self.hub)
+                if i in self.rxe_hosts:
+                    self._ip("link", "add", "fbr1", "type", "bridge", *snoop, ns=ns)
+                    self._ip("tuntap", "add", "dev", "tap1", "mode", "tap", ns=ns)
+                    for dev in ("fab", "tap1"):
+                        self._ip("link", "set", dev, "master", "fbr1", "up", ns=ns)
+                    self._ip("link", "set", "fbr1", "up", ns=ns)
+                    continue
                 for a in self.fab_addrs[i]:
                     # nodad: usable at once, not after a second of duplicate detection
                     self._ip("addr", "add", a, "dev", "fab", *(["nodad"] if ":" in a else []), ns=ns)
@@ -386,6 +404,12 @@ class TestNet:
 
 def guest_ip(index):
     return f"{NET_PREFIX}.{index + 1}"
+
+
+def oob_ip(index):
+    """A guest's out-of-band address beside plain RoCE v2 peers
+    (run_guests rxe_guests)."""
+    return f"{OOB_PREFIX}.{index + 1}"
 
 
 def guest_ip6(index):
@@ -656,7 +680,7 @@ class Session:
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
                echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
                guest_addrs=None, vstellard_args=(), daemons_out=None, images=None, qmp=False,
-               during=None, ipv6=False, shared_daemons=None):
+               during=None, ipv6=False, shared_daemons=None, rxe_guests=()):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
@@ -695,6 +719,16 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     namespace, attaches to its socket (a file). Default: one daemon per
     guest with `--socket --ip` (with ipv6, a `--device` with both
     addresses).
+
+    rxe_guests={i, ...} (with vstellar=True): these guests get no vStellar
+    device but a second NIC, eth1, on the daemons' fabric network with
+    their address 10.77.0.<i+1>/24 (TestNet rxe_hosts), on which the
+    command adds Soft-RoCE: plain RoCE v2 peers, which every daemon is
+    told to speak RoCE v2 to (--roce-peers). A guest's GID and its
+    daemon's address are one, so out-of-band traffic (perftest's TCP
+    exchange) needs other addresses: every guest's eth0 also has
+    10.79.0.<i+1>/24 (an rxe guest's eth0 only that), seen by the command
+    as $VSTELLAR_OOB_SELF_IP and $VSTELLAR_OOB_PEER_IP.
     """
     n = len(commands)
     if images is not None and len(images) != n:
@@ -708,6 +742,10 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
         raise GuestError("ipv6 needs the test network")
     if shared_daemons is not None and not vstellar:
         raise GuestError("shared_daemons needs vstellar=True")
+    rxe = set(rxe_guests)
+    if rxe and (not vstellar or shared_daemons is not None or ipv6 or vstellar_hosts or guest_addrs):
+        raise GuestError("rxe_guests needs vstellar=True on the launcher's own IPv4 test network, "
+                         "one daemon per guest")
     if (shared_daemons is not None or ipv6) and (vstellar_hosts or guest_addrs):
         raise GuestError("shared_daemons and ipv6 work on the launcher's own test network, "
                          "not with vstellar_hosts/guest_addrs")
@@ -717,10 +755,14 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     addrs = list(guest_addrs) if guest_addrs else [f"{guest_ip(i)}/24" for i in range(n)]
     ips = [a.split("/")[0] for a in addrs]
     ip6s = [guest_ip6(i) for i in range(n)] if ipv6 else None
-    groups = daemon_groups(n, shared_daemons) if shared_daemons is not None else [[i] for i in range(n)]
+    groups = daemon_groups(n, shared_daemons) if shared_daemons is not None else [[i] for i in range(n)
+                                                                                  if i not in rxe]
     modules = list(modules)
     if vstellar:
         modules += [m for m in VSTELLAR_MODULES if m not in modules]
+    if rxe:
+        vstellard_args = list(vstellard_args) + ["--roce-peers", ",".join(f"{ips[i]}/32" for i in sorted(rxe))]
+        modules += [m for m in RXE_MODULES if m not in modules]
     fab_addrs = None
     if shared_daemons is not None:
         fab_addrs = [[] for _ in range(n)]
@@ -730,7 +772,8 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     with Session() as s:
         try:
             if network:
-                s.net = TestNet(n, fabric=vstellar and not vstellar_hosts, ipv6=ipv6, fab_addrs=fab_addrs)
+                s.net = TestNet(n, fabric=vstellar and not vstellar_hosts, ipv6=ipv6, fab_addrs=fab_addrs,
+                                rxe_hosts=rxe)
                 s.net.create()
             attach = {}  # guest index: (daemon, its device socket)
             if vstellar:
@@ -759,12 +802,23 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                     prologue += (f"export VSTELLAR_SELF_IP6={ip6s[i]} VSTELLAR_PEER_IP6={ip6s[(i + 1) % n]}\n"
                                  f"/bin/ip -6 addr add {ip6s[i]}/{NET6_LEN} dev eth0 nodad || exit 1\n")
                 extra = list(qemu_args)
-                if vstellar:
+                addr = addrs[i] if network else None
+                if rxe:
+                    prologue += (f"export VSTELLAR_OOB_SELF_IP={oob_ip(i)} "
+                                 f"VSTELLAR_OOB_PEER_IP={oob_ip((i + 1) % n)}\n")
+                if i in rxe:
+                    addr = f"{oob_ip(i)}/24"
+                    extra += ["-netdev", "tap,id=n1,ifname=tap1,script=no,downscript=no",
+                              "-device", f"virtio-net-pci,netdev=n1,mac=52:54:00:78:00:{i + 1:02x},romfile="]
+                    prologue += f"ip addr add {ips[i]}/24 dev eth1 && ip link set eth1 up || exit 1\n"
+                elif vstellar:
                     d, k = attach[i]
                     extra = d.qemu_args(mem, k) + extra
+                    if rxe:
+                        prologue += f"ip addr add {oob_ip(i)}/24 dev eth0 || exit 1\n"
                 g = Guest(arts[i], f"guest{i}", prologue + cmd, netns=s.net.hosts[i] if network else None,
                           index=i, mem=mem, modules=modules, qemu_args=extra, timeout=timeout,
-                          echo=echo, addr=addrs[i] if network else None, qmp=qmp)
+                          echo=echo, addr=addr, qmp=qmp)
                 s.guests.append(g)
                 g.start()
             if during:

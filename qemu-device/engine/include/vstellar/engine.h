@@ -103,11 +103,12 @@ struct EngineConfig {
   // it from its first packet (one path, go-back-N, the peer's port 4791)
   // instead of the sprayed format: the peer is rxe or a RoCE NIC. The
   // ICRC covers the UDP source port and address, so the engine must know
-  // them: path p leaves from src_port_base + p, and from `local` when the
-  // QP has no address of its own.
+  // them: every RoCE v2 packet leaves from src_port (UdpLink's RoCE
+  // socket; 0: from path p's port, p, as on a SimNet), and from `local`
+  // when the QP has no address of its own.
   struct Roce {
     std::vector<IpPrefix> peers;
-    uint16_t src_port_base = 0;
+    uint16_t src_port = 0;
     IpAddr local;
   } roce;
   bool validate();  // clamps/normalizes; false if unusable

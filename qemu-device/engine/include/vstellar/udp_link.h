@@ -84,9 +84,10 @@ struct UdpLinkConfig {
   uint16_t shard = 0;  // this link's index in the group
   uint16_t shard_qpn_offset = 4;
   // Plain RoCE v2 peers (EngineConfig::roce) send to this port (IANA's
-  // 4791) whatever port our packets came from: a socket bound to it on
-  // the link's address hands what arrives to the same sink. 0: none. Not
-  // with shards > 1 (the steering program reads our format's dst_qpn).
+  // 4791): a socket bound to it on the link's address hands what arrives
+  // to the same sink, and every datagram sent with a trailer
+  // (send_trailed: RoCE v2) leaves from it, so from this port. 0: none.
+  // Not with shards > 1 (the steering program reads our format's dst_qpn).
   uint16_t roce_port = 0;
 };
 
@@ -152,6 +153,7 @@ class UdpLink final : public Link {
     uint8_t hdr[kMaxGsoSegs][256];
     uint8_t tail[kMaxGsoSegs][8];  // send_trailed(): each datagram's trailer
     uint16_t path;
+    int fd;              // the socket it leaves from: the path's, or the RoCE one
     uint16_t segs;       // datagrams in it
     uint32_t seg_len;    // bytes of each but the last
     uint32_t bytes;

@@ -44,6 +44,8 @@ struct DaemonOptions {
   uint16_t path_burst = 16;    // EngineConfig::path_burst
   bool zerocopy = false;       // UdpLinkConfig::zerocopy
   bool locate_faults = false;  // path tracing and fault localization (qemu-device/telemetry)
+  // Peers that speak plain RoCE v2 (EngineConfig::roce): --roce-peers.
+  std::vector<vstellar::IpPrefix> roce_peers;
   uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
   uint64_t idle_recheck_us = 1000;  // data path: one more look this long after going idle (missed kicks)
   // Work per device per loop turn (DeviceShared): what is left waits a turn.
