@@ -38,8 +38,10 @@ pkgs_mpi=(libopenmpi-dev)
 # for the libvirt test.
 pkgs_deb=(debhelper dh-dkms dkms lintian mmdebstrap ipxe-qemu libvirt-daemon-system
 	libvirt-daemon-driver-qemu libvirt-clients)
-# Test networks and benchmark plots.
-pkgs_run=(python3-matplotlib procps psmisc)
+# Test networks and benchmark plots; tcpdump and tshark record and decode
+# the RoCE v2 interop test's packets (tshark's built-in InfiniBand
+# dissector).
+pkgs_run=(python3-matplotlib procps psmisc tcpdump tshark)
 
 want=("${pkgs_build[@]}" "${pkgs_ns3[@]}" "${pkgs_fuzz[@]}" "${pkgs_qemu[@]}" "${pkgs_rdma[@]}" "${pkgs_guest[@]}" "${pkgs_mpi[@]}"
 	"${pkgs_deb[@]}" "${pkgs_run[@]}")

@@ -510,6 +510,7 @@ class EngineCore {
   void roce_responder(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
   void roce_completer(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
   void roce_send_seq_nak(QpImpl& qp);
+  bool roce_read_rerun(QpImpl& qp, uint32_t psn, uint64_t now);
   IpAddr roce_source(const QpImpl& qp) const {
     return qp.attr.local.unspecified() ? cfg_.roce.local : qp.attr.local;
   }

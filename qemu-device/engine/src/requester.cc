@@ -33,6 +33,14 @@ uint64_t EngineCore::rto(const QpImpl& qp, unsigned retries) const {
   const uint64_t slowest = qp.cc.max_rtt_ns();
   uint64_t base = std::max({cfg_.rto_ns, qp.srtt + std::max(4 * qp.rttvar, qp.srtt / 2),
                             slowest + slowest / 2});
+  // A plain RoCE v2 peer (roce_mode.cc) recovers by go-back-N: a resend
+  // the peer did not need costs every PSN after it, and its software
+  // stacks answer late at times (rxe on a busy host). Its timer is IB's
+  // local ACK timeout, 4.096 us * 2^timeout (0: none), as the QP's owner
+  // set it; a lost packet followed by others is found sooner by the
+  // peer's sequence NAK.
+  if (qp.roce && qp.attr.timeout) base = std::max(base, uint64_t(4096) << std::min<uint8_t>(qp.attr.timeout, 31));
+  else if (qp.roce) base = std::max(base, cfg_.rto_max_ns);
   // Exponential backoff per packet, but only while the connection is
   // stalled (QpImpl::backoff): a packet's own losses under random loss say
   // nothing about the peer, and backing them off compounds (a 1 MiB READ
@@ -140,6 +148,11 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
       // is what paces the data (at least one packet, as for a WRITE).
       uint64_t room = (qp.cc.cwnd() - qp.inflight) / w.seg + 1;
       n = uint32_t(std::min<uint64_t>({cfg_.read_chunk_pkts, w.npkts - w.pkts_sent, room}));
+      // A RoCE v2 peer gets one request per READ, as IB requesters send:
+      // it keeps only max_dest_rd_atomic READs to answer again, and
+      // chunks would count against that each. (One larger than half the
+      // PSN window, 2 MiB at MTU 1024, is still cut.)
+      if (qp.roce) n = std::min(w.npkts - w.pkts_sent, qp.window() / 2);
     }
     if (qp.snd_nxt + n - qp.snd_una > qp.window()) return false;
     uint32_t psn = qp.snd_nxt;
@@ -475,6 +488,10 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
       lose_for_resend(qp, t.psn);
       continue;
     }
+    if (qp.roce && r.kind == PktKind::READ) {
+      if (!roce_read_rerun(qp, t.psn, now)) return;
+      continue;
+    }
     if (!req_send(qp, t.psn, 1, true, now)) return;
   }
 }
@@ -516,8 +533,12 @@ bool EngineCore::req_resend(QpImpl& qp, uint64_t now) {
     PktRec& r = qp.rec(qp.snd_una);
     r.lost = false;  // its entry in `resend` is skipped below
     qp.inflight += r.len;
-    const uint32_t n = read_run(qp, qp.snd_una, UINT64_MAX);
-    if (!req_send(qp, qp.snd_una, n, true, now)) return false;
+    if (qp.roce && r.kind == PktKind::READ) {
+      if (!roce_read_rerun(qp, qp.snd_una, now)) return false;
+    } else {
+      const uint32_t n = read_run(qp, qp.snd_una, UINT64_MAX);
+      if (!req_send(qp, qp.snd_una, n, true, now)) return false;
+    }
   }
   while (!qp.resend.empty()) {
     const uint32_t psn = qp.resend.front();
@@ -532,6 +553,10 @@ bool EngineCore::req_resend(QpImpl& qp, uint64_t now) {
     qp.resend.pop_front();
     r.lost = false;
     qp.inflight += r.len;
+    if (qp.roce && r.kind == PktKind::READ) {
+      if (!roce_read_rerun(qp, psn, now)) return false;
+      continue;
+    }
     const uint32_t n = read_run(qp, psn, qp.cc.cwnd());
     if (!req_send(qp, psn, n, true, now)) return false;
   }

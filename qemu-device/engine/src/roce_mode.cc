@@ -183,6 +183,30 @@ void EngineCore::roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const Ho
   }
 }
 
+// A READ answered only in part asks again, as IB's requester does, for
+// everything from the WQE's first PSN still unanswered to its end, not
+// for the lost PSNs alone: a RoCE responder (rxe) answers a re-request
+// only if it lies within the READ and at or after the point the last
+// re-request of it started, so the re-requests of one READ must never go
+// backwards. Responses to PSNs already answered come again and are
+// dropped as duplicates. Takes the lost PSNs of the range back into
+// flight; false if the send failed the WQE (req_send).
+bool EngineCore::roce_read_rerun(QpImpl& qp, uint32_t psn, uint64_t now) {
+  const SendWqe& w = qp.sq_at(qp.rec(psn).wqe);
+  const uint32_t end = w.first_psn + w.pkts_sent;
+  uint32_t start = w.first_psn;
+  while (seq_lt(start, end) && (seq_lt(start, qp.snd_una) || qp.rec(start).acked)) start++;
+  if (!seq_lt(start, end)) return true;  // all answered meanwhile
+  for (uint32_t x = start; x != end; x++) {
+    PktRec& h = qp.rec(x);
+    if (h.lost && !h.acked) {
+      h.lost = false;  // its entry in `resend` is skipped later
+      qp.inflight += h.len;
+    }
+  }
+  return req_send(qp, start, end - start, true, now);
+}
+
 void EngineCore::roce_send_seq_nak(QpImpl& qp) {
   roce::Packet rp;
   rp.bth.opcode = roce::RC_ACK;
