@@ -34,7 +34,7 @@ import zlib
 from vsfabric import bpf
 from vstellar import guest as vg, perftest as pt
 
-VST, RXE = 0, 1
+VST, RXE = pt.INTEROP_VST, pt.INTEROP_RXE
 
 # (program, its arguments): each runs twice, vStellar serving, then rxe.
 PROGRAMS = [
@@ -49,50 +49,6 @@ LOSSY_PROGRAMS = [
     ("ib_write_bw", "-m 1024 -s 65536 -n 100 -F --report_gbits"),
     ("ib_read_bw", "-m 1024 -s 65536 -n 100 -o 16 -F --report_gbits"),
 ]
-RXE_COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
-
-
-def gid_index(dev, ip):
-    """Shell: wait until DEV has the RoCE v2 GID of IPv4 address ip and
-    export its index as GIDX."""
-    a, b, c, d = (int(x) for x in ip.split("."))
-    gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-    return f"""\
-n=0
-until GIDX=$(grep -l '^{gid}$' /sys/class/infiniband/{dev}/ports/1/gids/* 2>/dev/null | head -1); [ -n "$GIDX" ]; do
-  n=$((n + 1)); [ $n -lt 100 ] || {{ echo "no GID {gid} on {dev}" >&2; cat /sys/class/infiniband/{dev}/ports/1/gids/* >&2; exit 1; }}
-  sleep 0.1
-done
-GIDX=${{GIDX##*/}}
-export GIDX
-"""
-
-
-def script(me, dev, programs):
-    """The commands of guest `me` (VST or RXE): each program with vStellar
-    serving, then with rxe serving, on ports apart. The rxe guest ends by
-    printing its transport counters (== rxe counters)."""
-    lines = []
-    if me == RXE:
-        lines.append("rdma link add rxe0 type rxe netdev eth1 || exit 1")
-    lines.append(gid_index(dev, vg.guest_ip(me)))
-    lines.append(pt.client_retry(pt.PERFTEST_NOT_LISTENING, 60))
-    lines.append("set -e")
-    for k, (prog, args) in enumerate(programs):
-        gid = "-g $GIDX" if prog.startswith("ibv_") else "-x $GIDX"
-        for serving in (VST, RXE):
-            port = 18515 + 2 * k + serving
-            lines.append(f"echo '== {prog} {args} server={'vstellar' if serving == VST else 'rxe'}'")
-            # A bound on each run, so that a failure on one side ends the other.
-            if serving == me:
-                lines.append(f"timeout 180 {prog} -d {dev} -p {port} {gid} {args}")
-            else:
-                lines.append(f"run_client timeout 180 {prog} -d {dev} -p {port} {gid} {args} $VSTELLAR_OOB_PEER_IP")
-    if me == RXE:
-        lines.append(f"echo '== rxe counters'; cd {RXE_COUNTERS} && grep . *")
-    return "\n".join(lines) + "\n"
-
-
 def run_pair(programs, capture=None, loss=None):
     """Both guests, one daemon. capture: a pcap file to record the fabric
     link of the vStellar host into; loss: the probability that a UDP
@@ -120,7 +76,7 @@ def run_pair(programs, capture=None, loss=None):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     try:
-        results = vg.run_guests([script(VST, pt.VSTELLAR_DEVICE, programs), script(RXE, "rxe0", programs)],
+        results = vg.run_guests(list(pt.interop_pair(programs)),
                                 vstellar=True, rxe_guests={RXE}, timeout=900, daemons_out=daemons, during=during)
     finally:
         for p in procs:

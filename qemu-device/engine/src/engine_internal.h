@@ -164,6 +164,12 @@ inline SrqImpl& impl(Srq& srq) { return static_cast<SrqImpl&>(srq); }
 inline SrqImpl* impl(Srq* srq) { return static_cast<SrqImpl*>(srq); }
 inline const SrqImpl& impl(const Srq& srq) { return static_cast<const SrqImpl&>(srq); }
 
+// PSNs a QP in plain RoCE v2 mode may have sent and not had answered: what
+// rxe allows itself (RXE_MAX_UNACKED_PSNS), so that a software peer's
+// receive path, sized for that, is not flooded (a larger window against
+// rxe on a busy host made its ACKs late enough to time out, spuriously).
+constexpr uint32_t kRoceMaxUnackedPsns = 128;
+
 // READ/atomic requests a responder holds until epsn reaches them, per QP.
 constexpr size_t kMaxPendingReads = 1024;
 

@@ -150,11 +150,11 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
       n = uint32_t(std::min<uint64_t>({cfg_.read_chunk_pkts, w.npkts - w.pkts_sent, room}));
       // A RoCE v2 peer gets one request per READ, as IB requesters send:
       // it keeps only max_dest_rd_atomic READs to answer again, and
-      // chunks would count against that each. (One larger than half the
-      // PSN window, 2 MiB at MTU 1024, is still cut.)
-      if (qp.roce) n = std::min(w.npkts - w.pkts_sent, qp.window() / 2);
+      // chunks would count against that each. (One larger than the PSNs a
+      // RoCE QP may have unanswered is still cut.)
+      if (qp.roce) n = std::min(w.npkts - w.pkts_sent, kRoceMaxUnackedPsns);
     }
-    if (qp.snd_nxt + n - qp.snd_una > qp.window()) return false;
+    if (qp.snd_nxt + n - qp.snd_una > (qp.roce ? kRoceMaxUnackedPsns : qp.window())) return false;
     uint32_t psn = qp.snd_nxt;
     PktKind kind = w.op == WrOpcode::RDMA_READ ? PktKind::READ
                    : is_rd_atomic(w.op)        ? PktKind::ATOMIC

@@ -6,7 +6,7 @@ perftest the same way. Guest 0 is the server, guest 1 the client.
 
 import re
 
-from vstellar.guest import RXE_MODULES  # noqa: F401 (the modules of the rxe baseline)
+from vstellar.guest import RXE_MODULES, guest_ip  # noqa: F401 (RXE_MODULES: the rxe baseline's)
 
 RXE_SETUP = "rdma link add rxe0 type rxe netdev eth0 || exit 1\n"
 
@@ -140,6 +140,65 @@ def perftest_pair(tests, device, setup="", tries=60, common=""):
         client.append(f"echo '== {tool} {args}'")
         client.append(f"run_client {tool} -d {device} -p {port} {common} {args} $VSTELLAR_PEER_IP")
     return "\n".join(server) + "\n", "\n".join(client) + "\n"
+
+
+# A vStellar guest against an rxe guest (plain RoCE v2; run_guests
+# rxe_guests): guest INTEROP_VST has the vStellar device, guest INTEROP_RXE
+# Soft-RoCE on its fabric NIC eth1. Path MTU 1024 on both sides must be
+# asked for (-m 1024): rxe's over a 1500-byte Ethernet.
+INTEROP_VST, INTEROP_RXE = 0, 1
+RXE_COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
+
+
+def gid_index(dev, ip):
+    """Shell: wait until DEV has the RoCE v2 GID of IPv4 address ip and
+    export its index as GIDX."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+    return f"""\
+n=0
+until GIDX=$(grep -l '^{gid}$' /sys/class/infiniband/{dev}/ports/1/gids/* 2>/dev/null | head -1); [ -n "$GIDX" ]; do
+  n=$((n + 1)); [ $n -lt 100 ] || {{ echo "no GID {gid} on {dev}" >&2; cat /sys/class/infiniband/{dev}/ports/1/gids/* >&2; exit 1; }}
+  sleep 0.1
+done
+GIDX=${{GIDX##*/}}
+export GIDX
+"""
+
+
+def interop_script(me, dev, programs):
+    """The commands of guest `me` (INTEROP_VST or INTEROP_RXE) of a
+    vStellar-rxe pair (run_guests rxe_guests={INTEROP_RXE}): each
+    (program, args) of `programs` with vStellar serving, then with rxe
+    serving, on ports apart, each as a section "== PROG ARGS
+    server=vstellar|rxe"; the TCP exchange over $VSTELLAR_OOB_PEER_IP. The
+    rxe guest ends by printing its transport counters (== rxe counters)."""
+    VST, RXE = INTEROP_VST, INTEROP_RXE
+    lines = []
+    if me == RXE:
+        lines.append("rdma link add rxe0 type rxe netdev eth1 || exit 1")
+    lines.append(gid_index(dev, guest_ip(me)))
+    lines.append(client_retry(PERFTEST_NOT_LISTENING, 60))
+    lines.append("set -e")
+    for k, (prog, args) in enumerate(programs):
+        gid = "-g $GIDX" if prog.startswith("ibv_") else "-x $GIDX"
+        for serving in (VST, RXE):
+            port = 18515 + 2 * k + serving
+            lines.append(f"echo '== {prog} {args} server={'vstellar' if serving == VST else 'rxe'}'")
+            # A bound on each run, so that a failure on one side ends the other.
+            if serving == me:
+                lines.append(f"timeout 180 {prog} -d {dev} -p {port} {gid} {args}")
+            else:
+                lines.append(f"run_client timeout 180 {prog} -d {dev} -p {port} {gid} {args} $VSTELLAR_OOB_PEER_IP")
+    if me == RXE:
+        lines.append(f"echo '== rxe counters'; cd {RXE_COUNTERS} && grep . *")
+    return "\n".join(lines) + "\n"
+
+
+def interop_pair(programs):
+    """The commands of both guests of a vStellar-rxe pair, in guest order."""
+    return (interop_script(INTEROP_VST, VSTELLAR_DEVICE, programs),
+            interop_script(INTEROP_RXE, "rxe0", programs))
 
 
 def sections_in_order(lines):
