@@ -363,3 +363,61 @@ TEST(Udp, GroupsSpreadOverSocketsBeyondTheKernelsPerSocketLimit) {
 
 }  // namespace
 }  // namespace vstellar::test
+
+namespace vstellar::test {
+namespace {
+
+// Plain RoCE v2 (UdpLinkConfig::roce_port): what a peer sends to the RoCE
+// port reaches the sink, and a datagram sent with a trailer leaves from
+// that port whole: header, payload spans and trailer, in that order.
+TEST(Udp, RocePortReceivesAndSendsTrailedDatagrams) {
+  struct Keep final : RxSink {
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<uint16_t> from_ports;
+    void on_datagram(const uint8_t* d, size_t n, const Endpoint& from, const IpAddr&, bool) override {
+      got.emplace_back(d, d + n);
+      from_ports.push_back(from.port);
+    }
+  };
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 30000);
+  UdpLinkConfig rc;
+  rc.base_port = base;
+  rc.num_paths = 2;
+  rc.roce_port = uint16_t(base + 50);
+  UdpLink roce(rc);
+  ASSERT_TRUE(roce.ok()) << roce.error();
+  UdpLinkConfig pc;
+  pc.base_port = uint16_t(base + 100);
+  pc.num_paths = 1;
+  UdpLink peer(pc);
+  ASSERT_TRUE(peer.ok()) << peer.error();
+
+  const uint8_t hello[16] = {0x04, 0, 0xff, 0xff};
+  peer.send(0, IpAddr(), Endpoint{0x7f000001, rc.roce_port}, hello, sizeof(hello), nullptr, 0);
+  peer.flush();
+  Keep at_roce;
+  for (int i = 0; i < 100 && at_roce.got.empty(); i++) roce.poll(10'000'000, at_roce);
+  ASSERT_EQ(at_roce.got.size(), 1u);
+  EXPECT_EQ(at_roce.got[0], std::vector<uint8_t>(hello, hello + sizeof(hello)));
+  EXPECT_EQ(at_roce.from_ports[0], pc.base_port);
+
+  const uint8_t hdr[12] = {0x0a, 1, 2, 3};
+  uint8_t payload[1024];
+  for (size_t i = 0; i < sizeof(payload); i++) payload[i] = uint8_t(i * 7);
+  const HostSpan spans[2] = {{payload, 1000}, {payload + 1000, 24}};
+  const uint8_t trailer[4] = {0xde, 0xad, 0xbe, 0xef};
+  roce.send_trailed(1, IpAddr(), Endpoint{0x7f000001, pc.base_port}, hdr, sizeof(hdr), spans, 2, trailer,
+                    sizeof(trailer));
+  roce.flush();
+  Keep at_peer;
+  for (int i = 0; i < 100 && at_peer.got.empty(); i++) peer.poll(10'000'000, at_peer);
+  ASSERT_EQ(at_peer.got.size(), 1u);
+  std::vector<uint8_t> want(hdr, hdr + sizeof(hdr));
+  want.insert(want.end(), payload, payload + sizeof(payload));
+  want.insert(want.end(), trailer, trailer + sizeof(trailer));
+  EXPECT_EQ(at_peer.got[0], want);
+  EXPECT_EQ(at_peer.from_ports[0], rc.roce_port) << "a trailed datagram leaves from the RoCE port";
+}
+
+}  // namespace
+}  // namespace vstellar::test
