@@ -6,6 +6,7 @@
 #include <set>
 
 #include "sim_pair.h"
+#include "vstellar/roce_wire.h"
 
 namespace vstellar::test {
 namespace {
@@ -58,7 +59,7 @@ class Datagram : public ::testing::Test {
     o.cfg.mtu = 1024;
     return o;
   }
-  Datagram() : p(opts()) {}
+  explicit Datagram(const PairOptions& o = opts()) : p(o) {}
 
   Qp* make(Side& s, QpType t) {
     QpInitAttr ia;
@@ -199,6 +200,79 @@ TEST_F(Datagram, GsiAnswersQp1ForItsGidsAndSendsFromQp1) {
   settle();
   EXPECT_TRUE(poll(p.b, p.b.rcq).empty());
   EXPECT_EQ(p.b.eng->stats().ud_drops, drops + 2);
+}
+
+// Toward a plain RoCE v2 peer (EngineConfig::roce) a UD datagram is UD
+// SEND Only with a DETH and a good ICRC, and QP 1's MADs too (rdma_cm);
+// one that arrives as RoCE v2 is received with the GRH area built from the
+// IP addresses.
+class DatagramRoce : public Datagram {
+ protected:
+  static PairOptions roce_opts() {
+    PairOptions o = opts();
+    o.cfg.roce.peers = {IpPrefix{IpAddr(0x0a000000), 8}};
+    o.cfg_b = o.cfg;
+    o.cfg.roce.local = IpAddr(kIpA);
+    o.cfg_b->roce.local = IpAddr(kIpB);
+    return o;
+  }
+  DatagramRoce() : Datagram(roce_opts()) {}
+};
+
+TEST_F(DatagramRoce, UdAndGsiDatagramsAreRoceV2) {
+  Qp* qa = make(p.a, QpType::UD);
+  Qp* qb = make(p.b, QpType::UD);
+  Qp* ga = make(p.a, QpType::GSI);
+  Qp* gb = make(p.b, QpType::GSI);
+  ASSERT_TRUE(qa && qb && ga && gb);
+  std::vector<roce::Packet> seen;
+  std::vector<std::vector<uint8_t>> kept;
+  int bad = 0;
+  p.net.tap = [&](uint32_t from, uint32_t to, uint16_t path, std::vector<uint8_t>& bytes) {
+    roce::IpFields ip;
+    ip.src = IpAddr(from);
+    ip.dst = IpAddr(to);
+    ip.src_port = path;
+    roce::Packet rp;
+    kept.push_back(bytes);
+    if (roce::parse(kept.back().data(), kept.back().size(), ip, &rp) != roce::ParseError::NONE) bad++;
+    else seen.push_back(rp);
+    return true;
+  };
+  fill_random(p.a.buf.data(), 300, 9);
+  ASSERT_EQ(recv(p.b, qb, 4096, 512), 0);
+  ASSERT_EQ(send(p.a, qa, p.b, qb->qpn(), kQkey, 0, 300, 0x1234), 0);
+  auto rc = p.wait(p.b, p.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(rc[0].byte_len, 40u + 300u);
+  EXPECT_EQ(rc[0].src_qp, qa->qpn());
+  EXPECT_EQ(rc[0].imm_data, 0x1234u);
+  EXPECT_EQ(std::memcmp(p.b.buf.data() + 4096 + 40, p.a.buf.data(), 300), 0);
+  const uint8_t* ip = p.b.buf.data() + 4096 + 20;
+  EXPECT_EQ(std::memcmp(ip + 12, gid_of(p.a.ip).data() + 12, 4), 0);
+  EXPECT_EQ(std::memcmp(ip + 16, gid_of(p.b.ip).data() + 12, 4), 0);
+
+  ASSERT_EQ(recv(p.b, gb, 0, 512), 0);
+  ASSERT_EQ(send(p.a, ga, p.b, 1, 0x80000000u, 1024, 256), 0);
+  rc = p.wait(p.b, p.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(rc[0].src_qp, 1u);
+  EXPECT_EQ(rc[0].qp_num, gb->qpn());
+
+  EXPECT_EQ(bad, 0);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].bth.opcode, roce::UD_SEND_ONLY_IMM);
+  EXPECT_EQ(seen[0].bth.dest_qp, qb->qpn());
+  EXPECT_EQ(seen[0].deth.qkey, kQkey);
+  EXPECT_EQ(seen[0].deth.src_qp, qa->qpn());
+  EXPECT_EQ(seen[1].bth.opcode, roce::UD_SEND_ONLY);
+  EXPECT_EQ(seen[1].bth.dest_qp, 1u);
+  EXPECT_EQ(seen[1].deth.qkey, roce::kGsiQkey);
+  EXPECT_EQ(seen[1].deth.src_qp, 1u);
+  EXPECT_EQ(p.a.eng->stats().roce_tx, 2u);
+  EXPECT_EQ(p.b.eng->stats().roce_rx, 2u);
 }
 
 TEST_F(Datagram, ReceiverDropsWrongQkeyAndNoReceive) {

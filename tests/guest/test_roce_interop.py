@@ -4,9 +4,10 @@ Guest 0 has the vStellar device, served by a vstellard told that guest 1's
 address speaks plain RoCE v2 (--roce-peers); guest 1 runs Linux's
 Soft-RoCE (Debian's rdma_rxe) on a second NIC that sits on the daemons'
 fabric network (run_guests rxe_guests). Every program runs both ways,
-vStellar as server and as client; the TCP exchange of perftest and the
-pingpong goes over other addresses ($VSTELLAR_OOB_*), since a guest's GID
-is its daemon's address. Path MTU 1024 on both sides (rxe's, over a
+vStellar as server and as client: RC SEND, WRITE, READ and atomics, UD,
+and rdma_cm (rping, perftest's -R), whose MADs travel between the two QP
+1s. The TCP exchange of perftest and the pingpongs goes over other
+addresses ($VSTELLAR_OOB_*), since a guest's GID is its daemon's address. Path MTU 1024 on both sides (rxe's, over a
 1500-byte Ethernet); READ and atomic depth 16 (-o 16: vStellar's
 max_qp_rd_atom; perftest would ask the client's QP for rxe's 128).
 
@@ -44,6 +45,10 @@ PROGRAMS = [
     ("ib_send_bw", "-m 1024 -s 65536 -n 50 -F --report_gbits"),
     ("ib_atomic_bw", "-m 1024 -n 50 -o 16 -F --report_gbits"),
     ("ib_write_lat", "-m 1024 -s 8 -n 100 -F"),
+    ("ibv_ud_pingpong", "-s 512 -n 20"),
+    # rdma_cm: the CM's MADs on QP 1, as UD SEND Only to the peer's QP 1
+    ("rping", "-C 10 -v"),
+    ("ib_write_bw", "-R -m 1024 -s 65536 -n 50 -F --report_gbits"),
 ]
 LOSSY_PROGRAMS = [
     ("ib_write_bw", "-m 1024 -s 65536 -n 100 -F --report_gbits"),
@@ -150,6 +155,9 @@ class RoceInteropTest(unittest.TestCase):
                         bw = pt.parse_bw(sections[key])
                         self.assertEqual(len(bw), 1, sections[key])
                         pt.check_rate(self, bw[0]["bw_avg_gbps"], sections[key])
+                    if prog == "rping" and client:
+                        self.assertEqual(sum("ping data: rdma-ping-" in l for l in sections[key]), 10,
+                                         sections[key])
                     if prog.endswith("_lat") and client:
                         lat = pt.parse_lat(sections[key])
                         self.assertEqual(len(lat), 1, sections[key])

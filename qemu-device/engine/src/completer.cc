@@ -110,7 +110,11 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   comp_rtt(qp, rtt);
   qp.paths.on_ack(a.echo_path, rtt);
   health_answered(qp, a.echo_path, rtt);
-  qp.cc.on_ack(acked, a.rx_count, a.ce_count, rtt, qp.snd_una, qp.snd_nxt);
+  // A plain RoCE v2 peer's window is ECN's alone: its round trips are a
+  // software stack's (rxe answers in milliseconds on a busy host), which
+  // the delay target would take for a queue and hold the window at its
+  // smallest. RoCE itself has no delay signal; the RTO still uses them.
+  qp.cc.on_ack(acked, a.rx_count, a.ce_count, qp.roce ? 0 : rtt, qp.snd_una, qp.snd_nxt);
 
   if (a.syndrome == wire::Syndrome::HELD) {
     comp_held(qp, a, now);
@@ -220,7 +224,7 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   comp_rtt(qp, rtt);
   qp.paths.on_ack(path, rtt);
   health_answered(qp, path, rtt);
-  qp.cc.on_ack(acked, 1, ce ? 1 : 0, rtt, qp.snd_una, qp.snd_nxt);
+  qp.cc.on_ack(acked, 1, ce ? 1 : 0, qp.roce ? 0 : rtt, qp.snd_una, qp.snd_nxt);  // as in comp_ack
   comp_retire(qp);
 }
 

@@ -108,7 +108,10 @@ bool EngineCore::ud_progress(QpImpl& qp) {
     std::memcpy(e.dgid, w.ud.dgid.data(), 16);
     uint8_t hdr[wire::kMaxHeaderLen];
     const size_t hl = wire::encode(b, e, hdr);
-    xmit_to(IpAddr::from_bytes(w.ud.sgid.data()), w.ud.peer, b.path, hdr, hl, spans, n, len, false);
+    if (!cfg_.roce.peers.empty() && !w.ud.peer.ip.is_multicast() && roce_peer(w.ud.peer.ip))
+      roce_ud_xmit(qp, b, e, spans, n, len);  // a plain RoCE v2 peer (roce_mode.cc)
+    else
+      xmit_to(IpAddr::from_bytes(w.ud.sgid.data()), w.ud.peer, b.path, hdr, hl, spans, n, len, false);
     stats_.ud_sent++;
     w.done = true;
   }

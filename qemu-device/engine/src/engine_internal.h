@@ -517,6 +517,10 @@ class EngineCore {
   void roce_completer(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
   void roce_send_seq_nak(QpImpl& qp);
   bool roce_read_rerun(QpImpl& qp, uint32_t psn, uint64_t now);
+  void roce_ud_xmit(QpImpl& qp, const wire::Base& b, const wire::UdExt& e, const HostSpan* pl, size_t nspans,
+                    size_t plen);
+  void roce_ud_receive(const roce::Packet& rp, const Endpoint& from, const IpAddr& to);
+  uint32_t roce_ud_psn_ = 0;  // PSNs of the datagrams sent (RoCE v2 numbers UD packets too)
   IpAddr roce_source(const QpImpl& qp) const {
     return qp.attr.local.unspecified() ? cfg_.roce.local : qp.attr.local;
   }

@@ -66,9 +66,16 @@ void EngineCore::roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const Ho
   rp.bth.dest_qp = qp.attr.dest_qp_num & kPsnMask;
   rp.bth.psn = p.base.psn & kPsnMask;
   rp.bth.solicited = p.base.flags & wire::F_SOLICITED;
-  // An ACK at the end of every message and every 16 PSNs within one, so a
-  // long message does not wait for its end to open the window.
-  const bool ack_req = last || (p.base.psn & 15) == 15;
+  // A RoCE responder acknowledges only packets that ask (AckReq): the end
+  // of every message, every 16th PSN so that a long message does not wait
+  // for its end to open the window, a resend, and the packet after which
+  // the window (congestion or PSN) lets nothing more leave: without that,
+  // the requester waits for an ACK the responder never sends, and only
+  // the timer ends the wait (one run of ib_write_bw lost 40 ms per
+  // message so).
+  const bool window_full = qp.inflight + qp.seg > qp.cc.cwnd() ||
+                           p.base.psn + 1 - qp.snd_una >= kRoceMaxUnackedPsns;
+  const bool ack_req = last || (p.base.psn & 15) == 15 || retx || window_full;
   switch (p.base.op) {
     case wire::Op::SEND:
       rp.bth.opcode = form(first, last, roce::RC_SEND_ONLY, roce::RC_SEND_FIRST, roce::RC_SEND_MIDDLE,
@@ -207,6 +214,60 @@ bool EngineCore::roce_read_rerun(QpImpl& qp, uint32_t psn, uint64_t now) {
   return req_send(qp, start, end - start, true, now);
 }
 
+// A datagram of a UD or GSI QP to a plain RoCE v2 peer: UD SEND Only
+// (with immediate), the DETH with the Q_Key and the source QP (1 for the
+// GSI QP, so rdma_cm's MADs reach the peer's CM), no GRH: RoCE v2 carries
+// the addresses in the IP header.
+void EngineCore::roce_ud_xmit(QpImpl& qp, const wire::Base& b, const wire::UdExt& e, const HostSpan* pl,
+                              size_t nspans, size_t plen) {
+  roce::Packet rp;
+  rp.bth.opcode = b.op == wire::Op::UD_SEND_IMM ? roce::UD_SEND_ONLY_IMM : roce::UD_SEND_ONLY;
+  rp.bth.dest_qp = b.dst_qpn & kPsnMask;
+  rp.bth.psn = roce_ud_psn_++ & kPsnMask;
+  rp.bth.solicited = b.flags & wire::F_SOLICITED;
+  rp.deth.qkey = e.qkey;
+  rp.deth.src_qp = b.src_qpn & kPsnMask;
+  rp.imm = e.imm;
+  rp.payload_len = plen;
+  uint8_t rh[roce::kBthLen + 16];
+  const size_t rhl = roce::build_headers(rp, rh, sizeof(rh));
+  roce::IpFields ip;
+  ip.src = IpAddr::from_bytes(e.sgid);
+  if (ip.src.unspecified()) ip.src = roce_source(qp);
+  ip.dst = IpAddr::from_bytes(e.dgid);
+  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : b.path;
+  uint8_t trailer[roce::kMaxTrailerLen];
+  const size_t tl = roce::seal(ip, rh, rhl, pl, nspans, trailer);
+  link_.send_trailed(b.path, IpAddr::from_bytes(e.sgid), Endpoint{ip.dst, roce::kUdpPort}, rh, rhl, pl, nspans,
+                     trailer, tl);
+  stats_.tx_pkts++;
+  stats_.roce_tx++;
+  stats_.tx_bytes += rhl + plen + tl;
+}
+
+// A UD datagram from a plain RoCE v2 peer, as the datagram path expects
+// it: the GIDs are the IP header's addresses (the source one is the
+// sender's own by construction; the datagram path checks the destination
+// against where it arrived). The IP header's traffic class and hop limit
+// are not seen through a UDP socket: the GRH area shows 0 and 64.
+void EngineCore::roce_ud_receive(const roce::Packet& rp, const Endpoint& from, const IpAddr& to) {
+  wire::Packet p;
+  p.base.op = rp.bth.opcode == roce::UD_SEND_ONLY_IMM ? wire::Op::UD_SEND_IMM : wire::Op::UD_SEND;
+  p.base.flags = wire::F_FIRST | wire::F_LAST | (rp.bth.solicited ? wire::F_SOLICITED : 0);
+  p.base.dst_qpn = rp.bth.dest_qp;
+  p.base.src_qpn = rp.deth.src_qp;
+  p.base.payload_len = uint16_t(rp.payload_len);
+  p.payload = rp.payload;
+  p.payload_len = rp.payload_len;
+  p.ud.qkey = rp.deth.qkey;
+  p.ud.imm = rp.imm;
+  p.ud.hop_limit = 64;
+  std::memcpy(p.ud.sgid, from.ip.b.data(), 16);
+  const IpAddr dst = to.unspecified() ? cfg_.roce.local : to;
+  std::memcpy(p.ud.dgid, dst.b.data(), 16);
+  ud_receive(p, from, to);
+}
+
 void EngineCore::roce_send_seq_nak(QpImpl& qp) {
   roce::Packet rp;
   rp.bth.opcode = roce::RC_ACK;
@@ -247,6 +308,10 @@ void EngineCore::roce_receive(const uint8_t* data, size_t len, const Endpoint& f
     return;
   }
   stats_.roce_rx++;
+  if (rp.bth.opcode == roce::UD_SEND_ONLY || rp.bth.opcode == roce::UD_SEND_ONLY_IMM) {
+    roce_ud_receive(rp, from, to);
+    return;
+  }
   QpImpl* qp = find_qp(rp.bth.dest_qp);
   if (!qp || !qp->roce) {
     stats_.bad_qpn++;
@@ -263,7 +328,7 @@ void EngineCore::roce_receive(const uint8_t* data, size_t len, const Endpoint& f
   const uint64_t now = clock_.now_ns();
   const uint8_t op = rp.bth.opcode;
   const bool response = (op >= roce::RC_READ_RESPONSE_FIRST && op <= roce::RC_ATOMIC_ACK);
-  if (op >= roce::UC_SEND_FIRST) {  // UC and UD: not in this mode
+  if (op >= roce::UC_SEND_FIRST) {  // UC: not in this mode
     stats_.roce_bad++;
     return;
   }

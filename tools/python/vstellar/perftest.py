@@ -91,6 +91,10 @@ run_client() {{
 """
 
 
+# What an rdma_cm client (rping) says when nobody listens yet.
+RDMA_CM_NOT_LISTENING = "\\|RDMA_CM_EVENT_REJECTED\\|RDMA_CM_EVENT_UNREACHABLE\\|CONNECTED state"
+
+
 def rping_server(pings, port=7174):
     """Shell: an rping server that takes one connection of `pings` pings."""
     return f"timeout 200 rping -s -a 0.0.0.0 -p {port} -C {pings} -v"
@@ -171,25 +175,34 @@ def interop_script(me, dev, programs):
     vStellar-rxe pair (run_guests rxe_guests={INTEROP_RXE}): each
     (program, args) of `programs` with vStellar serving, then with rxe
     serving, on ports apart, each as a section "== PROG ARGS
-    server=vstellar|rxe"; the TCP exchange over $VSTELLAR_OOB_PEER_IP. The
-    rxe guest ends by printing its transport counters (== rxe counters)."""
+    server=vstellar|rxe"; the TCP exchange over $VSTELLAR_OOB_PEER_IP.
+    Programs that connect through rdma_cm (rping, perftest's -R) find the
+    peer by its RoCE address, $VSTELLAR_PEER_IP, and choose the device and
+    GID themselves. The rxe guest ends by printing its transport counters
+    (== rxe counters)."""
     VST, RXE = INTEROP_VST, INTEROP_RXE
     lines = []
     if me == RXE:
         lines.append("rdma link add rxe0 type rxe netdev eth1 || exit 1")
     lines.append(gid_index(dev, guest_ip(me)))
-    lines.append(client_retry(PERFTEST_NOT_LISTENING, 60))
+    lines.append(client_retry(PERFTEST_NOT_LISTENING + RDMA_CM_NOT_LISTENING, 60))
     lines.append("set -e")
     for k, (prog, args) in enumerate(programs):
-        gid = "-g $GIDX" if prog.startswith("ibv_") else "-x $GIDX"
+        port = 18515 + 2 * k
         for serving in (VST, RXE):
-            port = 18515 + 2 * k + serving
             lines.append(f"echo '== {prog} {args} server={'vstellar' if serving == VST else 'rxe'}'")
-            # A bound on each run, so that a failure on one side ends the other.
-            if serving == me:
-                lines.append(f"timeout 180 {prog} -d {dev} -p {port} {gid} {args}")
+            if prog == "rping":
+                server = f"rping -s -a 0.0.0.0 -p {port + serving} {args}"
+                client = f"rping -c -a $VSTELLAR_PEER_IP -p {port + serving} {args}"
+            elif " -R" in f" {args}":
+                server = f"{prog} -d {dev} -p {port + serving} {args}"
+                client = f"{server} $VSTELLAR_PEER_IP"
             else:
-                lines.append(f"run_client timeout 180 {prog} -d {dev} -p {port} {gid} {args} $VSTELLAR_OOB_PEER_IP")
+                gid = "-g $GIDX" if prog.startswith("ibv_") else "-x $GIDX"
+                server = f"{prog} -d {dev} -p {port + serving} {gid} {args}"
+                client = f"{server} $VSTELLAR_OOB_PEER_IP"
+            # A bound on each run, so that a failure on one side ends the other.
+            lines.append(f"timeout 180 {server}" if serving == me else f"run_client timeout 180 {client}")
     if me == RXE:
         lines.append(f"echo '== rxe counters'; cd {RXE_COUNTERS} && grep . *")
     return "\n".join(lines) + "\n"
