@@ -33,7 +33,7 @@ import unittest
 import zlib
 
 from vsfabric import bpf
-from vstellar import guest as vg, perftest as pt
+from vstellar import guest as vg, perftest as pt, ulp
 
 VST, RXE = pt.INTEROP_VST, pt.INTEROP_RXE
 
@@ -54,11 +54,12 @@ LOSSY_PROGRAMS = [
     ("ib_write_bw", "-m 1024 -s 65536 -n 100 -F --report_gbits"),
     ("ib_read_bw", "-m 1024 -s 65536 -n 100 -o 16 -F --report_gbits"),
 ]
-def run_pair(programs, capture=None, loss=None):
+def run_pair(programs, capture=None, loss=None, scripts=None):
     """Both guests, one daemon. capture: a pcap file to record the fabric
     link of the vStellar host into; loss: the probability that a UDP
-    datagram leaving either host's fabric link is dropped. Returns
-    (results, daemons)."""
+    datagram leaving either host's fabric link is dropped; scripts: the
+    guests' commands instead of the programs'. Returns (results,
+    daemons)."""
     daemons, procs, mounts = [], [], []
 
     def during(session):
@@ -81,7 +82,7 @@ def run_pair(programs, capture=None, loss=None):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     try:
-        results = vg.run_guests(list(pt.interop_pair(programs)),
+        results = vg.run_guests(list(scripts or pt.interop_pair(programs)),
                                 vstellar=True, rxe_guests={RXE}, timeout=900, daemons_out=daemons, during=during)
     finally:
         for p in procs:
@@ -213,6 +214,75 @@ class RoceInteropLossTest(unittest.TestCase):
         # NAKs its requester received.
         self.assertGreater(counters.get("out_of_seq_request", 0), 0, counters)
         self.assertGreater(counters.get("rcvd_seq_err", 0), 0, counters)
+
+
+# NVMe over RDMA across the pair, both ways: the kernel's target (nvmet-rdma)
+# on one side, its host (nvme-rdma) on the other, connected through
+# rdma_cm; 16 MiB of random data written with O_DIRECT, read back and
+# compared on the host, and read by the target from its own null_blk. Round
+# 1: rxe serves, vStellar is the host; round 2 the other way. The sides
+# say "done" over TCP on their out-of-band addresses.
+MIB = 16
+NVME_COMMON = ulp.NVMET + ulp.NVME_ATTACH + f"""\
+tell() {{ i=0; until echo done | nc "$1" "$2"; do i=$((i + 1)); [ $i -lt 60 ] || return 1; sleep 1; done; }}
+nvme_round() {{
+  nvme_attach "$1" "$2" || return 1
+  dd if=/tmp/pattern of=$dev bs=1M count={MIB} oflag=direct 2>/dev/null || return 1
+  dd if=$dev of=/tmp/back bs=1M count={MIB} iflag=direct 2>/dev/null || return 1
+  echo "host-read $(md5sum < /tmp/back)"
+  nvme disconnect -n {ulp.NQN} || return 1
+}}
+serve() {{
+  nvmet_up $VSTELLAR_SELF_IP "$1"
+  timeout 500 nc -l -p "$2" > /dev/null
+  echo "target-read $(dd if=/dev/nullb0 bs=1M count={MIB} 2>/dev/null | md5sum)"
+  nvmet_down
+}}
+trap 'rc=$?; [ $rc = 0 ] || {{ echo "== dmesg"; dmesg | tail -n 60; }}; exit $rc' EXIT
+set -e
+{ulp.NULL_BLK}modprobe nvmet
+modprobe nvmet-rdma
+modprobe nvme-rdma
+dd if=/dev/urandom of=/tmp/pattern bs=1M count={MIB} 2>/dev/null
+echo "pattern $(md5sum < /tmp/pattern)"
+"""
+NVME_VST = pt.gid_index(pt.VSTELLAR_DEVICE, vg.guest_ip(VST)) + NVME_COMMON + """\
+echo "== round 1"
+nvme_round $VSTELLAR_PEER_IP 4421
+tell $VSTELLAR_OOB_PEER_IP 5001
+echo "== round 2"
+serve 4422 5002
+"""
+NVME_RXE = ("rdma link add rxe0 type rxe netdev eth1 || exit 1\n" + pt.gid_index("rxe0", vg.guest_ip(RXE)) +
+            NVME_COMMON + """\
+echo "== round 1"
+serve 4421 5001
+echo "== round 2"
+nvme_round $VSTELLAR_PEER_IP 4422
+tell $VSTELLAR_OOB_PEER_IP 5002
+""")
+
+
+class RoceInteropNvmeTest(unittest.TestCase):
+    def test_nvme_over_rdma_both_ways(self):
+        results, daemons = run_pair([], scripts=[NVME_VST, NVME_RXE])
+        for i, (status, out, console) in enumerate(results):
+            self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(out[-60:]) + "\n" + vg.daemon_report(daemons))
+        vst, rxe = (pt.split_sections(results[i][1]) for i in (VST, RXE))
+
+        def field(lines, name):
+            return [line.split(" ", 1)[1] for line in lines if line.startswith(name + " ")]
+
+        pattern = {i: field(results[i][1], "pattern") for i in (VST, RXE)}
+        self.assertTrue(len(pattern[VST]) == len(pattern[RXE]) == 1, pattern)
+        # Round 1: vStellar host, rxe target; round 2 the other way.
+        self.assertEqual(field(vst["round 1"], "host-read"), pattern[VST], vst)
+        self.assertEqual(field(rxe["round 1"], "target-read"), pattern[VST], rxe)
+        self.assertEqual(field(rxe["round 2"], "host-read"), pattern[RXE], rxe)
+        self.assertEqual(field(vst["round 2"], "target-read"), pattern[RXE], vst)
+        eng = daemons[0]["stats"]["engine"]
+        self.assertGreater(eng["roce_tx"], 0, eng)
+        self.assertEqual(eng["roce_bad"], 0, eng)
 
 
 if __name__ == "__main__":
