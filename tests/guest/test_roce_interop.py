@@ -18,6 +18,8 @@ verification, so the ICRC of every packet, either direction, is checked
 here in Python (zlib's CRC-32) with the IPv4 identification the packet
 carried.
 
+NVMe over RDMA runs both ways too (RoceInteropNvmeTest).
+
 With 1% loss each way (the namespace fabric's eBPF loss on both hosts'
 fabric links), WRITE and READ
 complete both ways and go-back-N shows on both sides: the daemon's
