@@ -147,21 +147,25 @@ SimImpairment make(std::function<void(SimImpairment&)> f) {
   return im;
 }
 
+void bursty(SimImpairment& m) {
+  m.burst_enter = 0.01;
+  m.burst_exit = 0.2;
+  m.burst_loss = 1.0;
+}
+
+void reorder_and_jitter(SimImpairment& m) {
+  m.reorder = 0.3;
+  m.jitter_ns = 20'000;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Links, Lossy,
     ::testing::Values(
         LinkCase{"clean", make([](SimImpairment&) {})},
         LinkCase{"random_loss_5pct", make([](SimImpairment& m) { m.loss = 0.05; })},
-        LinkCase{"bursty_loss", make([](SimImpairment& m) {
-                   m.burst_enter = 0.01;
-                   m.burst_exit = 0.2;
-                   m.burst_loss = 1.0;
-                 })},
+        LinkCase{"bursty_loss", make(bursty)},
         LinkCase{"duplicates", make([](SimImpairment& m) { m.dup = 0.2; })},
-        LinkCase{"reorder_and_jitter", make([](SimImpairment& m) {
-                   m.reorder = 0.3;
-                   m.jitter_ns = 20'000;
-                 })},
+        LinkCase{"reorder_and_jitter", make(reorder_and_jitter)},
         LinkCase{"one_lossy_path_of_16", make([](SimImpairment& m) {
                    m.lossy_path = 3;
                    m.lossy_path_rate = 0.5;
@@ -240,16 +244,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         LinkCase{"clean", make([](SimImpairment&) {})},
         LinkCase{"random_loss_2pct", make([](SimImpairment& m) { m.loss = 0.02; })},
-        LinkCase{"bursty_loss", make([](SimImpairment& m) {
-                   m.burst_enter = 0.01;
-                   m.burst_exit = 0.2;
-                   m.burst_loss = 1.0;
-                 })},
+        LinkCase{"bursty_loss", make(bursty)},
         LinkCase{"duplicates", make([](SimImpairment& m) { m.dup = 0.2; })},
-        LinkCase{"reorder_and_jitter", make([](SimImpairment& m) {
-                   m.reorder = 0.3;
-                   m.jitter_ns = 20'000;
-                 })},
+        LinkCase{"reorder_and_jitter", make(reorder_and_jitter)},
         LinkCase{"everything_but_a_dead_path", make([](SimImpairment& m) {
                    m.loss = 0.02;
                    m.dup = 0.05;

@@ -5,8 +5,11 @@ first checks. The files are committed; rerun this after changing an input
 format (python3 tests/fuzz/make_seeds.py)."""
 import os
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "python"))  # run by hand, not through tools/python/run
+from vstellar import pcap  # noqa: E402
 
 
 def write(target, name, data):
@@ -274,15 +277,8 @@ datapath()
 def rxe_packets():
     """(UDP payload, is IPv6) of every RoCE v2 packet in the capture of rxe
     (tests/engine/data/rxe-rocev2.pcap, classic pcap, Ethernet)."""
-    path = os.path.join(HERE, "..", "engine", "data", "rxe-rocev2.pcap")
-    with open(path, "rb") as f:
-        data = f.read()
-    assert struct.unpack("<I", data[:4])[0] == 0xa1b2c3d4, "little-endian classic pcap expected"
-    off, out = 24, []
-    while off + 16 <= len(data):
-        caplen = struct.unpack("<I", data[off + 8:off + 12])[0]
-        frame = data[off + 16:off + 16 + caplen]
-        off += 16 + caplen
+    out = []
+    for frame in pcap.frames(os.path.join(HERE, "..", "engine", "data", "rxe-rocev2.pcap")):
         ethertype = struct.unpack(">H", frame[12:14])[0]
         if ethertype == 0x0800:
             udp, v6 = 14 + (frame[14] & 0x0f) * 4, False

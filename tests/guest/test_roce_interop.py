@@ -35,7 +35,7 @@ import unittest
 import zlib
 
 from vsfabric import bpf
-from vstellar import guest as vg, perftest as pt, ulp
+from vstellar import guest as vg, pcap, perftest as pt, ulp
 
 VST, RXE = pt.INTEROP_VST, pt.INTEROP_RXE
 
@@ -99,14 +99,8 @@ def run_pair(programs, capture=None, loss=None, scripts=None):
 def udp_payloads(path):
     """(IPv4 header fields, UDP ports, payload) of every IPv4/UDP frame of
     a classic little-endian Ethernet pcap."""
-    with open(path, "rb") as f:
-        data = f.read()
-    assert struct.unpack("<I", data[:4])[0] == 0xa1b2c3d4, "little-endian classic pcap expected"
-    off, out = 24, []
-    while off + 16 <= len(data):
-        caplen = struct.unpack("<I", data[off + 8:off + 12])[0]
-        frame = data[off + 16:off + 16 + caplen]
-        off += 16 + caplen
+    out = []
+    for frame in pcap.frames(path):
         if struct.unpack(">H", frame[12:14])[0] != 0x0800:
             continue
         ip = frame[14:14 + (frame[14] & 0x0f) * 4]
