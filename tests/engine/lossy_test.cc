@@ -188,14 +188,14 @@ INSTANTIATE_TEST_SUITE_P(
 // packets in roce_wire_test.cc).
 class LossyRoce : public ::testing::TestWithParam<LinkCase> {};
 
-PairOptions roce_pair(uint64_t seed) {
+PairOptions roce_pair(uint64_t seed, uint32_t path_mtu = MTU_1024) {
   PairOptions o;
   o.seed = seed;
   o.buf_size = 8 << 20;
   o.cfg.window_pkts = 1024;
   o.cap.max_send_wr = 256;
   o.cap.max_recv_wr = 256;
-  o.path_mtu = MTU_1024;  // what rxe runs at over a 1500-byte Ethernet
+  o.path_mtu = path_mtu;  // MTU_1024: what rxe runs at over a 1500-byte Ethernet
   IpPrefix all;
   EXPECT_TRUE(parse_prefix("10.0.0.0/8", &all));
   o.cfg.roce.peers = {all};
@@ -255,6 +255,46 @@ INSTANTIATE_TEST_SUITE_P(
                    m.ce_rate = 0.05;
                  })}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Every path MTU RoCE has: all but a message's last packet carry exactly
+// the MTU, as RoCE responders require (and roce_mode.cc's responder
+// checks: the mix would fail with NAKs otherwise).
+TEST(LossyRoceMtu, EveryPathMtuCarriesTheMix) {
+  for (uint32_t mtu : {MTU_256, MTU_512, MTU_2048, MTU_4096}) {
+    Pair t(roce_pair(5, mtu));
+    t.net.impairment.loss = 0.01;
+    run_mix(t, 30, mtu * 3);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(t.a.eng->stats().naks_rcvd + t.b.eng->stats().naks_rcvd, 0u) << "mtu enum " << mtu;
+  }
+}
+
+// A SEND that finds no receive WQE gets an RNR NAK with the responder's
+// min_rnr_timer (a timer code in the AETH), and is sent again after it;
+// once a receive is posted it completes.
+TEST(LossyRoceRnr, ASendWithoutReceiveWaitsOutRnrNaks) {
+  Pair t(roce_pair(7));
+  int rnr_naks = 0;
+  t.net.tap = [&](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    if (from == kIpB && bytes.size() > 13 && bytes[0] == roce::RC_ACK && (bytes[12] >> 5) == roce::AETH_RNR_NAK) {
+      EXPECT_EQ(bytes[12] & 31, t.opt.min_rnr_timer) << "the timer code the responder's QP has";
+      rnr_naks++;
+    }
+    return true;
+  };
+  fill_random(t.a.buf.data(), 5000, 3);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::SEND, 1, 0, 5000, 0), 0);
+  t.net.run_for(2'000'000);
+  EXPECT_GT(rnr_naks, 0);
+  ASSERT_EQ(t.post_recv(t.b, 9, 65536, 8192), 0);
+  auto sc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].status, WcStatus::SUCCESS);
+  auto rc = t.wait(t.b, t.b.rcq, 1);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].byte_len, 5000u);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data() + 65536, 5000), 0);
+}
 
 TEST(LossyRecovery, ResendGoesToAnotherPath) {
   // Every packet first sent on path 0 is lost; all its resends must leave on
