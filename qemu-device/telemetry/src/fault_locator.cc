@@ -485,6 +485,17 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         break;
       }
     }
+    if (pick && gt.decided && pick->link != gt.picked) {
+      for (const Suspect* s : members)
+        if (s->link == gt.picked) {  // the earlier pick, while it is still a member
+          pick = s;
+          hop_why = "picked first among the links crossed by the same paths; now " + hop_why;
+        }
+    }
+    if (pick && !gt.decided) {
+      gt.decided = true;
+      gt.picked = pick->link;
+    }
     ps.targets.back().resolved = pick != nullptr;
     if (!pick && !undecided) {
       // Every hop along these paths answers as the others do: whatever

@@ -177,6 +177,13 @@ class FaultLocator {
   };
   struct GroupTime {
     uint64_t since, last;
+    // The member the hop probes picked first. Links crossed by the same
+    // paths show the same end-to-end losses, and a lossy link's loss shows
+    // at every later hop too, so the tests between neighbours come out
+    // one way or the other by chance now and then over the many ticks a
+    // fault lasts: the first pick stays while the group is suspect.
+    bool decided = false;
+    LinkId picked{};
   };
   struct PeerState {
     std::vector<PathState> paths;
