@@ -516,6 +516,8 @@ class EngineCore {
   void roce_responder(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
   void roce_completer(QpImpl& qp, const roce::Packet& rp, uint32_t psn, bool ce, uint64_t now);
   void roce_send_seq_nak(QpImpl& qp);
+  size_t roce_emit(const roce::Packet& rp, const IpAddr& src, const IpAddr& icrc_src, const IpAddr& dst,
+                   uint16_t path, const HostSpan* pl, size_t nspans);
   bool roce_read_rerun(QpImpl& qp, uint32_t psn, uint64_t now);
   void roce_ud_xmit(QpImpl& qp, const wire::Base& b, const wire::UdExt& e, const HostSpan* pl, size_t nspans,
                     size_t plen);

@@ -169,25 +169,35 @@ void EngineCore::roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const Ho
       return;  // datagram QPs do not use this mode
   }
   rp.payload_len = plen;
-  uint8_t rh[roce::kBthLen + 64];
-  const size_t rhl = roce::build_headers(rp, rh, sizeof(rh));
-  if (!rhl) return;
-  roce::IpFields ip;
-  ip.src = roce_source(qp);
-  ip.dst = qp.attr.ah.ip;
-  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : qp.roce_sport_path;
-  uint8_t trailer[roce::kMaxTrailerLen];
-  const size_t tl = roce::seal(ip, rh, rhl, pl, nspans, trailer);
-  link_.send_trailed(qp.roce_sport_path, qp.attr.local, Endpoint{qp.attr.ah.ip, roce::kUdpPort}, rh, rhl, pl,
-                     nspans, trailer, tl);
-  stats_.tx_pkts++;
-  stats_.roce_tx++;
-  stats_.tx_bytes += rhl + plen + tl;
-  if (!stats_.paths.empty()) {
+  const size_t bytes = roce_emit(rp, qp.attr.local, roce_source(qp), qp.attr.ah.ip, qp.roce_sport_path, pl, nspans);
+  if (bytes && !stats_.paths.empty()) {
     stats_.paths[0].tx_pkts++;
-    stats_.paths[0].tx_bytes += rhl + plen + tl;
+    stats_.paths[0].tx_bytes += bytes;
     if (retx) stats_.paths[0].retx_pkts++;
   }
+}
+
+// Headers, pad and ICRC of rp, sent with its payload spans to dst's port
+// 4791: from `src` (unspecified: the link's address), whose address the
+// ICRC covers as `icrc_src`, and from the link's RoCE port (or, on a
+// SimNet, from `path`'s). Returns the bytes sent, 0 if rp did not build.
+size_t EngineCore::roce_emit(const roce::Packet& rp, const IpAddr& src, const IpAddr& icrc_src, const IpAddr& dst,
+                             uint16_t path, const HostSpan* pl, size_t nspans) {
+  uint8_t rh[roce::kBthLen + 64];
+  const size_t rhl = roce::build_headers(rp, rh, sizeof(rh));
+  if (!rhl) return 0;
+  roce::IpFields ip;
+  ip.src = icrc_src;
+  ip.dst = dst;
+  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : path;
+  uint8_t trailer[roce::kMaxTrailerLen];
+  const size_t tl = roce::seal(ip, rh, rhl, pl, nspans, trailer);
+  link_.send_trailed(path, src, Endpoint{dst, roce::kUdpPort}, rh, rhl, pl, nspans, trailer, tl);
+  const size_t bytes = rhl + rp.payload_len + tl;
+  stats_.tx_pkts++;
+  stats_.roce_tx++;
+  stats_.tx_bytes += bytes;
+  return bytes;
 }
 
 // A READ answered only in part asks again, as IB's requester does, for
@@ -229,20 +239,8 @@ void EngineCore::roce_ud_xmit(QpImpl& qp, const wire::Base& b, const wire::UdExt
   rp.deth.src_qp = b.src_qpn & kPsnMask;
   rp.imm = e.imm;
   rp.payload_len = plen;
-  uint8_t rh[roce::kBthLen + 16];
-  const size_t rhl = roce::build_headers(rp, rh, sizeof(rh));
-  roce::IpFields ip;
-  ip.src = IpAddr::from_bytes(e.sgid);
-  if (ip.src.unspecified()) ip.src = roce_source(qp);
-  ip.dst = IpAddr::from_bytes(e.dgid);
-  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : b.path;
-  uint8_t trailer[roce::kMaxTrailerLen];
-  const size_t tl = roce::seal(ip, rh, rhl, pl, nspans, trailer);
-  link_.send_trailed(b.path, IpAddr::from_bytes(e.sgid), Endpoint{ip.dst, roce::kUdpPort}, rh, rhl, pl, nspans,
-                     trailer, tl);
-  stats_.tx_pkts++;
-  stats_.roce_tx++;
-  stats_.tx_bytes += rhl + plen + tl;
+  const IpAddr src = IpAddr::from_bytes(e.sgid);
+  roce_emit(rp, src, src.unspecified() ? roce_source(qp) : src, IpAddr::from_bytes(e.dgid), b.path, pl, nspans);
 }
 
 // A UD datagram from a plain RoCE v2 peer, as the datagram path expects
@@ -275,19 +273,8 @@ void EngineCore::roce_send_seq_nak(QpImpl& qp) {
   rp.bth.psn = qp.epsn & kPsnMask;
   rp.aeth.syndrome = roce::aeth_syndrome(roce::AETH_NAK, roce::NAK_PSN_SEQUENCE_ERROR);
   rp.aeth.msn = qp.roce_msn & kPsnMask;
-  uint8_t rh[roce::kBthLen + 8];
-  const size_t rhl = roce::build_headers(rp, rh, sizeof(rh));
-  roce::IpFields ip;
-  ip.src = roce_source(qp);
-  ip.dst = qp.attr.ah.ip;
-  ip.src_port = cfg_.roce.src_port ? cfg_.roce.src_port : qp.roce_sport_path;
-  uint8_t trailer[roce::kMaxTrailerLen];
-  const size_t tl = roce::seal(ip, rh, rhl, nullptr, 0, trailer);
-  link_.send_trailed(qp.roce_sport_path, qp.attr.local, Endpoint{qp.attr.ah.ip, roce::kUdpPort}, rh, rhl, nullptr,
-                     0, trailer, tl);
+  roce_emit(rp, qp.attr.local, roce_source(qp), qp.attr.ah.ip, qp.roce_sport_path, nullptr, 0);
   qp.roce_nak_sent = true;
-  stats_.tx_pkts++;
-  stats_.roce_tx++;
   stats_.roce_seq_naks_sent++;
 }
 
