@@ -37,6 +37,14 @@ std::vector<uint64_t> DataPath::TwoQpPairsRun() {
     gs[i]->Connect(qs[i], qs[i + 1].qpn);
     gs[i + 1]->Connect(qs[i + 1], qs[i].qpn);
   }
+  if (threads_ > 1 && d_->device_moves()) {
+    // Placed by peers: each pair meets on one worker, the pairs on two.
+    std::vector<int> w(4);
+    for (int i = 0; i < 4; i++) w[i] = WaitForWorker(first + unsigned(i));
+    EXPECT_EQ(w[0], w[1]);
+    EXPECT_EQ(w[2], w[3]);
+    EXPECT_NE(w[0], w[2]);
+  }
   for (int i = 0; i < 4; i += 2) {
     Guest& a = *gs[i];
     Guest& b = *gs[i + 1];
@@ -91,8 +99,11 @@ TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
     unsigned threads;
     bool integrity;
     Alg alg = Alg::CHACHA20_POLY1305;
+    bool place_by_peers = true;
   };
-  std::vector<Run> runs = {Run{1, false}, Run{2, false}, Run{2, true}};
+  // Two workers with placement by peers (a device of each pair moves to
+  // the other's worker) and without (every packet crosses the threads).
+  std::vector<Run> runs = {Run{1, false}, Run{2, false}, Run{2, false, Alg::CHACHA20_POLY1305, false}, Run{2, true}};
   if (__builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul")) runs.push_back(Run{2, true, Alg::AES_GMAC});
   std::vector<std::vector<uint64_t>> results;
   for (const Run run : runs) {
@@ -100,11 +111,14 @@ TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
                                     << int(run.alg));
     threads_ = run.threads;
     StartDaemon(50, {}, [&](DaemonOptions& o) {
+      o.place_by_peers = run.place_by_peers;
       o.integrity = run.integrity;
       o.integrity_alg = run.alg;
       for (size_t i = 0; i < o.integrity_key.size(); i++) o.integrity_key[i] = uint8_t(7 * i + 1);
     });
     results.push_back(TwoQpPairsRun());
+    // Each pair ends on one worker, the two pairs on different ones.
+    if (run.threads > 1) EXPECT_EQ(d_->device_moves(), run.place_by_peers ? 2u : 0u);
     TearDown();
     d_.reset();
     sock_.clear();
@@ -198,6 +212,89 @@ TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
   release.set_value();
   tb.join();
   unlink(ob.socket.c_str());
+}
+
+// Placement by peers (Worker::Place): a device moves to the worker of the
+// devices its QPs connect to, with its traffic to a device it leaves
+// behind in flight. Devices A, C on worker 0 and B, D on worker 1 (they
+// alternate). A streams WRITEs to C; meanwhile A connects a QP to B (one
+// peer on each worker: it stays) and one to D (two on worker 1: it moves,
+// as worker 1 is not busier); B and D, connected after, stay. Every WRITE completes, in order, with its
+// data; A serves B from worker 1, and C still reaches A across the workers.
+TEST_F(DataPathOnTwoThreads, ADeviceMovesToItsPeersWorkerWithItsTrafficInFlight) {
+  StartDaemon();
+  std::vector<std::unique_ptr<Frontend>> fs;
+  std::vector<std::unique_ptr<Guest>> gs;
+  for (int i = 0; i < 4; i++) {
+    fs.push_back(std::make_unique<Frontend>());
+    std::string err;
+    ASSERT_TRUE(fs.back()->Connect(sock_, &err)) << err;
+    ASSERT_TRUE(fs.back()->StartQueues(&err)) << err;
+    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
+    gs.back()->Setup();
+  }
+  unsigned first = ~0u;
+  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  Guest &a = *gs[0], &b = *gs[1], &c = *gs[2], &d = *gs[3];
+  ASSERT_EQ(WaitForWorker(first + 0), 0);
+  ASSERT_EQ(WaitForWorker(first + 2), 0);
+  GQp a_c = a.CreateQp(), a_b = a.CreateQp(), a_d = a.CreateQp();
+  GQp c_a = c.CreateQp(), b_a = b.CreateQp(), d_a = d.CreateQp();
+  a.Connect(a_c, c_a.qpn);
+  c.Connect(c_a, a_c.qpn);
+  EXPECT_EQ(d_->device_moves(), 0u);  // A and C share worker 0
+
+  constexpr uint32_t kLen = 16384;
+  Fill(a.Buf(0), kLen, 9);
+  std::memset(c.Buf(0), 0, kMrLen);
+  auto write = [&](uint64_t id) {
+    vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, id);
+    w.u.rdma.remote_addr = kMrGpa + (id % 8) * kLen;
+    w.u.rdma.rkey = c.rkey;
+    a.PostSend(a_c, w, {a.Sge(0, kLen)});
+  };
+  uint64_t posted = 0;
+  for (int i = 0; i < 16; i++) write(posted++);
+  a.Connect(a_b, b_a.qpn);
+  for (int i = 0; i < 16; i++) write(posted++);
+  a.Connect(a_d, d_a.qpn);  // the move is decided at the end of this turn
+  for (int i = 0; i < 16; i++) write(posted++);
+  // B and D find their peer A on their own worker already.
+  b.Connect(b_a, a_b.qpn);
+  d.Connect(d_a, a_d.qpn);
+  for (uint64_t i = 0; i < posted; i++) {
+    auto cqe = a.Poll();
+    ASSERT_TRUE(cqe) << "WRITE " << i << " never completed";
+    EXPECT_EQ(cqe->wr_id, i) << "completions out of order";
+    EXPECT_EQ(cqe->status, 0) << i;
+  }
+  for (uint32_t k = 0; k < 8; k++) EXPECT_EQ(std::memcmp(c.Buf(k * kLen), a.Buf(0), kLen), 0) << k;
+  EXPECT_EQ(WaitForWorker(first + 0), 1) << "A moved to B and D's worker";
+  EXPECT_EQ(d_->device_moves(), 1u);
+
+  // A's other QPs work from worker 1: a WRITE to B, and C (still on
+  // worker 0) READs from A across the workers.
+  Fill(a.Buf(kLen), kLen, 33);
+  vstellar_send_wqe w = Wqe(VSTELLAR_WR_RDMA_WRITE, 100);
+  w.u.rdma.remote_addr = kMrGpa;
+  w.u.rdma.rkey = b.rkey;
+  a.PostSend(a_b, w, {a.Sge(kLen, kLen)});
+  auto cqe = a.Poll();
+  ASSERT_TRUE(cqe);
+  EXPECT_EQ(cqe->wr_id, 100u);
+  EXPECT_EQ(cqe->status, 0);
+  EXPECT_EQ(std::memcmp(b.Buf(0), a.Buf(kLen), kLen), 0);
+  w = Wqe(VSTELLAR_WR_RDMA_READ, 200);
+  w.u.rdma.remote_addr = kMrGpa + kLen;
+  w.u.rdma.rkey = a.rkey;
+  c.PostSend(c_a, w, {c.Sge(2 * kLen, kLen)});
+  cqe = c.Poll();
+  ASSERT_TRUE(cqe);
+  EXPECT_EQ(cqe->wr_id, 200u);
+  EXPECT_EQ(cqe->status, 0);
+  EXPECT_EQ(std::memcmp(c.Buf(2 * kLen), a.Buf(kLen), kLen), 0);
+  // Destroying the moved QPs sends their numbers home; nothing leaks.
+  for (auto& f : fs) f.reset();
 }
 
 }  // namespace vstellard::datapath_test

@@ -55,6 +55,10 @@ EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
   if (!cfg_.validate()) cfg_ = EngineConfig{};
   qpn_random_.Seed(cfg_.qpn_seed);
   key_random_.Seed(cfg_.key_seed);
+  // Handles (PD, CQ) and SRQNs of an engine among several are its shard's
+  // too, like QPNs and keys: objects moving to another engine of the
+  // process (move.cc) keep their numbers and never meet one of the same.
+  next_handle_ = next_srqn_ = cfg_.qpn_shard ? cfg_.qpn_shard : cfg_.qpn_shards;
   stats_.paths.resize(cfg_.num_paths);
   if (cfg_.integrity) {
     // libsodium starts (it only fails without a random source, and then
@@ -68,7 +72,8 @@ EngineCore::EngineCore(const EngineConfig& cfg, Link& link, Clock& clock)
 }
 
 Pd* EngineCore::alloc_pd() {
-  pds_.push_back(std::make_unique<Pd>(next_handle_++));
+  pds_.push_back(std::make_unique<Pd>(next_handle_));
+  next_handle_ += cfg_.qpn_shards;
   return pds_.back().get();
 }
 
@@ -120,6 +125,7 @@ int EngineCore::dereg_mr(Mr* mr) {
   if (!mr || mr_by_index(mr->lkey()) != mr) return EINVAL;
   if (mr->bound_windows_) return EBUSY;  // IB: windows are bound to it
   mr->pd()->refs--;
+  forget_key(mr->lkey() >> 8);
   mrs_.erase(mr->lkey() >> 8);
   return 0;
 }
@@ -140,13 +146,15 @@ int EngineCore::dealloc_mw(Mw* mw) {
   if (it == mws_.end() || it->second.get() != mw) return EINVAL;
   unbind(*mw);
   mw->pd()->refs--;
+  forget_key(it->first);
   mws_.erase(it);
   return 0;
 }
 
 Cq* EngineCore::create_cq(uint32_t cqe) {
   if (cqe < 1 || cqe > DeviceLimits::kMaxCqe) return nullptr;
-  cqs_.push_back(std::make_unique<Cq>(next_handle_++, cqe));
+  cqs_.push_back(std::make_unique<Cq>(next_handle_, cqe));
+  next_handle_ += cfg_.qpn_shards;
   return cqs_.back().get();
 }
 

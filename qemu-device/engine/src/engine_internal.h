@@ -588,6 +588,18 @@ class EngineCore {
   std::vector<uint32_t> stalled_;   // QPNs newly found stalled, for take_stalled()
   uint64_t next_stall_scan_ns_ = 0;
   void drop_stale_timers(QpImpl& qp);
+  // move.cc: numbers of this engine's shard whose objects live in another
+  // engine now (not handed out here), and numbers of other shards whose
+  // objects died here (Engine::take_returned_ids).
+  int detach(const EngineObjects& objs, Detached* out);
+  int attach(Detached* objs);
+  std::unordered_set<uint32_t> lent_qpns_, lent_keys_;
+  ReturnedIds returned_;
+  bool own_shard(uint32_t n) const { return n % cfg_.qpn_shards == cfg_.qpn_shard; }
+  // An MR's or window's key index is free again (dereg_mr, dealloc_mw).
+  void forget_key(uint32_t index) {
+    if (!own_shard(index)) returned_.key_indices.push_back(index);
+  }
   std::vector<QpImpl*> ack_list_;
   std::vector<QpImpl*> ack_later_;
 };

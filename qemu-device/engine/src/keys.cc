@@ -18,12 +18,18 @@ WcStatus Fail(uint32_t* vendor, uint32_t why, WcStatus st) {
 }  // namespace
 
 // Index 0 is never used, so no key is 0 (the local DMA lkey of the device).
+// With several engines in a process (EngineConfig::qpn_shards), an
+// engine's key indices are those of its shard, so an MR moving between
+// engines (move.cc) keeps its key and meets no other with that index.
 uint32_t EngineCore::alloc_key() {
-  if (mrs_.size() + mws_.size() >= (kIndexMask + 1) / 2) return 0;  // keep lookups of a guess cheap to refuse
+  const uint32_t shards = cfg_.qpn_shards;
+  const size_t space = (kIndexMask + 1) / shards;
+  if (mrs_.size() + mws_.size() + lent_keys_.size() >= space / 2) return 0;  // keep lookups of a guess cheap to refuse
   for (;;) {
     const uint64_t r = key_random_.Next();
-    const uint32_t index = uint32_t(r >> 8) & kIndexMask;
-    if (index == 0 || mrs_.count(index) || mws_.count(index)) continue;
+    const uint32_t index = (uint32_t(r >> 8) & kIndexMask) / shards * shards + cfg_.qpn_shard;
+    if (index == 0 || index > kIndexMask || mrs_.count(index) || mws_.count(index) || lent_keys_.count(index))
+      continue;
     return index << 8 | uint32_t(r & 0xFF);
   }
 }

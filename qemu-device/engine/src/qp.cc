@@ -193,7 +193,10 @@ int EngineCore::destroy_qp(QpImpl* qp) {
   ack_list_.erase(std::remove(ack_list_.begin(), ack_list_.end(), qp), ack_list_.end());
   const uint32_t qpn = qp->qpn_;
   qps_.erase(qpn);
-  free_qpn(qpn);
+  // A QPN of another engine's shard (the QP moved here, move.cc) goes
+  // back to that engine, which quarantines it.
+  if (!own_shard(qpn)) returned_.qpns.push_back(qpn);
+  else free_qpn(qpn);
   return 0;
 }
 
@@ -234,7 +237,7 @@ uint32_t EngineCore::alloc_qpn() {
     quarantined_qpns_.erase(qpn_quarantine_.front().qpn);
     qpn_quarantine_.pop_front();
   }
-  auto taken = [&](uint32_t q) { return qps_.count(q) || quarantined_qpns_.count(q); };
+  auto taken = [&](uint32_t q) { return qps_.count(q) || quarantined_qpns_.count(q) || lent_qpns_.count(q); };
   for (int i = 0; i < 64; i++) {
     const uint32_t q = first + uint32_t(qpn_random_.Next() % ours) * shards;
     if (!taken(q)) return q;

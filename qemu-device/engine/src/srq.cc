@@ -11,7 +11,8 @@ SrqImpl* EngineCore::create_srq(Pd* pd, const SrqInitAttr& init) {
       init.max_sge > DeviceLimits::kMaxSge || init.limit >= init.max_wr)
     return nullptr;
   auto srq = std::make_unique<SrqImpl>();
-  srq->srqn_ = next_srqn_++;
+  srq->srqn_ = next_srqn_;
+  next_srqn_ += cfg_.qpn_shards;
   srq->pd_ = pd;
   srq->max_wr_ = init.max_wr;
   srq->max_sge_ = init.max_sge;

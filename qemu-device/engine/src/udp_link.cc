@@ -251,17 +251,28 @@ bool UdpLink::open_path_sockets() {
 // datagram to socket dst_qpn % shards (UdpLinkConfig::shards).
 bool UdpLink::steer_shards() {
   if (cfg_.shards <= 1) return true;
-  // The group's socket index is the order of binding: link k is socket k.
-  // The program sees the UDP payload; a datagram too short for the load
-  // ends it with 0 (socket 0 then drops or passes it on).
-  sock_filter prog[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, cfg_.shard_qpn_offset),
-      BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, cfg_.shards),
-      BPF_STMT(BPF_RET | BPF_A, 0),
-  };
-  sock_fprog fprog{uint16_t(sizeof(prog) / sizeof(prog[0])), prog};
+  return steer({}, &error_);
+}
+
+// The program: load dst_qpn; for each exception, if it is that QPN return
+// its socket; else return dst_qpn % shards. The group's socket index is
+// the order of binding: link k is socket k. A datagram too short for the
+// load ends the program with 0 (socket 0 then drops or passes it on).
+// Classic BPF, not eBPF with a map: nothing to build or load beyond one
+// setsockopt, and a linear list is cheap for the few QPs that move.
+bool UdpLink::steer(const std::vector<std::pair<uint32_t, uint16_t>>& exceptions, std::string* err) {
+  if (cfg_.shards <= 1) return true;
+  std::vector<sock_filter> prog;
+  prog.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, cfg_.shard_qpn_offset));
+  for (size_t i = 0; i < exceptions.size() && i < kMaxSteeringExceptions; i++) {
+    prog.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, exceptions[i].first, 0, 1));
+    prog.push_back(BPF_STMT(BPF_RET | BPF_K, exceptions[i].second));
+  }
+  prog.push_back(BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, cfg_.shards));
+  prog.push_back(BPF_STMT(BPF_RET | BPF_A, 0));
+  sock_fprog fprog{uint16_t(prog.size()), prog.data()};
   if (setsockopt(fds_[0], SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof(fprog)) != 0) {
-    error_ = std::string("SO_ATTACH_REUSEPORT_CBPF: ") + strerror(errno);
+    *err = std::string("SO_ATTACH_REUSEPORT_CBPF: ") + strerror(errno);
     return false;
   }
   return true;

@@ -20,14 +20,14 @@ namespace vstellard {
 
 Commands::Commands(DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport, Pvdma& pvdma,
                    ObjectTables& objects, DataPath& datapath)
-    : sh_(shared), state_(state), transport_(transport), pvdma_(pvdma), obj_(objects), dp_(datapath) {
-  obj_.memory.set_limit(sh_.device_memory_limit);
+    : sh_(&shared), state_(state), transport_(transport), pvdma_(pvdma), obj_(objects), dp_(datapath) {
+  obj_.memory.set_limit(sh_->device_memory_limit);
 }
 
 // Charges an object's host memory to this device and to the daemon before
 // anything is allocated for it (memory_budget.h).
 uint16_t Commands::Charge(uint64_t bytes, MemoryCharge* charge) {
-  return charge->Take(obj_.memory, *sh_.memory, bytes) ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_NO_RESOURCES;
+  return charge->Take(obj_.memory, *sh_->memory, bytes) ? VSTELLAR_STATUS_OK : VSTELLAR_STATUS_NO_RESOURCES;
 }
 
 // Every request passes the checks its VSTELLAR_CMD_LIST entry implies (a
@@ -58,7 +58,7 @@ void Commands::DestroyAll() {
   for (auto& [i, g] : obj_.gids) held.push_back(g);
   obj_.gids.clear();
   for (const auto& g : held) ReleaseGid(g);
-  if (!sh_.engine) return;
+  if (!sh_->engine) return;
   std::vector<uint32_t> owners;
   for (auto& [h, u] : obj_.uctx) owners.push_back(h);
   for (uint32_t o : owners) DestroyAllOf(o);
@@ -73,7 +73,7 @@ void Commands::DestroyAll() {
 // lets them go: QPs before the SRQs, CQs and PDs they use, windows before
 // the MRs they are bound to.
 void Commands::DestroyAllOf(uint32_t uctx) {
-  vstellar::Engine& e = *sh_.engine;
+  vstellar::Engine& e = *sh_->engine;
   obj_.qps.EraseOwnedBy(uctx, [&](uint32_t qpn, QpObj& q) { ReleaseQp(qpn, q); });
   obj_.srqs.EraseOwnedBy(uctx, [&](uint32_t, SrqObj& s) {
     e.destroy_srq(s.srq);
@@ -266,15 +266,15 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_UCONTEXT>(uint32_t uctx, const uint8
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_PD>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   if (obj_.pds.size() >= cfg32(config().max_pd)) return VSTELLAR_STATUS_LIMIT;
-  vstellar::Pd* pd = sh_.engine->alloc_pd();
+  vstellar::Pd* pd = sh_->engine->alloc_pd();
   if (!pd) return VSTELLAR_STATUS_NO_RESOURCES;
   PdObj o{uctx, pd};
   if (uctx == 0 && DatagramsOn()) {
     // The local DMA lkey's MR: all guest-physical space, local access only.
-    o.dma_mr = sh_.engine->reg_mr(pd, 0, uint64_t{1} << 52, vstellar::ACCESS_LOCAL_WRITE,
+    o.dma_mr = sh_->engine->reg_mr(pd, 0, uint64_t{1} << 52, vstellar::ACCESS_LOCAL_WRITE,
                                   std::make_shared<GpaTranslator>(pvdma_));
     if (!o.dma_mr) {
-      sh_.engine->dealloc_pd(pd);
+      sh_->engine->dealloc_pd(pd);
       return VSTELLAR_STATUS_NO_RESOURCES;
     }
   }
@@ -290,8 +290,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_PD>(uint32_t uctx, const uint8_t* b,
   const auto [pd, pdn, status] = ObjectNamedBy(obj_.pds, uctx, b);
   if (!pd) return status;
   if (pd->pd->refs > (pd->dma_mr ? 1u : 0u)) return VSTELLAR_STATUS_BUSY;
-  if (pd->dma_mr) sh_.engine->dereg_mr(pd->dma_mr);
-  if (sh_.engine->dealloc_pd(pd->pd)) return VSTELLAR_STATUS_BUSY;
+  if (pd->dma_mr) sh_->engine->dereg_mr(pd->dma_mr);
+  if (sh_->engine->dealloc_pd(pd->pd)) return VSTELLAR_STATUS_BUSY;
   obj_.pds.erase(pdn);
   return VSTELLAR_STATUS_OK;
 }

@@ -52,14 +52,14 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   if (obj_.cqs.size() >= cfg32(c.max_cq)) return VSTELLAR_STATUS_LIMIT;
   CqObj o{};
   const uint32_t staging = std::min(1u << log_cqe, kEngineCqStaging);
-  if (uint16_t s = Charge(sizeof(CqObj) + 8ull * n + sh_.engine->cq_footprint(staging), &o.charge)) return s;
+  if (uint16_t s = Charge(sizeof(CqObj) + 8ull * n + sh_->engine->cq_footprint(staging), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   // The guest's ring is the CQ. The engine's CQ only stages completions:
   // every one is drained into the ring as it is made (DrainCq, from
   // on_completion), so a small one serves any guest CQ size, and daemon
   // memory does not grow with what the guest asks for.
-  o.cq = sh_.engine->create_cq(staging);
+  o.cq = sh_->engine->create_cq(staging);
   if (!o.cq) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
@@ -111,7 +111,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_CQ>(uint32_t uctx, const uint8_t* b,
   const auto [cq, cqn, status] = ObjectNamedBy(obj_.cqs, uctx, b);
   if (!cq) return status;
   if (cq->cq->refs) return VSTELLAR_STATUS_BUSY;
-  if (sh_.engine->destroy_cq(cq->cq)) return VSTELLAR_STATUS_BUSY;
+  if (sh_->engine->destroy_cq(cq->cq)) return VSTELLAR_STATUS_BUSY;
   FreeSlot(uctx, cq->slot);
   obj_.cqs.erase(cqn);
   return VSTELLAR_STATUS_OK;

@@ -39,7 +39,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
   const vstellar::IpAddr a = vstellar::IpAddr::from_bytes(g.data());
   const bool held = !a.is_link_local();
   if (held && !state_.MayHold(a)) return VSTELLAR_STATUS_ACCESS;
-  if (held && !sh_.gids->Take(g, &obj_, sh_.worker)) return VSTELLAR_STATUS_BUSY;
+  if (held && !sh_->gids->Take(g, &obj_, sh_->worker)) return VSTELLAR_STATUS_BUSY;
   auto old = obj_.gids.find(index);
   if (old != obj_.gids.end()) {
     const vstellar::Gid prev = old->second;
@@ -55,7 +55,7 @@ uint16_t Commands::GidCommand(uint32_t uctx, const uint8_t* b, bool add) {
 void Commands::ReleaseGid(const vstellar::Gid& g) {
   for (auto& [i, other] : obj_.gids)
     if (other == g) return;
-  sh_.gids->Release(g, &obj_);
+  sh_->gids->Release(g, &obj_);
 }
 
 template <>
@@ -74,8 +74,8 @@ void Commands::SyncGsiGids() {
     if (q.type != VSTELLAR_QPT_GSI) continue;
     std::vector<vstellar::Gid> gids;
     for (auto& [i, g] : obj_.gids)
-      if (HoldsGid(sh_, &obj_, g)) gids.push_back(g);
-    sh_.engine->set_gsi_gids(q.qp, gids);
+      if (HoldsGid(*sh_, &obj_, g)) gids.push_back(g);
+    sh_->engine->set_gsi_gids(q.qp, gids);
   }
 }
 

@@ -22,11 +22,11 @@ uint16_t Commands::McastCommand(uint32_t uctx, const uint8_t* b, bool attach) {
   std::memcpy(mgid.data(), cmd.mgid, sizeof(cmd.mgid));
   auto mine = obj_.mcast.find(mgid);
   if (attach && !(mine != obj_.mcast.end() && mine->second.count(qpn))) {
-    if (mine == obj_.mcast.end() ? obj_.mcast.size() >= sh_.mcast_groups_per_device
-                                 : mine->second.size() >= sh_.mcast_qps_per_group)
+    if (mine == obj_.mcast.end() ? obj_.mcast.size() >= sh_->mcast_groups_per_device
+                                 : mine->second.size() >= sh_->mcast_qps_per_group)
       return VSTELLAR_STATUS_LIMIT;
   }
-  vstellar::Engine& e = *sh_.engine;
+  vstellar::Engine& e = *sh_->engine;
   switch (attach ? e.attach_mcast(q->qp, mgid) : e.detach_mcast(q->qp, mgid)) {
     case 0:
       if (attach) {

@@ -61,17 +61,17 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &l.pages)) return s;
   uint16_t status = VSTELLAR_STATUS_OK;
   std::shared_ptr<vstellar::MemoryTranslator> t;
-  if (sh_.translation == TranslationMode::kEmtt) t = EmttTranslator::Create(pvdma_, std::move(l), &status);
-  else t = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
+  if (sh_->translation == TranslationMode::kEmtt) t = EmttTranslator::Create(pvdma_, std::move(l), &status);
+  else t = AtcTranslator::Create(pvdma_, *sh_->atc, std::move(l), &status);
   if (!t) return status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL);
-  return AddMr(uctx, pdn, sh_.engine->reg_mr(pd->pd, iova, length, access, std::move(t)), std::move(charge), resp);
+  return AddMr(uctx, pdn, sh_->engine->reg_mr(pd->pd, iova, length, access, std::move(t)), std::move(charge), resp);
 }
 
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DEREG_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   const auto [m, mrn, status] = ObjectNamedBy(obj_.mrs, uctx, b);
   if (!m) return status;
-  if (int e = sh_.engine->dereg_mr(m->mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
+  if (int e = sh_->engine->dereg_mr(m->mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
   obj_.mrs.erase(mrn);
   return VSTELLAR_STATUS_OK;
 }
@@ -96,7 +96,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, u
   // host pointer, built at every REG_MR WQE.
   MemoryCharge charge;
   if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
-  return AddMr(uctx, pdn, sh_.engine->alloc_mr(pd->pd, n), std::move(charge), resp);
+  return AddMr(uctx, pdn, sh_->engine->alloc_mr(pd->pd, n), std::move(charge), resp);
 }
 
 }  // namespace vstellard

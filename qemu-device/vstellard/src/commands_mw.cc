@@ -22,7 +22,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, u
   if (obj_.mws.size() >= cfg32(config().max_mr)) return VSTELLAR_STATUS_LIMIT;
   MemoryCharge charge;
   if (uint16_t s = Charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charge)) return s;
-  vstellar::Mw* mw = sh_.engine->alloc_mw(pd->pd, uint8_t(type));
+  vstellar::Mw* mw = sh_->engine->alloc_mw(pd->pd, uint8_t(type));
   if (!mw) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
   obj_.mws[h] = MwObj{uctx, mw, pdn, std::move(charge)};
@@ -38,7 +38,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEALLOC_MW>(uint32_t uctx, const uint8_t* b,
   if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
   const auto [w, mwn, status] = ObjectNamedBy(obj_.mws, uctx, b);
   if (!w) return status;
-  if (sh_.engine->dealloc_mw(w->mw)) return VSTELLAR_STATUS_INTERNAL;
+  if (sh_->engine->dealloc_mw(w->mw)) return VSTELLAR_STATUS_INTERNAL;
   obj_.mws.erase(mwn);
   return VSTELLAR_STATUS_OK;
 }

@@ -65,7 +65,7 @@ void SetQpRings(const vstellar_cmd_create_qp& cmd, bool has_rq, QpObj* o) {
 // What a QP holds beyond its table entry: the engine's QP, its multicast
 // groups and its doorbell slot.
 void Commands::ReleaseQp(uint32_t qpn, QpObj& q) {
-  sh_.engine->destroy_qp(q.qp);  // leaves its groups
+  sh_->engine->destroy_qp(q.qp);  // leaves its groups
   for (auto g = obj_.mcast.begin(); g != obj_.mcast.end();) {
     g->second.erase(qpn);
     g = g->second.empty() ? obj_.mcast.erase(g) : std::next(g);
@@ -148,10 +148,10 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   init.owner = dp_.device_id();  // the receive-refill hook finds the device by it
   // The engine's rings and window, and our wr_id and opcode arrays.
   const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
-  if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_.engine->qp_footprint(init), &o.charge))
+  if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_->engine->qp_footprint(init), &o.charge))
     return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.qp = sh_.engine->create_qp(on.pd->pd, init);
+  o.qp = sh_->engine->create_qp(on.pd->pd, init);
   if (!o.qp) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
@@ -259,7 +259,7 @@ vstellar::QpAttr EngineQpAttr(const vstellar_qp_attr& a, uint8_t next, uint16_t 
 // send as nobody's (BAD_FIELD).
 uint16_t Commands::QpSource(const vstellar_av& av, const vstellar::IpAddr& peer, vstellar::IpAddr* out) {
   auto usable = [&](const vstellar::Gid& g) {
-    return HoldsGid(sh_, &obj_, g) && vstellar::IpAddr::from_bytes(g.data()).is_v4() == peer.is_v4();
+    return HoldsGid(*sh_, &obj_, g) && vstellar::IpAddr::from_bytes(g.data()).is_v4() == peer.is_v4();
   };
   auto named = obj_.gids.find(av.sgid_index);
   if (named != obj_.gids.end() && usable(named->second)) {
@@ -272,7 +272,7 @@ uint16_t Commands::QpSource(const vstellar_av& av, const vstellar::IpAddr& peer,
       return VSTELLAR_STATUS_OK;
     }
   *out = vstellar::IpAddr();
-  return sh_.link_serves_many_addresses ? VSTELLAR_STATUS_BAD_FIELD : VSTELLAR_STATUS_OK;
+  return sh_->link_serves_many_addresses ? VSTELLAR_STATUS_BAD_FIELD : VSTELLAR_STATUS_OK;
 }
 
 // Check the wire attributes, ask the engine's state machine, modify.
@@ -285,21 +285,25 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_QP>(uint32_t uctx, const uint8_t* b, 
   const uint32_t mask = le32toh(cmd.attr.attr_mask);
   vstellar::Qp* qp = q->qp;
   const uint8_t next = (mask & VSTELLAR_QP_STATE) ? cmd.attr.qp_state : uint8_t(qp->state());
-  vstellar::QpAttr qa = EngineQpAttr(cmd.attr, next, sh_.peer_port);
+  vstellar::QpAttr qa = EngineQpAttr(cmd.attr, next, sh_->peer_port);
   if (mask & VSTELLAR_QP_AV)
     if (uint16_t s = QpSource(cmd.attr.av, qa.ah.ip, &qa.local)) return s;
   // Our attr_mask bits are the IB (and engine) numbering. The engine owns
   // the state machine: a state the QP is not in, or a transition that does
   // not exist, is BAD_STATE; attributes the transition lacks, does not
   // take or cannot hold are BAD_FIELD.
-  switch (sh_.engine->check_modify_qp(qp, qa, mask)) {
+  switch (sh_->engine->check_modify_qp(qp, qa, mask)) {
     case vstellar::ModifyQpCheck::OK: break;
     case vstellar::ModifyQpCheck::WRONG_CUR_STATE:
     case vstellar::ModifyQpCheck::BAD_TRANSITION: return VSTELLAR_STATUS_BAD_STATE;
     default: return VSTELLAR_STATUS_BAD_FIELD;
   }
-  if (sh_.engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (sh_->engine->modify_qp(qp, qa, mask)) return VSTELLAR_STATUS_BAD_FIELD;
   dp_.OnQpModified(*q, next);
+  // A connected QP now has its peer: the worker may move this device to
+  // its peers' worker (Worker::Place), after this turn.
+  if (next == VSTELLAR_QPS_RTR && (q->type == VSTELLAR_QPT_RC || q->type == VSTELLAR_QPT_UC) && sh_->connected)
+    sh_->connected(dp_.device_id());
   return VSTELLAR_STATUS_OK;
 }
 
@@ -309,7 +313,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_QUERY_QP>(uint32_t uctx, const uint8_t* b, u
   if (!q) return status;
   vstellar::QpAttr qa;
   vstellar::QpInitAttr init;
-  if (sh_.engine->query_qp(q->qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
+  if (sh_->engine->query_qp(q->qp, qa, init)) return VSTELLAR_STATUS_INTERNAL;
   vstellar_resp_query_qp r{};
   vstellar_qp_attr& a = r.attr;
   a.attr_mask = htole32(VSTELLAR_QP_ATTR_MASK_VALID);

@@ -26,7 +26,7 @@ uint16_t CheckSrqPages(const virtio_vstellar_config& c, uint32_t shift, uint32_t
 // An SRQ's host memory: the engine's ring, our page list and wr_id map (an
 // entry per WQE held).
 uint64_t Commands::SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const {
-  return sizeof(SrqObj) + 8ull * pages + 32ull * init.max_wr + sh_.engine->srq_footprint(init);
+  return sizeof(SrqObj) + 8ull * pages + 32ull * init.max_wr + sh_->engine->srq_footprint(init);
 }
 
 template <>
@@ -60,7 +60,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_SRQ>(uint32_t uctx, const uint8_t* b,
   if (uint16_t s = Charge(SrqBytes(n, init), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.ring.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
-  o.srq = sh_.engine->create_srq(pd->pd, init);
+  o.srq = sh_->engine->create_srq(pd->pd, init);
   if (!o.srq) {
     FreeSlot(uctx, o.slot);
     return VSTELLAR_STATUS_NO_RESOURCES;
@@ -93,7 +93,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_MODIFY_SRQ>(uint32_t uctx, const uint8_t* b,
   const uint32_t mask = le32toh(cmd.attr_mask);
   if (cmd.reserved || (mask & ~(VSTELLAR_SRQ_MAX_WR | VSTELLAR_SRQ_LIMIT))) return VSTELLAR_STATUS_BAD_FIELD;
   if (mask & VSTELLAR_SRQ_MAX_WR) return VSTELLAR_STATUS_UNSUPPORTED;  // no resizing
-  if ((mask & VSTELLAR_SRQ_LIMIT) && sh_.engine->modify_srq(srq->srq, le32toh(cmd.srq_limit)))
+  if ((mask & VSTELLAR_SRQ_LIMIT) && sh_->engine->modify_srq(srq->srq, le32toh(cmd.srq_limit)))
     return VSTELLAR_STATUS_BAD_FIELD;
   return VSTELLAR_STATUS_OK;
 }
@@ -128,9 +128,9 @@ uint16_t Commands::Run<VSTELLAR_CMD_RESIZE_SRQ>(uint32_t uctx, const uint8_t* b,
   init.limit = srq->srq->limit();
   MemoryCharge& charge = srq->charge;
   const uint64_t before = charge.bytes(), after = SrqBytes(n, init);
-  if (after > before && !charge.Resize(obj_.memory, *sh_.memory, after)) return VSTELLAR_STATUS_NO_RESOURCES;
+  if (after > before && !charge.Resize(obj_.memory, *sh_->memory, after)) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint16_t s = dp_.ResizeSrq(srqn, ring);
-  charge.Resize(obj_.memory, *sh_.memory, s == VSTELLAR_STATUS_OK ? after : before);  // never grows here
+  charge.Resize(obj_.memory, *sh_->memory, s == VSTELLAR_STATUS_OK ? after : before);  // never grows here
   return s;
 }
 
@@ -150,7 +150,7 @@ template <>
 uint16_t Commands::Run<VSTELLAR_CMD_DESTROY_SRQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   const auto [srq, srqn, status] = ObjectNamedBy(obj_.srqs, uctx, b);
   if (!srq) return status;
-  if (sh_.engine->destroy_srq(srq->srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
+  if (sh_->engine->destroy_srq(srq->srq)) return VSTELLAR_STATUS_BUSY;  // QPs use it
   FreeSlot(uctx, srq->slot);
   obj_.srqs.erase(srqn);
   return VSTELLAR_STATUS_OK;

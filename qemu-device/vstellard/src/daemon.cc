@@ -23,6 +23,8 @@ const char* ToString(TranslationMode m) { return m == TranslationMode::kAtc ? "a
 Daemon::Daemon(DaemonOptions o) : o_(std::move(o)) {
   env_.options = &o_;
   env_.workers = &workers_;
+  if (o_.threads > 1) env_.placement = std::make_shared<Placement>(o_.threads);
+  env_.place_by_peers = o_.place_by_peers;
   env_.accept = [this](size_t listener) { Accept(listener); };
   env_.write_stats = [this] { WriteStats(); };
   env_.keep_closed = [this](const DeviceStats& last) { KeepClosed(last); };
@@ -236,6 +238,12 @@ uint64_t Daemon::wakeups() const {
   return n;
 }
 
+uint64_t Daemon::device_moves() const {
+  if (!env_.placement) return 0;
+  std::lock_guard<std::mutex> l(env_.placement->decide_mu);
+  return env_.placement->moves;
+}
+
 uint64_t Daemon::forwarded() const {
   uint64_t n = 0;
   for (auto& w : workers_) n += w->forwarded.load(std::memory_order_relaxed);
@@ -258,6 +266,7 @@ std::string Daemon::StatsJson() {
   s.translation = o_.translation;
   s.threads = workers_.size();
   s.forwarded = forwarded();
+  s.device_moves = device_moves();
   s.memory = {env_.memory->limit(), o_.device_memory_limit, env_.memory->used(), env_.memory->peak(),
               env_.memory->refused()};
   return vstellard::StatsJson(s);

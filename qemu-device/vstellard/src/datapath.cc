@@ -83,7 +83,7 @@ bool AllZero(const uint8_t* p, size_t n) {
 DataPath::DataPath(unsigned device_id, DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport,
                    Pvdma& pvdma, ObjectTables& objects, DataPathEvents& events)
     : id_(device_id),
-      sh_(shared),
+      sh_(&shared),
       state_(state),
       transport_(transport),
       pvdma_(pvdma),
@@ -158,7 +158,7 @@ void DataPath::SetNeedKick(uint32_t v) {
 bool DataPath::ScanDoorbells() {
   if (events_.DeviceFatal()) return false;
   bool work = false;
-  uint32_t budget = sh_.wqe_budget_device;
+  uint32_t budget = sh_->wqe_budget_device;
   auto qit = obj_.qps.lower_bound(qp_scan_from_);
   for (size_t k = 0; k < obj_.qps.size() && budget; k++) {
     if (qit == obj_.qps.end()) qit = obj_.qps.begin();
@@ -173,7 +173,7 @@ bool DataPath::ScanDoorbells() {
     if (!q.srqh) work |= ServiceWq(q, slot, /*send=*/false, budget);  // on an SRQ, rq_pi means nothing
     work |= ServiceWq(q, slot, /*send=*/true, budget);
   }
-  budget = sh_.wqe_budget_device;  // SRQs have their own: QPs cannot starve them
+  budget = sh_->wqe_budget_device;  // SRQs have their own: QPs cannot starve them
   auto sit = obj_.srqs.lower_bound(srq_scan_from_);
   for (size_t k = 0; k < obj_.srqs.size() && budget; k++) {
     if (sit == obj_.srqs.end()) sit = obj_.srqs.begin();
@@ -189,7 +189,7 @@ bool DataPath::ScanDoorbells() {
 }
 
 void DataPath::StartPolling() {
-  if (!polling_) sh_.woken.push_back(id_);
+  if (!polling_) sh_->woken.push_back(id_);
   polling_ = true;
 }
 
@@ -208,7 +208,7 @@ void DataPath::Poll() {
     last_work_ns_ = now;
     return;
   }
-  if (now - last_work_ns_ < sh_.poll_ns) return;
+  if (now - last_work_ns_ < sh_->poll_ns) return;
   // Going idle: ask for kicks, then look once more (a provider may have
   // stored its index just before it read need_kick == 0).
   SetNeedKick(1);
@@ -220,7 +220,7 @@ void DataPath::Poll() {
   }
   polling_ = false;
   n_.idle_entries++;
-  sh_.rechecks.push_back({now + sh_.recheck_ns, id_});
+  sh_->rechecks.push_back({now + sh_->recheck_ns, id_});
 }
 
 bool DataPath::Recheck() {
@@ -237,7 +237,7 @@ void DataPath::QpToErr(QpObj& q, uint16_t event, uint32_t info) {
   if (q.qp->state() != vstellar::QpState::ERR) {
     vstellar::QpAttr a;
     a.qp_state = vstellar::QpState::ERR;
-    sh_.engine->modify_qp(q.qp, a, vstellar::QP_STATE);  // flushes what the engine holds, in order
+    sh_->engine->modify_qp(q.qp, a, vstellar::QP_STATE);  // flushes what the engine holds, in order
   }
   events_.PostEvent(event, q.qp->qpn(), q.owner, info);
 }
@@ -374,7 +374,7 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
   };
   if (!AllZero(r.reserved, sizeof(r.reserved))) return fail(VSTELLAR_STATUS_BAD_FIELD, WcStatus::LOC_QP_OP_ERR);
   const uint32_t key = le32toh(r.key);
-  const vstellar::Mr* mr = sh_.engine->mr_by_index(key);
+  const vstellar::Mr* mr = sh_->engine->mr_by_index(key);
   if (!mr || !mr->fast_reg() || mr->pd() != q.qp->pd()) return fail(VSTELLAR_STATUS_BAD_HANDLE, WcStatus::LOC_PROT_ERR);
   const uint32_t n = le32toh(r.npages), shift = r.page_shift;
   const uint64_t iova = le64toh(r.iova), length = le64toh(r.length);
@@ -401,8 +401,8 @@ uint8_t DataPath::CheckFastReg(QpObj& q, const vstellar_send_wqe& w, vstellar::F
     if (!pvdma_.Contains(a, ps)) return fail(VSTELLAR_STATUS_BAD_ADDRESS, WcStatus::LOC_PROT_ERR);
   }
   uint16_t status = VSTELLAR_STATUS_OK;
-  if (sh_.translation == TranslationMode::kEmtt) reg->mem = EmttTranslator::Create(pvdma_, std::move(l), &status);
-  else reg->mem = AtcTranslator::Create(pvdma_, *sh_.atc, std::move(l), &status);
+  if (sh_->translation == TranslationMode::kEmtt) reg->mem = EmttTranslator::Create(pvdma_, std::move(l), &status);
+  else reg->mem = AtcTranslator::Create(pvdma_, *sh_->atc, std::move(l), &status);
   if (!reg->mem) return fail(uint8_t(status ? status : uint16_t(VSTELLAR_STATUS_INTERNAL)), WcStatus::LOC_PROT_ERR);
   reg->key = key;
   reg->iova = iova;
@@ -457,13 +457,13 @@ uint8_t DataPath::CheckUdDest(const vstellar_send_wqe& w, vstellar::UdDest* ud) 
   // The source must be an address this device holds (not merely lists).
   const bool group = to.is_multicast();
   if (av.reserved[0] || av.reserved[1] || to.unspecified() || to.is_link_local() ||
-      sgid == obj_.gids.end() || !HoldsGid(sh_, &obj_, sgid->second) ||
+      sgid == obj_.gids.end() || !HoldsGid(*sh_, &obj_, sgid->second) ||
       vstellar::IpAddr::from_bytes(sgid->second.data()).is_v4() != to.is_v4() || qpn > 0xffffff)
     return CqeStatus(WcStatus::LOC_QP_OP_ERR);
   // A multicast group (224.0.0.0/4, ff00::/8) is reached through IP
   // multicast on the port every vstellard listens on for groups
   // (docs/transport.md).
-  ud->peer = vstellar::Endpoint{to, group ? sh_.mcast_port() : sh_.peer_port};
+  ud->peer = vstellar::Endpoint{to, group ? sh_->mcast_port() : sh_->peer_port};
   ud->remote_qpn = qpn;
   ud->remote_qkey = le32toh(w.u.ud.remote_qkey);
   ud->sgid = sgid->second;
@@ -499,7 +499,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
   alignas(16) uint8_t buf[kMaxStride];
   const uint32_t stride = 1u << ring.log_stride;
   bool work = false;
-  uint32_t left = std::min(budget, sh_.wqe_budget_queue);
+  uint32_t left = std::min(budget, sh_->wqe_budget_queue);
   while (ci != pi && !q.broken && left) {
     vstellar::Qp* e = q.qp;
     if ((send ? e->sq_room() : e->rq_room()) == 0) {  // retried after completions
@@ -516,7 +516,7 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
       QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
       break;
     }
-    if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, e->qpn(), send, idx);
+    if (sh_->after_wqe_copy) sh_->after_wqe_copy(id_, e->qpn(), send, idx);
     uint64_t wr_id;  // the first field of both WQE kinds
     std::memcpy(&wr_id, buf, sizeof(wr_id));
     wr_id = le64toh(wr_id);
@@ -535,13 +535,13 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
       status = CheckSendWqe(q, buf, stride, &wr, sges, &vendor);
       wr.wr_id = idx;  // the engine's wr_id is the WQE index
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
-      if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_send(e, wr, &why) != 0) status = CqeStatus(why);
+      if (status == CqeStatus(WcStatus::SUCCESS) && sh_->engine->post_send(e, wr, &why) != 0) status = CqeStatus(why);
     } else {
       vstellar::RecvWr wr;
       status = CheckRecvWqe(q.owner, q.pdn, buf, stride, &wr, sges);
       wr.wr_id = idx;
       WcStatus why = WcStatus::LOC_QP_OP_ERR;
-      if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_recv(e, wr, &why) != 0) status = CqeStatus(why);
+      if (status == CqeStatus(WcStatus::SUCCESS) && sh_->engine->post_recv(e, wr, &why) != 0) status = CqeStatus(why);
     }
     if (status != CqeStatus(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
@@ -577,9 +577,9 @@ void DataPath::RefillRecv(uint32_t qpn) {
     sslot += VSTELLAR_DB_SLOT_SIZE * s.slot;
     const uint32_t pi = LoadLe32(sslot + offsetof(vstellar_db_srq, pi));
     if (pi - s.ci > (1u << s.ring.log_n)) return;  // the scan fails the SRQ
-    for (uint32_t left = sh_.wqe_budget_queue; s.ci != pi && left && s.srq->room(); left--) {
+    for (uint32_t left = sh_->wqe_budget_queue; s.ci != pi && left && s.srq->room(); left--) {
       if (!TakeRecv(s.ring, s.owner, s.pdn, qpn, s.ci, &wr, sges, &wr_id) ||
-          sh_.engine->post_srq_recv(s.srq, wr) != 0)
+          sh_->engine->post_srq_recv(s.srq, wr) != 0)
         return;
       s.wrid[s.ci++] = wr_id;
       n_.wqes++;
@@ -590,8 +590,8 @@ void DataPath::RefillRecv(uint32_t qpn) {
   const uint32_t pi = LoadLe32(slot + offsetof(vstellar_db_qp, rq_pi));
   const uint32_t size = 1u << q.rq.log_n;
   if (pi - q.rq_ci > size || q.qp->state() == vstellar::QpState::ERR) return;  // for the scan
-  for (uint32_t left = sh_.wqe_budget_queue; q.rq_ci != pi && left && q.qp->rq_room(); left--) {
-    if (!TakeRecv(q.rq, q.owner, q.pdn, qpn, q.rq_ci, &wr, sges, &wr_id) || sh_.engine->post_recv(q.qp, wr) != 0)
+  for (uint32_t left = sh_->wqe_budget_queue; q.rq_ci != pi && left && q.qp->rq_room(); left--) {
+    if (!TakeRecv(q.rq, q.owner, q.pdn, qpn, q.rq_ci, &wr, sges, &wr_id) || sh_->engine->post_recv(q.qp, wr) != 0)
       return;
     q.rq_wrid[q.rq_ci & (size - 1)] = wr_id;
     q.rq_ci++;
@@ -606,7 +606,7 @@ bool DataPath::TakeRecv(const RingGeom& ring, uint32_t owner, uint32_t pdn, uint
                         vstellar::RecvWr* wr, vstellar::Sge* sges, uint64_t* wr_id) {
   alignas(16) uint8_t buf[kMaxStride];
   if (!RingRead(ring, idx, buf)) return false;
-  if (sh_.after_wqe_copy) sh_.after_wqe_copy(id_, qpn, false, idx);
+  if (sh_->after_wqe_copy) sh_->after_wqe_copy(id_, qpn, false, idx);
   std::memcpy(wr_id, buf, sizeof(*wr_id));
   *wr_id = le64toh(*wr_id);
   if (CheckRecvWqe(owner, pdn, buf, 1u << ring.log_stride, wr, sges) != CqeStatus(WcStatus::SUCCESS)) return false;
@@ -631,7 +631,7 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
   alignas(16) uint8_t buf[kMaxStride];
   const uint32_t stride = 1u << s.ring.log_stride;
   bool work = false;
-  uint32_t left = std::min(budget, sh_.wqe_budget_queue);
+  uint32_t left = std::min(budget, sh_->wqe_budget_queue);
   while (s.ci != pi && left) {
     if (s.srq->room() == 0) {  // retried when a QP took some (a completion)
       s.blocked = true;
@@ -655,7 +655,7 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
     uint8_t status = CheckRecvWqe(s.owner, s.pdn, buf, stride, &wr, sges);
     wr.wr_id = idx;
     WcStatus why = WcStatus::LOC_QP_OP_ERR;
-    if (status == CqeStatus(WcStatus::SUCCESS) && sh_.engine->post_srq_recv(s.srq, wr, &why) != 0) status = CqeStatus(why);
+    if (status == CqeStatus(WcStatus::SUCCESS) && sh_->engine->post_srq_recv(s.srq, wr, &why) != 0) status = CqeStatus(why);
     if (status != CqeStatus(WcStatus::SUCCESS)) {
       n_.bad_wqes++;
       s.wrid.erase(idx);
@@ -684,7 +684,7 @@ uint16_t DataPath::ResizeSrq(uint32_t h, const RingGeom& ring) {
     // The engine's SRQ is full: more WQEs outstanding than the SRQ holds.
     if (s.ci == before) return VSTELLAR_STATUS_BAD_STATE;
   }
-  if (sh_.engine->resize_srq(s.srq, 1u << ring.log_n)) return VSTELLAR_STATUS_BAD_FIELD;
+  if (sh_->engine->resize_srq(s.srq, 1u << ring.log_n)) return VSTELLAR_STATUS_BAD_FIELD;
   s.ring = ring;
   s.blocked = false;
   return VSTELLAR_STATUS_OK;

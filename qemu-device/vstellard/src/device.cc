@@ -14,7 +14,7 @@ namespace vstellard {
 
 Device::Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::IpAddr>& addresses)
     : id_(id),
-      sh_(shared),
+      sh_(&shared),
       pvdma_(shared.pin),
       state_(shared.device_config, addresses),
       session_(state_),
@@ -36,7 +36,7 @@ Device::Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::Ip
 
 Device::~Device() {
   ResetState();
-  if (sh_.atc) sh_.atc->Invalidate(pvdma_.id());
+  if (sh_->atc) sh_->atc->Invalidate(pvdma_.id());
 }
 
 // ------------------------------------------------------------------ vhost-user
@@ -189,7 +189,7 @@ void Device::ProcessControl() {
     } else {
       req.resize(c.readable_len);
       if (!vq.ReadAll(c, req.data())) status = VSTELLAR_STATUS_BAD_ADDRESS;
-      if (sh_.after_copy) sh_.after_copy(id_);
+      if (sh_->after_copy) sh_->after_copy(id_);
       std::memcpy(&h, req.data(), std::min(req.size(), sizeof(h)));
     }
     if (status == VSTELLAR_STATUS_OK) {
@@ -362,7 +362,7 @@ bool Device::OwnsEvent(const vstellar::AsyncEvent& e) const {
 
 void Device::ResetState() {
   cmds_.DestroyAll();
-  if (!sh_.engine) return;
+  if (!sh_->engine) return;
   events_.clear();
   events_waiting_.clear();
   for (auto& d : cq_notifies_) d.clear();
@@ -371,6 +371,46 @@ void Device::ResetState() {
   dp_.Stop();
   auto& c = state_.mutable_device().config;
   c.device_status = htole32(le32toh(c.device_status) & ~VSTELLAR_DEV_S_FATAL);
+}
+
+vstellar::EngineObjects Device::EngineObjects() const {
+  vstellar::EngineObjects o;
+  for (const auto& [h, pd] : obj_.pds) {
+    o.pds.push_back(pd.pd);
+    if (pd.dma_mr) o.mrs.push_back(pd.dma_mr);
+  }
+  for (const auto& [h, m] : obj_.mrs) o.mrs.push_back(m.mr);
+  for (const auto& [h, w] : obj_.mws) o.mws.push_back(w.mw);
+  for (const auto& [h, c] : obj_.cqs) o.cqs.push_back(c.cq);
+  for (const auto& [h, s] : obj_.srqs) o.srqs.push_back(s.srq);
+  for (const auto& [qpn, q] : obj_.qps) o.qps.push_back(q.qp);
+  return o;
+}
+
+std::vector<std::pair<vstellar::Endpoint, uint32_t>> Device::ConnectedPeers() const {
+  std::vector<std::pair<vstellar::Endpoint, uint32_t>> out;
+  for (const auto& [qpn, q] : obj_.qps) {
+    if (q.type != VSTELLAR_QPT_RC && q.type != VSTELLAR_QPT_UC) continue;
+    const vstellar::QpState st = q.qp->state();
+    if (st != vstellar::QpState::RTR && st != vstellar::QpState::RTS && st != vstellar::QpState::SQD) continue;
+    vstellar::QpAttr a;
+    vstellar::QpInitAttr init;
+    if (sh_->engine->query_qp(q.qp, a, init) == 0) out.emplace_back(a.ah, a.dest_qp_num);
+  }
+  return out;
+}
+
+std::vector<uint32_t> Device::Qpns() const {
+  std::vector<uint32_t> out;
+  for (const auto& [qpn, q] : obj_.qps) out.push_back(qpn);
+  return out;
+}
+
+std::string Device::Unmovable() const {
+  if (fatal_) return "fatal";
+  if (sh_->translation == TranslationMode::kAtc) return "its MRs translate through its worker's ATC";
+  if (!obj_.mcast.empty()) return "its QPs are in multicast groups";
+  return {};
 }
 
 DeviceStats Device::stats() const {

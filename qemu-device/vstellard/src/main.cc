@@ -80,6 +80,9 @@ int Usage(const char* argv0, int rc) {
                "                         (docs/fabric.md, \"Failure localization\")\n"
                "  --threads N            worker threads, each with its own engine, io_uring and\n"
                "                         devices (default 1; 1..64); see docs/vstellard.md\n"
+               "  --placement MODE       with --threads > 1: peers (default) moves a device to\n"
+               "                         the worker of the devices of this daemon its QPs are\n"
+               "                         connected to; fixed keeps it where it was accepted\n"
                "  --poll-us N            data path: poll doorbells this long after the last\n"
                "                         work, then set need_kick and sleep (default 50)\n"
                "  --idle-recheck-us N    look at the doorbells once more this long after the\n"
@@ -143,7 +146,7 @@ bool Size(const char* s, unsigned long long* out) {
 
 enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
-       kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads,
+       kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads, kPlacement,
        kMcastGroups, kMcastQps, kDevice, kIntegrityAlg, kLocateFaults, kRocePeers };
 const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"config", required_argument, nullptr, kConfig},
@@ -162,6 +165,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"roce-peers", required_argument, nullptr, kRocePeers},
                            {"device-max", required_argument, nullptr, kDeviceMax},
                            {"threads", required_argument, nullptr, kThreads},
+                           {"placement", required_argument, nullptr, kPlacement},
                            {"stats-json", required_argument, nullptr, kStats},
                            {"poll-us", required_argument, nullptr, kPollUs},
                            {"idle-recheck-us", required_argument, nullptr, kIdleRecheckUs},
@@ -305,6 +309,11 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
     case kThreads:
       if (!num(1, vstellard::DaemonOptions::kMaxThreads)) return false;
       o.threads = unsigned(v);
+      return true;
+    case kPlacement:
+      if (std::string(arg) == "peers") o.place_by_peers = true;
+      else if (std::string(arg) == "fixed") o.place_by_peers = false;
+      else return *why = "not peers or fixed", false;
       return true;
     case kStats: o.stats_json = arg; return true;
     case kPollUs: if (!num(0, 1000000)) return false; o.poll_us = v; return true;

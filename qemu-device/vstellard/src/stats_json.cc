@@ -27,9 +27,9 @@ void AppendDaemon(const DaemonStats& s, std::string* out) {
   *out += "\",\"translation\":\"";
   *out += ToString(s.translation);
   Appendf(out,
-          "\",\"threads\":%zu,\"forwarded\":%llu,"
+          "\",\"threads\":%zu,\"forwarded\":%llu,\"device_moves\":%llu,"
           "\"atc\":{\"entries\":%zu,\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu}",
-          s.threads, ull(s.forwarded), s.atc_entries, ull(s.atc.lookups), ull(s.atc.hits), ull(s.atc.misses),
+          s.threads, ull(s.forwarded), ull(s.device_moves), s.atc_entries, ull(s.atc.lookups), ull(s.atc.hits), ull(s.atc.misses),
           ull(s.atc.evictions));
 }
 

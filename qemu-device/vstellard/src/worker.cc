@@ -61,7 +61,10 @@ class NullLink final : public vstellar::Link {
 // engine reads from the bytes (wire::route_key).
 class Worker::DatagramRouter final : public vstellar::RxSink {
  public:
-  explicit DatagramRouter(Worker& w) : w_(w), workers_(*w.env_.workers) {}
+  explicit DatagramRouter(Worker& w)
+      : w_(w),
+        workers_(*w.env_.workers),
+        moved_(w.env_.placement ? w.env_.placement->Snapshot() : nullptr) {}
   void on_datagram(const uint8_t* data, size_t n, const vstellar::Endpoint& from, const vstellar::IpAddr& to,
                    bool ce) override {
     if (workers_.size() > 1) {
@@ -82,7 +85,14 @@ class Worker::DatagramRouter final : public vstellar::RxSink {
     using Kind = vstellar::wire::RouteKey::Kind;
     const vstellar::wire::RouteKey key = vstellar::wire::route_key(data, n, w_.o_.integrity);
     switch (key.kind) {
-      case Kind::kQpn: return int(key.dst_qpn % workers_.size());
+      case Kind::kQpn: {
+        // A QP of a device that moved to its peers' worker (Placement).
+        if (moved_ && !moved_->empty()) {
+          auto it = moved_->find(key.dst_qpn);
+          if (it != moved_->end()) return int(it->second);
+        }
+        return int(key.dst_qpn % workers_.size());
+      }
       case Kind::kGsi: return w_.env_.gids->WorkerOf(key.dgid);
       case Kind::kMulticast: return -1;  // every worker's multicast socket got its own copy
       case Kind::kAny: return -1;
@@ -91,6 +101,7 @@ class Worker::DatagramRouter final : public vstellar::RxSink {
   }
   Worker& w_;
   const std::vector<std::unique_ptr<Worker>>& workers_;
+  std::shared_ptr<const Placement::Moved> moved_;  // as it was when this turn's pass began
 };
 
 Worker::Worker(const WorkerEnv& env, unsigned index)
@@ -102,6 +113,14 @@ Worker::Worker(const WorkerEnv& env, unsigned index)
 
 void Worker::TearDown() {
   std::lock_guard<std::mutex> g(mu);
+  // Devices still on their way here are taken in, so that they are
+  // destroyed like the others, through this engine.
+  std::vector<Arrival> arrivals;
+  {
+    std::lock_guard<std::mutex> l(inbox_mu_);
+    arrivals.swap(arrivals_);
+  }
+  for (Arrival& a : arrivals) MoveIn(std::move(a), false);
   for (auto& [id, c] : conns_) {
     c.dev.reset();
     if (c.sock >= 0) close(c.sock);
@@ -186,6 +205,8 @@ bool Worker::StartEngine(std::string* err) {
   // A message that finds no receive WQE: its device looks at its RQ (or
   // SRQ) doorbell once more before the engine drops it or answers RNR.
   // Only this worker's engine calls it, under mu (PumpEngine).
+  if (n > 1 && env_.place_by_peers)
+    shared_.connected = [this](unsigned device) { to_place_.push_back({device, false}); };
   engine_->set_recv_refill([this](vstellar::Qp& qp, uint64_t owner) {
     auto it = conns_.find(unsigned(owner));
     if (it != conns_.end()) it->second.dev->RefillRecv(qp.qpn());
@@ -266,18 +287,200 @@ void Worker::Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& 
   if (first) WakeEventfd(inboxfd_);
 }
 
-// New connections and passed-on datagrams from other threads.
+void Worker::Arrive(Arrival&& a) {
+  devices.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    arrivals_.push_back(std::move(a));
+  }
+  WakeEventfd(inboxfd_);
+}
+
+void Worker::AskToPlace(uint32_t qpn) {
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    asked_to_place_.push_back(qpn);
+  }
+  WakeEventfd(inboxfd_);
+}
+
+void Worker::GiveBack(vstellar::ReturnedIds ids) {
+  {
+    std::lock_guard<std::mutex> g(inbox_mu_);
+    given_back_.push_back(std::move(ids));
+  }
+  WakeEventfd(inboxfd_);
+}
+
+// New connections, devices moving here, numbers coming home and passed-on
+// datagrams from other threads. Devices first: datagrams for their QPs
+// that reached their old worker were passed on after them.
 void Worker::TakeInbox() {
   DrainEventfd(inboxfd_);
   std::vector<NewConn> conns;
   std::vector<Datagram> dgrams;
+  std::vector<Arrival> arrivals;
+  std::vector<vstellar::ReturnedIds> back;
+  std::vector<uint32_t> asked;
   {
     std::lock_guard<std::mutex> g(inbox_mu_);
+    asked.swap(asked_to_place_);
     conns.swap(new_conns_);
     dgrams.swap(datagrams_);
+    arrivals.swap(arrivals_);
+    back.swap(given_back_);
   }
   for (const NewConn& c : conns) AddConn(c.id, c.sock, c.listener);
+  for (Arrival& a : arrivals) MoveIn(std::move(a), true);
+  if (!arrivals.empty()) Steer();
+  for (const vstellar::ReturnedIds& ids : back) engine_->ids_returned(ids);
+  for (uint32_t qpn : asked)
+    for (auto& [id, c] : conns_)
+      if (c.dev->OwnsQp(qpn)) to_place_.push_back({id, true});
   for (const Datagram& dg : dgrams) engine_->receive(dg.bytes.data(), dg.bytes.size(), dg.from, dg.to, dg.ce);
+}
+
+// ---------------------------------------------------------------- placement
+//
+// Two devices of one daemon whose QPs are connected to each other belong
+// on one worker: across two, every packet and every ACK is handed from
+// one thread to the other (a wake-up each), and two threads do less than
+// one. So when a device's RC or UC QP gets its peer (RTR), the device
+// moves to the worker that serves most of its peers on this daemon, if
+// that is not its own. It moves whole (its vhost-user connection, kick
+// fds, data path and engine objects: Engine::detach/attach), at the end
+// of a loop turn, with its packets in flight: nothing is quiesced, and
+// its QPs keep their numbers (Placement tells where they are now; the
+// kernel's steering program lists them). Peers on other daemons do not
+// vote: their traffic arrives on whichever worker anyway.
+
+bool Worker::LocalPeer(const vstellar::Endpoint& ep) const {
+  if (ep.port != (o_.udp_port ? o_.udp_port : shared_.peer_port)) return false;
+  if (!o_.serves_many_addresses()) return ep.ip == o_.ip;
+  for (const auto& list : env_.listener_addresses)
+    if (std::find(list.begin(), list.end(), ep.ip) != list.end()) return true;
+  return false;
+}
+
+void Worker::Place() {
+  if (to_place_.empty()) return;
+  std::vector<ToPlace> todo;
+  todo.swap(to_place_);
+  Placement& pl = *env_.placement;
+  const auto& workers = *env_.workers;
+  std::lock_guard<std::mutex> decide(pl.decide_mu);
+  for (const ToPlace& t : todo) {
+    auto it = conns_.find(t.id);
+    if (it == conns_.end()) continue;
+    Device& dev = *it->second.dev;
+    std::vector<unsigned> votes(pl.workers());
+    const auto peers = dev.ConnectedPeers();
+    for (const auto& [ep, qpn] : peers)
+      if (LocalPeer(ep)) votes[pl.WorkerOf(qpn)]++;
+    unsigned best = index_;
+    for (unsigned k = 0; k < votes.size(); k++)
+      if (votes[k] > votes[best]) best = k;
+    if (best == index_) continue;
+    const std::string why = dev.Unmovable();
+    if (!why.empty()) {
+      if (unmovable_logged_.insert(t.id).second)
+        Log("device %u: stays on worker %u, away from its peers on worker %u: %s", t.id, index_, best, why.c_str());
+      continue;
+    }
+    // Pairs meet on the less busy of their two workers, so that devices
+    // placed by peers still spread over the threads: towards a busier
+    // worker, the peers there are asked to come here instead (and, asked,
+    // they move without asking back).
+    if (!t.asked && workers[best]->devices.load(std::memory_order_relaxed) >
+                        devices.load(std::memory_order_relaxed)) {
+      for (const auto& [ep, qpn] : peers)
+        if (LocalPeer(ep) && pl.WorkerOf(qpn) == best) workers[best]->AskToPlace(qpn);
+      continue;
+    }
+    MoveOut(t.id, best);
+  }
+}
+
+// Under mu and Placement::decide_mu: device `id` leaves for worker `to`.
+void Worker::MoveOut(unsigned id, unsigned to) {
+  Conn& c = conns_.at(id);
+  Arrival a;
+  if (int e = engine_->detach(c.dev->EngineObjects(), &a.objs)) {
+    Log("device %u: cannot move to worker %u: its engine objects: %s", id, to, std::strerror(e));
+    return;
+  }
+  const std::vector<uint32_t> qpns = c.dev->Qpns();
+  UnwatchKicks(c);
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, c.sock, nullptr);
+  partial_.erase(id);
+  auto drop = [id](std::vector<unsigned>& v) { v.erase(std::remove(v.begin(), v.end(), id), v.end()); };
+  drop(active_);
+  drop(visit_);
+  drop(shared_.woken);
+  shared_.rechecks.erase(std::remove_if(shared_.rechecks.begin(), shared_.rechecks.end(),
+                                        [id](const auto& r) { return r.second == id; }),
+                         shared_.rechecks.end());
+  env_.gids->MoveHolder(c.dev->GidHolder(), to);
+  a.id = id;
+  a.conn = std::move(c);
+  conns_.erase(id);
+  devices.fetch_sub(1, std::memory_order_relaxed);
+  // The table first: from here on this worker's router passes the QPs'
+  // datagrams to `to`, behind the arrival in its inbox.
+  env_.placement->Move(qpns, to);
+  env_.placement->moves++;
+  (*env_.workers)[to]->Arrive(std::move(a));
+  Log("device %u: moved from worker %u to worker %u, where its peers are (%zu QPs)", id, index_, to, qpns.size());
+}
+
+// Under mu: device a.id joins this worker. `serving`: the loop runs (not
+// the teardown), so the device's fds join this epoll and it is visited.
+void Worker::MoveIn(Arrival&& a, bool serving) {
+  if (int e = engine_->attach(&a.objs)) {
+    // Engines of one daemon have one shape; this is a bug, not a guest's
+    // doing. The objects stay with the arrival and die with it.
+    Log("device %u: cannot take its engine objects on worker %u (%s): closing it", a.id, index_, std::strerror(e));
+    close(a.conn.sock);
+    devices.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  const unsigned id = a.id;
+  Conn& c = conns_.emplace(id, std::move(a.conn)).first->second;
+  c.dev->Rebind(shared_);
+  if (!serving) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = SockTok(id);
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, c.sock, &ev);
+  c.kicks.clear();
+  SyncKicks(id);  // an eventfd kicked on the way is readable, and epoll says so
+  if (c.reader.partial()) partial_.insert(id);
+  Visit(id);
+  // Its doorbells are looked at once more: a WQE published while it moved.
+  shared_.rechecks.emplace_back(clock_.now_ns(), id);
+}
+
+// The kernel's steering program, from the table as it is now. Under
+// decide_mu, so that two workers' programs never replace a newer one
+// with an older.
+void Worker::Steer() {
+  if (!udp_ || !env_.placement) return;
+  std::lock_guard<std::mutex> decide(env_.placement->decide_mu);
+  std::string err;
+  if (!udp_->steer(env_.placement->Exceptions(), &err)) Log("steering moved QPs: %s", err.c_str());
+}
+
+// QPNs and keys of other workers' shards whose objects died here go home.
+void Worker::ReturnIds() {
+  vstellar::ReturnedIds ids = engine_->take_returned_ids();
+  if (ids.empty()) return;
+  if (env_.placement) env_.placement->Forget(ids.qpns);
+  const size_t n = env_.workers->size();
+  std::vector<vstellar::ReturnedIds> home(n);
+  for (uint32_t q : ids.qpns) home[q % n].qpns.push_back(q);
+  for (uint32_t k : ids.key_indices) home[k % n].key_indices.push_back(k);
+  for (size_t w = 0; w < n; w++)
+    if (!home[w].empty()) (*env_.workers)[w]->GiveBack(std::move(home[w]));
 }
 
 // Marks a device as worked on in this turn: it gets its budgets anew
@@ -440,7 +643,12 @@ bool Worker::EndTurn() {
     if (it != conns_.end() && (it->second.dev->Polling() || it->second.dev->ControlPending()))
       active_.push_back(id);
   }
-  return udp_ && PumpEngine();
+  const bool more = udp_ && PumpEngine();
+  if (env_.placement) {
+    Place();
+    ReturnIds();
+  }
+  return more;
 }
 
 bool Worker::PumpEngine() {

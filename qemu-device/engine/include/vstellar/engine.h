@@ -186,6 +186,26 @@ struct EngineStats {
 
 class EngineCore;  // engine/src/engine_internal.h
 
+// What Engine::detach takes: one owner's objects, all of one engine.
+struct EngineObjects {
+  std::vector<Pd*> pds;
+  std::vector<Mr*> mrs;
+  std::vector<Mw*> mws;
+  std::vector<Cq*> cqs;
+  std::vector<Srq*> srqs;
+  std::vector<Qp*> qps;
+};
+// The objects between Engine::detach and Engine::attach (move.cc).
+struct DetachedObjects;
+struct DetachedObjectsDeleter {
+  void operator()(DetachedObjects* d) const;
+};
+using Detached = std::unique_ptr<DetachedObjects, DetachedObjectsDeleter>;
+struct ReturnedIds {
+  std::vector<uint32_t> qpns, key_indices;
+  bool empty() const { return qpns.empty() && key_indices.empty(); }
+};
+
 // What the QP state machine says of a modify_qp (Engine::check_modify_qp):
 // OK, or the first rule it breaks, in the order the rules are checked.
 enum class ModifyQpCheck : uint8_t {
@@ -285,6 +305,37 @@ class Engine {
   int detach_mcast(Qp* qp, const Gid& mgid);
   Qp* find_qp(uint32_t qpn);
   Mr* find_mr(uint32_t key);
+
+  // ---- objects moving to another engine of this process (move.cc) ----
+  // vstellard moves a device to the worker thread (and engine) of its
+  // peers, so that traffic between two devices of one daemon stays on one
+  // thread. detach() takes a device's objects out of this engine with all
+  // their state: a QP's PSNs, packets in flight and timers (deadlines on
+  // the one monotonic clock), its receive state and held requests, the
+  // CQs' completions, the async events not yet taken. attach() makes them
+  // another engine's. Numbers stay (QPNs, keys, CQNs, SRQNs): peers and
+  // the device's tables keep using them. Engines of one process are built
+  // with the same EngineConfig but for qpn_shard, so no number of one
+  // shard is ever another's; a number that moved away is not handed out
+  // again by its home engine until the object dies (take_returned_ids).
+  // Both run on the thread of their engine; nothing else may run on
+  // either engine meanwhile, and the objects between the two calls belong
+  // to no engine.
+  //
+  // detach: EINVAL if an object is not this engine's, or the set is not
+  // closed (an object in it uses a PD, CQ, SRQ or MR outside it, or one
+  // outside uses one in it); EBUSY if a QP is in a multicast group (its
+  // membership is this engine's link's). Nothing changes then.
+  int detach(const EngineObjects& objs, Detached* out);
+  // EINVAL: not detached from an engine of this one's shape (window,
+  // paths, integrity), or a number taken here (a configuration error);
+  // *objs keeps the objects then (attach them where they came from).
+  int attach(Detached* objs);
+  // QPNs and key indices of another engine's shard whose objects died
+  // here: the caller hands them to their home engine (qpn or index %
+  // qpn_shards), whose ids_returned() may hand them out again.
+  ReturnedIds take_returned_ids();
+  void ids_returned(const ReturnedIds& ids);
 
   // ---- driving ----
   // One datagram from the network. `from` is the sender's IP (port unused),

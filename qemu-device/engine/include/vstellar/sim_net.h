@@ -93,6 +93,8 @@ class SimNet : public Clock {
   // A node: its link (give it to the Engine) and, once built, the engine.
   Link& add_node(uint32_t ip);
   void attach(uint32_t ip, Engine* e);
+  // The link of a node already added (a second engine behind its address).
+  Link& link_of(uint32_t ip) { return *links_.at(ip); }
 
   SimImpairment impairment;
   SimStats stats;

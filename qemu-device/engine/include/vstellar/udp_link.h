@@ -118,6 +118,14 @@ class UdpLink final : public Link {
   UdpLink& operator=(const UdpLink&) = delete;
 
   bool ok() const { return error_.empty(); }
+  // With shards: datagrams for these QPNs go to socket `shard` of the
+  // group instead of qpn % shards (QPs moved to another engine of the
+  // process, Engine::detach). The group's steering program is replaced
+  // whole; at most kMaxSteeringExceptions are in it, the others still
+  // reach qpn % shards (whose owner passes them on). May be called from
+  // any thread; false with errno's text in *err if the kernel refused.
+  static constexpr size_t kMaxSteeringExceptions = 1000;
+  bool steer(const std::vector<std::pair<uint32_t, uint16_t>>& exceptions, std::string* err);
   const std::string& error() const { return error_; }
 
   void send(uint16_t path, const IpAddr& src, const Endpoint& dst, const uint8_t* hdr, size_t hdr_len,

@@ -32,6 +32,8 @@ class Commands {
   // page list). Returns a VSTELLAR_STATUS_*; on OK *resp is the response
   // body.
   uint16_t Execute(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp);
+  // The device moved to another worker thread (Device::Rebind).
+  void Rebind(DeviceShared& shared) { sh_ = &shared; }
 
   // Destroys every object of every context (device reset).
   void DestroyAll();
@@ -76,7 +78,7 @@ class Commands {
   void DestroyAllOf(uint32_t uctx);
   const virtio_vstellar_config& config() const { return state_.config(); }
 
-  DeviceShared& sh_;
+  DeviceShared* sh_;  // the worker's; Rebind() when the device moves to another
   const DeviceState& state_;
   const DeviceTransport& transport_;
   Pvdma& pvdma_;

@@ -47,6 +47,8 @@ class Daemon {
   uint64_t wakeups() const;
   // The worker thread serving device `id` (-1: no such live device).
   int WorkerOf(unsigned id);
+  // Devices moved to their peers' worker so far (Worker::Place).
+  uint64_t device_moves() const;
   // Datagrams a worker received for another worker's QP and passed on.
   uint64_t forwarded() const;
 

@@ -83,6 +83,10 @@ struct DaemonOptions {
   // sockets (on the same ports, SO_REUSEPORT; arriving datagrams are
   // steered by destination QPN) and serves the devices it was given.
   unsigned threads = 1;
+  // With several: a device whose QPs connect to devices of this daemon on
+  // another worker moves to that worker (--placement peers), or stays
+  // where it was accepted (--placement fixed). docs/vstellard.md.
+  bool place_by_peers = true;
   static constexpr unsigned kMaxThreads = 64;
 };
 

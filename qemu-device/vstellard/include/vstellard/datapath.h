@@ -53,6 +53,8 @@ class DataPath {
   DataPath(unsigned device_id, DeviceShared& shared, const DeviceState& state, const DeviceTransport& transport,
            Pvdma& pvdma, ObjectTables& objects, DataPathEvents& events);
 
+  // The device moved to another worker thread (Device::Rebind).
+  void Rebind(DeviceShared& shared) { sh_ = &shared; }
   // The kick queue was kicked: poll the doorbells until idle again.
   void OnKick();
   // Whether the doorbells are polled now (kicked or work found less than
@@ -126,7 +128,7 @@ class DataPath {
   static uint64_t NowNs();
 
   unsigned id_;
-  DeviceShared& sh_;
+  DeviceShared* sh_;  // the worker's; Rebind() when the device moves to another
   const DeviceState& state_;
   const DeviceTransport& transport_;
   Pvdma& pvdma_;

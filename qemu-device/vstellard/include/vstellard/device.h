@@ -83,7 +83,7 @@ class Device : private DataPathEvents {
   void OnKick(uint32_t q);
   // One turn of the daemon's loop begins: the device's control budget
   // (DeviceShared::control_budget) is full again.
-  void BeginTurn() { control_left_ = sh_.control_budget; }
+  void BeginTurn() { control_left_ = sh_->control_budget; }
   // Whether the control queue had more requests than the turn's budget;
   // the daemon then calls ContinueControl() next turn instead of sleeping.
   bool ControlPending() const { return control_pending_; }
@@ -108,6 +108,26 @@ class Device : private DataPathEvents {
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
 
+  // ---- moving to another worker thread (Worker::Place) ----
+  // The device's objects in its worker's engine (Engine::detach).
+  vstellar::EngineObjects EngineObjects() const;
+  // The peers of its RC and UC QPs that have one (RTR and later): where
+  // each sends and the peer's QPN.
+  std::vector<std::pair<vstellar::Endpoint, uint32_t>> ConnectedPeers() const;
+  std::vector<uint32_t> Qpns() const;
+  // Why the device cannot move (empty: it can). Its MRs translate through
+  // its worker's ATC (--translation atc), or its QPs are in multicast
+  // groups (the worker's link joined them).
+  std::string Unmovable() const;
+  // What names this device in the GidTable (its object tables).
+  const void* GidHolder() const { return &obj_; }
+  // From now on the device is served by the worker that shares `shared`.
+  void Rebind(DeviceShared& shared) {
+    sh_ = &shared;
+    cmds_.Rebind(shared);
+    dp_.Rebind(shared);
+  }
+
   DeviceStats stats() const;
   std::vector<std::string> Describe() { return dp_.Describe(); }
 
@@ -129,7 +149,7 @@ class Device : private DataPathEvents {
   void ResetState();
 
   unsigned id_;
-  DeviceShared& sh_;
+  DeviceShared* sh_;  // the worker's; Rebind() when the device moves to another
   Pvdma pvdma_;
   DeviceState state_;
   Session session_;  // reads and writes state_

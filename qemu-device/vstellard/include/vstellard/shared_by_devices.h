@@ -47,6 +47,12 @@ class GidTable {
     auto it = holders_.find(g);
     return it != holders_.end() && it->second.first == holder;
   }
+  // The holder's device moved to worker thread `worker` (Worker::MoveOut).
+  void MoveHolder(const void* holder, unsigned worker) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [g, h] : holders_)
+      if (h.first == holder) h.second = worker;
+  }
   // The worker thread of g's holder, or -1.
   int WorkerOf(const vstellar::Gid& g) const {
     std::lock_guard<std::mutex> l(mu_);
@@ -79,6 +85,10 @@ struct DeviceShared {
   // The worker thread (vstellard --threads) whose engine serves these
   // devices: GidTable::WorkerOf tells where QP 1 datagrams for a GID go.
   unsigned worker = 0;
+  // Called when one of a device's RC or UC QPs reaches RTR (it has its
+  // peer): the worker looks, after its turn, whether the device belongs
+  // on its peers' worker (Worker::Place). Unset with one worker.
+  std::function<void(unsigned device)> connected;
   // Test hook: called after a command was copied out of guest memory and
   // before it is validated (tests change guest memory here: double fetch).
   std::function<void(unsigned device)> after_copy;

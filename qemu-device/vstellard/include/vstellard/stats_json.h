@@ -22,6 +22,7 @@ struct DaemonStats {
   TranslationMode translation = TranslationMode::kEmtt;
   size_t threads = 0;
   uint64_t forwarded = 0;  // datagrams passed on to another worker
+  uint64_t device_moves = 0;  // devices moved to their peers' worker (Worker::Place)
   AtcStats atc;            // summed over the workers
   size_t atc_entries = 0;
   std::vector<DeviceStats> devices;  // the live ones and the last closed

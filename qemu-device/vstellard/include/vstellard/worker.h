@@ -30,6 +30,7 @@
 
 #include "vstellard/daemon_options.h"
 #include "vstellard/device.h"
+#include "vstellard/placement.h"
 #include "vstellard/translate.h"
 #include "vstellard/vhost_user.h"
 
@@ -47,6 +48,11 @@ struct WorkerEnv {
   std::shared_ptr<GidTable> gids = std::make_shared<GidTable>();
   // Every worker, by index: where a datagram for another worker's QP goes.
   const std::vector<std::unique_ptr<Worker>>* workers = nullptr;
+  // With several workers: where each QP lives (placement.h); with
+  // place_by_peers, a device moves to the worker of the devices of this
+  // daemon its QPs are connected to (Worker::Place).
+  std::shared_ptr<Placement> placement;
+  bool place_by_peers = false;
   // Worker 0 only: the listening sockets and the stats eventfd, and what it
   // does when they are readable (on its thread, under its lock for
   // accept; outside it for write_stats, which takes every worker's).
@@ -78,6 +84,13 @@ class Worker {
   // Thread-safe: a new connection for this worker, accepted on listening
   // socket `listener` (WorkerEnv::listener_addresses).
   void Adopt(unsigned id, int sock, size_t listener);
+  // Thread-safe: numbers of this worker's shard whose objects died on
+  // another worker (Engine::ids_returned).
+  void GiveBack(vstellar::ReturnedIds ids);
+  // Thread-safe: the device owning QP `qpn` is asked to look whether it
+  // belongs on its peers' worker (Worker::Place: a peer on a busier
+  // worker asks instead of moving there).
+  void AskToPlace(uint32_t qpn);
   // Thread-safe: a datagram for one of this worker's QPs.
   void Forward(const uint8_t* data, size_t len, const vstellar::Endpoint& from, const vstellar::IpAddr& to,
                bool ce);
@@ -112,6 +125,29 @@ class Worker {
     std::vector<std::pair<int, uint32_t>> kicks;  // registered in epoll
     uint64_t turn = 0;  // the loop turn that last visited it
   };
+  // A device on its way from another worker (MoveOut): its connection and
+  // its engine objects. The objects are declared first so that they
+  // outlive the device, whose destructor may still name them.
+  struct Arrival {
+    vstellar::Detached objs;
+    unsigned id = 0;
+    Conn conn;
+  };
+  void Arrive(Arrival&& a);  // thread-safe
+  // Placement (Worker::Place): devices whose QPs got a peer this turn are
+  // looked at after it; one may move to the worker serving its peers.
+  void Place();
+  bool LocalPeer(const vstellar::Endpoint& ep) const;
+  void MoveOut(unsigned id, unsigned to);
+  void MoveIn(Arrival&& a, bool serving);
+  void Steer();
+  void ReturnIds();
+  struct ToPlace {
+    unsigned id;
+    bool asked;  // by a peer's worker (AskToPlace): moves, never asks back
+  };
+  std::vector<ToPlace> to_place_;
+  std::set<unsigned> unmovable_logged_;
   struct Datagram {
     std::vector<uint8_t> bytes;
     vstellar::Endpoint from;
@@ -177,6 +213,9 @@ class Worker {
   };
   std::vector<NewConn> new_conns_;
   std::vector<Datagram> datagrams_;
+  std::vector<Arrival> arrivals_;
+  std::vector<vstellar::ReturnedIds> given_back_;
+  std::vector<uint32_t> asked_to_place_;  // QPNs
 };
 
 }  // namespace vstellard

@@ -415,6 +415,16 @@ class DataPath : public ::testing::Test {
   void SendRecvWriteReadAtomicsBetweenTwoDevices();
   void ManyDevicesAttachMoveDataAndDetachLeavingNothing();
   std::vector<uint64_t> TwoQpPairsRun();
+  // The worker serving device `id`; a device moving between two is in
+  // neither for a moment (Worker::MoveOut), so wait for it to arrive.
+  int WaitForWorker(unsigned id) {
+    for (int i = 0; i < 5000; i++) {
+      const int w = d_->WorkerOf(id);
+      if (w >= 0) return w;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return -1;
+  }
   void IdleDaemonWithQpsSleeps();
   void AReceivePublishedBeforeTheMessageTakesIt();
   void KernelGsiAndUdQpsExchangeDatagrams();
