@@ -79,6 +79,9 @@ struct Args {
   // connects each device to one on the other worker, pair 2 to one on its
   // own.
   uint32_t pair = 1;
+  // scale, host: vstellard --placement (peers: a device of a pair split
+  // over two workers moves to the other's; fixed: it stays).
+  std::string placement = "peers";
   unsigned daemons = 1;  // host: 1 = one daemon for every device, else one each
 };
 
@@ -440,7 +443,8 @@ class DaemonProcess {
                       burst = a.link == vstellar::LinkMode::GSO ? "16" : "1";
     std::vector<std::string> args = {exe,      "--port",       port,   "--paths",   "16",
                                      "--link", link,           "--path-burst", burst,
-                                     "--stats-json", stats_,   "--threads",  std::to_string(threads ? threads : a.threads)};
+                                     "--stats-json", stats_,   "--threads",  std::to_string(threads ? threads : a.threads),
+                                     "--placement", a.placement};
     args.insert(args.begin() + 1, listen.begin(), listen.end());
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
@@ -746,6 +750,7 @@ int Scale(const Args& a) {
     const size_t eng = j.find("\"engine\":");
     const uint64_t retx = JsonNumber(j, "retx_pkts", eng), timeouts = JsonNumber(j, "timeouts", eng);
     const uint64_t forwarded = JsonNumber(j, "forwarded");  // between worker threads
+    const uint64_t moves = JsonNumber(j, "device_moves");   // to their peers' worker
     const auto tdown = Clock::now();
     devs.clear();
     h.f.reset();
@@ -773,7 +778,7 @@ int Scale(const Args& a) {
           "\"rss_anon_after_destroy\":%llu,\"rss_anon_after_second_round\":%llu,\"idle_cpu_bare\":%.5f,\"idle_sleeps_bare\":%llu,\"idle_cpu_qps\":%.5f,"
           "\"idle_sleeps_qps\":%llu,\"busy_seconds\":%.2f,\"busy_size\":%u,\"busy_gbps\":%.3f,\"busy_daemon_cpu\":%.3f,"
           "\"jain\":%.4f,\"min_msgs\":%llu,\"max_msgs\":%llu,\"errors\":%llu,\"retx_pkts\":%llu,\"timeouts\":%llu,"
-          "\"forwarded\":%llu,"
+          "\"forwarded\":%llu,\"device_moves\":%llu,\"placement\":\"%s\","
           "\"hostile\":%s,\"hostile_qps\":%u,\"hostile_cqs\":%u,\"hostile_mrs\":%u,\"hostile_qp_status\":%u,"
           "\"hostile_cq_status\":%u,\"hostile_mr_status\":%u,\"daemon_rss_anon_peak\":%llu}\n",
           a.threads, a.pair, n, live, vstellar::to_string(a.link), attach_total / n, pct(0.5), pct(0.99), setup_total / n,
@@ -782,7 +787,7 @@ int Scale(const Args& a) {
           (unsigned long long)sleeps_bare, idle_qps, (unsigned long long)sleeps_qps, a.seconds, size, busy.gbps,
           busy.daemon_cpu, busy.jain, (unsigned long long)busy.min_done, (unsigned long long)busy.max_done,
           (unsigned long long)busy.errors,
-          (unsigned long long)retx, (unsigned long long)timeouts, (unsigned long long)forwarded, a.hostile ? "true" : "false", took.qps, took.cqs, took.mrs,
+          (unsigned long long)retx, (unsigned long long)timeouts, (unsigned long long)forwarded, (unsigned long long)moves, a.placement.c_str(), a.hostile ? "true" : "false", took.qps, took.cqs, took.mrs,
           took.qp_status, took.cq_status, took.mr_status, (unsigned long long)anon2);
       rc = busy.errors ? 1 : 0;
     }
@@ -904,6 +909,7 @@ int main(int argc, char** argv) {
     else if (k == "--hostile") a.hostile = v == "1";
     else if (k == "--threads") a.threads = unsigned(std::stoul(v));
     else if (k == "--pair") a.pair = uint32_t(std::stoul(v));
+    else if (k == "--placement") a.placement = v;
     else if (k == "--daemons") a.daemons = unsigned(std::stoul(v));
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
