@@ -148,6 +148,33 @@ TEST_F(DeviceAddresses, RcBetweenDevicesOfOneDaemonOverTheirOwnAddresses) {
   ExpectSendArrives(B, qb, A, qa, 0x32);
 }
 
+// The same on two worker threads: the devices are accepted on different
+// workers, and the first to connect moves to the other's (its peer is
+// one of the daemon's own addresses, so it votes), from where both send
+// from their own addresses as before, over IPv4 and IPv6.
+class DeviceAddressesOnTwoThreads : public DeviceAddresses {
+ protected:
+  DeviceAddressesOnTwoThreads() { threads_ = 2; }
+};
+
+TEST_F(DeviceAddressesOnTwoThreads, DevicesWithTheirOwnAddressesMeetOnOneWorker) {
+  StartWithTwoDeviceSockets();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  ASSERT_EQ(AddGid(A, 1, V4("127.0.0.1")), VSTELLAR_STATUS_OK);
+  ASSERT_EQ(AddGid(B, 1, V4("127.0.0.2")), VSTELLAR_STATUS_OK);
+  unsigned first = ~0u;
+  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  ASSERT_NE(WaitForWorker(first), WaitForWorker(first + 1));
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  ASSERT_EQ(ConnectTo(A, qa, qb.qpn, V4("127.0.0.2"), 1), 0);
+  ASSERT_EQ(ConnectTo(B, qb, qa.qpn, V4("127.0.0.1"), 1), 0);
+  ExpectSendArrives(A, qa, B, qb, 0x41);
+  ExpectSendArrives(B, qb, A, qa, 0x42);
+  EXPECT_EQ(d_->device_moves(), 1u);
+  EXPECT_EQ(WaitForWorker(first), WaitForWorker(first + 1));
+}
+
 // RoCE v2 over IPv6: two QPs of one device connected over ::1.
 TEST_F(DeviceAddresses, RcOverIpv6) {
   StartWithTwoDeviceSockets();

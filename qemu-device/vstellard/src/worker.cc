@@ -474,7 +474,10 @@ void Worker::Steer() {
 void Worker::ReturnIds() {
   vstellar::ReturnedIds ids = engine_->take_returned_ids();
   if (ids.empty()) return;
-  if (env_.placement) env_.placement->Forget(ids.qpns);
+  if (env_.placement && !ids.qpns.empty()) {
+    env_.placement->Forget(ids.qpns);
+    Steer();  // the kernel's list too
+  }
   const size_t n = env_.workers->size();
   std::vector<vstellar::ReturnedIds> home(n);
   for (uint32_t q : ids.qpns) home[q % n].qpns.push_back(q);
