@@ -143,8 +143,10 @@ class SharedDaemonTest(SharedDaemonCase):
     def setUpClass(cls):
         vg.Artifacts().vstellard  # missing pieces fail the test: `make test` builds them
         cls.daemons = []
+        # Two worker threads: the guests' devices are accepted on different
+        # workers, and the first QP to connect moves one to the other's.
         cls.results = vg.run_guests(list(pair_scripts()), vstellar=True, ipv6=True, shared_daemons=1,
-                                    timeout=400, daemons_out=cls.daemons)
+                                    vstellard_args=["--threads", "2"], timeout=400, daemons_out=cls.daemons)
         cls.sections = [pt.split_sections(out) for _status, out, _console in cls.results]
 
     def test_guests_succeeded(self):
@@ -159,6 +161,15 @@ class SharedDaemonTest(SharedDaemonCase):
         self.assertIn("device 1: created", d["log"])
         self.assertIsNotNone(d["stats"], d["log"][-2000:])
         self.assertGreater(d["stats"]["engine"]["tx_bytes"], 2 * 65536 * 100, d["stats"]["engine"])
+
+    def test_devices_placed_on_one_worker(self):
+        # The guests' devices talk only to each other: one moved to the
+        # other's worker when their first QP connected, and stayed there
+        # (rping, ucmatose, perftest and QP 1 all ran after the move).
+        d = self.daemons[0]
+        self.assertEqual(d["stats"]["threads"], 2)
+        self.assertEqual(d["stats"]["device_moves"], 1, d["log"][-3000:])
+        self.assertRegex(d["log"], r"device [01]: moved from worker [01] to worker [01], where its peers are")
 
     def test_each_device_holds_its_own_addresses(self):
         for i in range(2):
