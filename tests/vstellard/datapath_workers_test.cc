@@ -17,17 +17,8 @@ std::vector<uint64_t> DataPath::TwoQpPairsRun() {
   std::vector<std::unique_ptr<Frontend>> fs;
   std::vector<std::unique_ptr<Guest>> gs;
   std::vector<GQp> qs;
-  for (int i = 0; i < 4; i++) {
-    fs.push_back(std::make_unique<Frontend>());
-    std::string err;
-    EXPECT_TRUE(fs.back()->Connect(sock_, &err)) << err;
-    EXPECT_TRUE(fs.back()->StartQueues(&err)) << err;
-    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
-    gs.back()->Setup();
-    qs.push_back(gs.back()->CreateQp());
-  }
-  unsigned first = ~0u;
-  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  const unsigned first = AttachGuests(4, &fs, &gs);
+  for (auto& g : gs) qs.push_back(g->CreateQp());
   for (int i = 0; i < 4; i++) {
     // Devices alternate between the workers; a QP's number names its own.
     EXPECT_EQ(d_->WorkerOf(first + unsigned(i)), int(unsigned(i) % threads_)) << i;
@@ -219,22 +210,15 @@ TEST_F(DataPath, DaemonsWithOneAndTwoThreadsInteroperate) {
 // behind in flight. Devices A, C on worker 0 and B, D on worker 1 (they
 // alternate). A streams WRITEs to C; meanwhile A connects a QP to B (one
 // peer on each worker: it stays) and one to D (two on worker 1: it moves,
-// as worker 1 is not busier); B and D, connected after, stay. Every WRITE completes, in order, with its
-// data; A serves B from worker 1, and C still reaches A across the workers.
+// as worker 1 is not busier); B and D, connected after, stay. Every WRITE
+// completes, in order, with its data; A serves B from worker 1, and C
+// still reaches A across the workers.
 TEST_F(DataPathOnTwoThreads, ADeviceMovesToItsPeersWorkerWithItsTrafficInFlight) {
   StartDaemon();
   std::vector<std::unique_ptr<Frontend>> fs;
   std::vector<std::unique_ptr<Guest>> gs;
-  for (int i = 0; i < 4; i++) {
-    fs.push_back(std::make_unique<Frontend>());
-    std::string err;
-    ASSERT_TRUE(fs.back()->Connect(sock_, &err)) << err;
-    ASSERT_TRUE(fs.back()->StartQueues(&err)) << err;
-    gs.push_back(std::make_unique<Guest>(Guest{*fs.back()}));
-    gs.back()->Setup();
-  }
-  unsigned first = ~0u;
-  for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+  const unsigned first = AttachGuests(4, &fs, &gs);
+  ASSERT_EQ(gs.size(), 4u);
   Guest &a = *gs[0], &b = *gs[1], &c = *gs[2], &d = *gs[3];
   ASSERT_EQ(WaitForWorker(first + 0), 0);
   ASSERT_EQ(WaitForWorker(first + 2), 0);

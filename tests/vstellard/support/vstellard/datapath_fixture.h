@@ -415,6 +415,22 @@ class DataPath : public ::testing::Test {
   void SendRecvWriteReadAtomicsBetweenTwoDevices();
   void ManyDevicesAttachMoveDataAndDetachLeavingNothing();
   std::vector<uint64_t> TwoQpPairsRun();
+  // n guests attached through the daemon's socket, each set up (Guest::
+  // Setup); returns the lowest id among the daemon's devices (the first
+  // of them, when they are the daemon's only ones).
+  unsigned AttachGuests(int n, std::vector<std::unique_ptr<Frontend>>* fs, std::vector<std::unique_ptr<Guest>>* gs) {
+    for (int i = 0; i < n; i++) {
+      fs->push_back(std::make_unique<Frontend>());
+      std::string err;
+      EXPECT_TRUE(fs->back()->Connect(sock_, &err)) << err;
+      EXPECT_TRUE(fs->back()->StartQueues(&err)) << err;
+      gs->push_back(std::make_unique<Guest>(Guest{*fs->back()}));
+      gs->back()->Setup();
+    }
+    unsigned first = ~0u;
+    for (const DeviceStats& st : d_->Stats()) first = std::min(first, st.id);
+    return first;
+  }
   // The worker serving device `id`; a device moving between two is in
   // neither for a moment (Worker::MoveOut), so wait for it to arrive.
   int WaitForWorker(unsigned id) {
