@@ -67,7 +67,63 @@ TEST_F(Ns3, TopologyFileParses) {
   EXPECT_FALSE(parse_topology("tors = 4\nwidth = 3\n", bad, err));
   EXPECT_NE(err.find("unknown key"), std::string::npos) << err;
   EXPECT_FALSE(parse_topology("buffer = lots\n", bad, err));
-  EXPECT_FALSE(parse_topology("tiers = 3\n", bad, err));
+  EXPECT_FALSE(parse_topology("tiers = 4\n", bad, err));
+  EXPECT_FALSE(parse_topology("tiers = 3\npods = 3\ntors = 4\n", bad, err));  // pods do not divide ToRs
+  EXPECT_NE(err.find("multiple"), std::string::npos) << err;
+  TopologyConfig t3 = load("fat-tree-16.conf");
+  EXPECT_EQ(t3.tiers, 3);
+  EXPECT_EQ(t3.tors_per_pod(), 2u);
+  EXPECT_EQ(t3.agg_count(), 2u);
+  EXPECT_EQ(t3.spine_count(), 4u);
+  TopologyConfig big = load("fat-tree-1024.conf");
+  EXPECT_EQ(big.hosts(), 1024u);
+}
+
+// Three tiers: a permutation across pods arrives intact; a sprayed
+// connection between pods uses all of its ToR's uplinks and every spine
+// of the fabric (4 ECMP choices on the way), single path one of each;
+// a spine that drops everything is routed around.
+TEST_F(Ns3, ThreeTierFatTreeSpraysOverEverySpine) {
+  {
+    Fabric f(load("fat-tree-16.conf"));
+    Workload w(f, options(PathAlgo::OBS, 128), permutation(16, 4, 1));
+    w.run();
+    expect_all_delivered(w, "three tiers, permutation");
+  }
+  ns3::Simulator::Destroy();
+  auto spine_pkts = [](Fabric& f) {
+    std::vector<uint64_t> v(4);
+    for (const Fabric::Port& p : f.ports())
+      if (p.name.rfind("spine", 0) == 0) v[std::stoul(p.name.substr(5))] += p.stats().pkts;
+    return v;
+  };
+  for (PathAlgo algo : {PathAlgo::SINGLE, PathAlgo::OBS}) {
+    std::string what = to_string(algo);
+    {
+      // Host 0 (pod 0) to host 8 (pod 1): the data crosses a spine.
+      Fabric f(load("fat-tree-16.conf"));
+      Workload w(f, options(algo, algo == PathAlgo::SINGLE ? 1 : 128), {{0, 8}});
+      w.run();
+      expect_all_delivered(w, what);
+      size_t up = 0, spines = 0;
+      for (uint64_t n : uplink_pkts(f, 0)) up += n > 0;
+      for (uint64_t n : spine_pkts(f)) spines += n > 0;
+      if (algo == PathAlgo::SINGLE) {
+        EXPECT_EQ(up, 1u) << what;
+        EXPECT_LE(spines, 2u) << what;  // the data's spine, and the ACKs'
+      } else {
+        EXPECT_EQ(up, 2u) << what;
+        EXPECT_EQ(spines, 4u) << what;
+      }
+    }
+    ns3::Simulator::Destroy();
+  }
+  Fabric f(load("fat-tree-16.conf"));
+  f.black_hole("spine2");
+  Workload w(f, options(PathAlgo::OBS, 128), {{0, 8}, {5, 13}});
+  w.run();
+  expect_all_delivered(w, "three tiers, black-hole spine");
+  EXPECT_GT(w.host(0).engine().stats().paths_set_aside, 0u);
 }
 
 TEST_F(Ns3, PermutationOfWritesArrivesIntact) {

@@ -196,7 +196,8 @@ int main(int argc, char** argv) {
     ok = w.all_done() && failed == 0 && verified == w.results().size();
     EngineStats es = w.engine_totals();
     o << "{\"topology\":{\"name\":\"" << tc.name << "\",\"hosts\":" << tc.hosts()
-      << ",\"tors\":" << tc.tors << ",\"spines\":" << tc.spine_count()
+      << ",\"tiers\":" << tc.tiers << ",\"tors\":" << tc.tors << ",\"spines\":" << tc.spine_count()
+      << ",\"pods\":" << (tc.tiers == 3 ? tc.pods : 1) << ",\"aggs_per_pod\":" << (tc.tiers == 3 ? tc.agg_count() : 0)
       << ",\"host_rate_bps\":" << tc.host_rate_bps << ",\"fabric_rate_bps\":" << tc.fabric_rate_bps
       << ",\"buffer\":" << tc.buffer_bytes << ",\"ecn\":\""
       << (tc.ecn == EcnMode::OFF ? "off" : tc.ecn == EcnMode::RED ? "red" : "threshold") << "\"}";

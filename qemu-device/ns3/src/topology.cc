@@ -85,10 +85,16 @@ bool parse_time_ns(const std::string& s, uint64_t& ns) {
   return parse_scaled(s, {{"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}}, ns);
 }
 
-uint32_t TopologyConfig::spine_count() const {
-  if (spines) return spines;
+uint32_t TopologyConfig::tor_uplinks() const {
   double up = double(hosts_per_tor) * double(host_rate_bps) / (oversubscription * double(fabric_rate_bps));
   return std::max<uint32_t>(1, uint32_t(std::llround(up)));
+}
+
+uint32_t TopologyConfig::agg_count() const { return aggs_per_pod ? aggs_per_pod : tor_uplinks(); }
+
+uint32_t TopologyConfig::spine_count() const {
+  if (spines) return spines;
+  return tiers == 3 ? agg_count() * tors_per_pod() : tor_uplinks();
 }
 
 bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err) {
@@ -114,6 +120,8 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
     else if (k == "tors") ok = parse_uint(v, c.tors);
     else if (k == "hosts_per_tor") ok = parse_uint(v, c.hosts_per_tor);
     else if (k == "spines") ok = parse_uint(v, c.spines);
+    else if (k == "pods") ok = parse_uint(v, c.pods) && c.pods > 0;
+    else if (k == "aggs_per_pod") ok = parse_uint(v, c.aggs_per_pod);
     else if (k == "oversubscription") {
       try {
         c.oversubscription = std::stod(v);
@@ -153,8 +161,12 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
       return false;
     }
   }
-  if (c.tiers != 2) {
-    err = "tiers = " + std::to_string(c.tiers) + ": only two-tier (ToR and spine) fabrics are built so far";
+  if (c.tiers != 2 && c.tiers != 3) {
+    err = "tiers = " + std::to_string(c.tiers) + ": 2 (ToRs, spines) or 3 (ToRs, aggregation, spines)";
+    return false;
+  }
+  if (c.tiers == 3 && (c.tors % c.pods != 0 || c.spine_count() % c.agg_count() != 0)) {
+    err = "three tiers: tors must be a multiple of pods, and spines of aggs_per_pod";
     return false;
   }
   if (c.tors < 1 || c.hosts_per_tor < 1 || c.hosts_per_tor > 250 || c.tors > 65000) {
@@ -268,10 +280,13 @@ uint32_t Fabric::host_ip(uint32_t h) const {
 }
 
 Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
-  uint32_t nspines = cfg_.spine_count();
+  const uint32_t nspines = cfg_.spine_count();
+  const bool three = cfg_.tiers == 3;
+  const uint32_t naggs = three ? cfg_.pods * cfg_.agg_count() : 0;
   hosts_.Create(cfg_.hosts());
   tors_.Create(cfg_.tors);
   spines_.Create(nspines);
+  if (naggs) aggs_.Create(naggs);
 
   InternetStackHelper stack;
   stack.SetIpv6StackInstall(false);
@@ -280,6 +295,7 @@ Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
   stack.Install(hosts_);
   stack.Install(tors_);
   stack.Install(spines_);
+  if (naggs) stack.Install(aggs_);
 
   // Jumbo frames: the engine's 4 KiB packets plus headers must not be
   // fragmented (a fragment carries no ports, so ECMP would hash them all alike).
@@ -364,31 +380,88 @@ Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
     add_port("tor" + std::to_string(t) + ".down" + std::to_string(h % cfg_.hosts_per_tor), t, false,
              d.Get(1), d.Get(0));
   }
-  // ToRs to spines: one link from every ToR to every spine.
-  std::vector<std::vector<uint32_t>> spine_down(nspines, std::vector<uint32_t>(cfg_.tors));
-  for (uint32_t t = 0; t < cfg_.tors; t++) {
-    for (uint32_t s = 0; s < nspines; s++) {
-      NetDeviceContainer d = fabriclink.Install(tors_.Get(t), spines_.Get(s));
-      uint32_t ta = g_switch_addr++, sa = g_switch_addr++;
-      uint32_t ti = iface(tors_.Get(t), d.Get(0), ta);
-      uint32_t si = iface(spines_.Get(s), d.Get(1), sa);
-      routing(tors_.Get(t))->set_peer(ti, Ipv4Address(sa));
-      routing(spines_.Get(s))->set_peer(si, Ipv4Address(ta));
-      tor_up[t].push_back(ti);
-      spine_down[s][t] = si;
-      add_port("tor" + std::to_string(t) + ".up" + std::to_string(s), t, true, d.Get(0), d.Get(1));
-      add_port("spine" + std::to_string(s) + ".down" + std::to_string(t), cfg_.tors + s, false,
-               d.Get(1), d.Get(0));
+  // A fabric link between two switches: the lower one's uplink port and
+  // the upper one's downlink port, and each end's next hop.
+  auto switch_link = [&](Ptr<Node> lo, uint32_t lo_sw, const std::string& lo_name, Ptr<Node> hi, uint32_t hi_sw,
+                         const std::string& hi_name, uint32_t* lo_if, uint32_t* hi_if) {
+    NetDeviceContainer d = fabriclink.Install(lo, hi);
+    uint32_t la = g_switch_addr++, ha = g_switch_addr++;
+    *lo_if = iface(lo, d.Get(0), la);
+    *hi_if = iface(hi, d.Get(1), ha);
+    routing(lo)->set_peer(*lo_if, Ipv4Address(ha));
+    routing(hi)->set_peer(*hi_if, Ipv4Address(la));
+    add_port(lo_name, lo_sw, true, d.Get(0), d.Get(1));
+    add_port(hi_name, hi_sw, false, d.Get(1), d.Get(0));
+  };
+  const std::string kTor = "tor", kSpine = "spine", kAgg = "agg";
+  auto nm = [](const std::string& sw, uint32_t n, const char* dir, uint32_t k) {
+    return sw + std::to_string(n) + dir + std::to_string(k);
+  };
+  if (!three) {
+    // ToRs to spines: one link from every ToR to every spine. A ToR sends
+    // what is not its own hosts' up, over every uplink (ECMP); a spine
+    // sends to the destination's ToR.
+    std::vector<std::vector<uint32_t>> spine_down(nspines, std::vector<uint32_t>(cfg_.tors));
+    for (uint32_t t = 0; t < cfg_.tors; t++) {
+      for (uint32_t s = 0; s < nspines; s++) {
+        uint32_t ti, si;
+        switch_link(tors_.Get(t), t, nm(kTor, t, ".up", s), spines_.Get(s), cfg_.tors + s, nm(kSpine, s, ".down", t),
+                    &ti, &si);
+        tor_up[t].push_back(ti);
+        spine_down[s][t] = si;
+      }
     }
+    for (uint32_t s = 0; s < nspines; s++)
+      for (uint32_t h = 0; h < cfg_.hosts(); h++)
+        routing(spines_.Get(s))->add_route(Ipv4Address(host_ip(h)), {spine_down[s][tor_of(h)]});
+  } else {
+    // Pods: ToR t of pod p has an uplink to each of the pod's aggregation
+    // switches; aggregation switch j of every pod has one to each spine
+    // of group j. Up: ECMP over every uplink (ToR, aggregation switch);
+    // down: the one port towards the destination's pod (spine) or ToR
+    // (aggregation switch).
+    const uint32_t tpp = cfg_.tors_per_pod(), apod = cfg_.agg_count(), group = nspines / apod;
+    std::vector<std::vector<uint32_t>> agg_up(naggs), agg_down(naggs, std::vector<uint32_t>(tpp));
+    std::vector<std::vector<uint32_t>> spine_down(nspines, std::vector<uint32_t>(cfg_.pods));
+    const uint32_t agg_sw0 = cfg_.tors + nspines;
+    for (uint32_t t = 0; t < cfg_.tors; t++) {
+      const uint32_t pod = t / tpp;
+      for (uint32_t j = 0; j < apod; j++) {
+        const uint32_t a = pod * apod + j;
+        uint32_t ti, ai;
+        switch_link(tors_.Get(t), t, nm(kTor, t, ".up", j), aggs_.Get(a), agg_sw0 + a, nm(kAgg, a, ".down", t % tpp),
+                    &ti, &ai);
+        tor_up[t].push_back(ti);
+        agg_down[a][t % tpp] = ai;
+      }
+    }
+    for (uint32_t a = 0; a < naggs; a++) {
+      const uint32_t pod = a / apod, j = a % apod;
+      for (uint32_t m = 0; m < group; m++) {
+        const uint32_t s = j * group + m;
+        uint32_t ai, si;
+        switch_link(aggs_.Get(a), agg_sw0 + a, nm(kAgg, a, ".up", m), spines_.Get(s), cfg_.tors + s,
+                    nm(kSpine, s, ".down", pod), &ai, &si);
+        agg_up[a].push_back(ai);
+        spine_down[s][pod] = si;
+      }
+    }
+    for (uint32_t a = 0; a < naggs; a++) {
+      const uint32_t pod = a / apod;
+      routing(aggs_.Get(a))->set_default(agg_up[a]);
+      for (uint32_t t = pod * tpp; t < (pod + 1) * tpp; t++)
+        for (uint32_t i = 0; i < cfg_.hosts_per_tor; i++)
+          routing(aggs_.Get(a))->add_route(Ipv4Address(host_ip(t * cfg_.hosts_per_tor + i)), {agg_down[a][t % tpp]});
+    }
+    for (uint32_t s = 0; s < nspines; s++)
+      for (uint32_t h = 0; h < cfg_.hosts(); h++)
+        routing(spines_.Get(s))->add_route(Ipv4Address(host_ip(h)), {spine_down[s][tor_of(h) / tpp]});
   }
-  // Routes: a ToR sends what is not its own hosts' up, over every uplink
-  // (ECMP); a spine sends to the destination's ToR.
   for (uint32_t t = 0; t < cfg_.tors; t++) routing(tors_.Get(t))->set_default(tor_up[t]);
-  for (uint32_t s = 0; s < nspines; s++)
-    for (uint32_t h = 0; h < cfg_.hosts(); h++)
-      routing(spines_.Get(s))->add_route(Ipv4Address(host_ip(h)), {spine_down[s][tor_of(h)]});
-  for (uint32_t sw = 0; sw < cfg_.tors + nspines; sw++) {
-    Ptr<Node> n = sw < cfg_.tors ? tors_.Get(sw) : spines_.Get(sw - cfg_.tors);
+  for (uint32_t sw = 0; sw < cfg_.tors + nspines + naggs; sw++) {
+    Ptr<Node> n = sw < cfg_.tors ? tors_.Get(sw)
+                  : sw < cfg_.tors + nspines ? spines_.Get(sw - cfg_.tors)
+                                             : aggs_.Get(sw - cfg_.tors - nspines);
     routing(n)->set_hash_seed(cfg_.hash_seed_per_switch ? mix(cfg_.hash_seed * 1000003 + sw) : cfg_.hash_seed);
   }
 }

@@ -21,11 +21,21 @@ enum class EcnMode { OFF, THRESHOLD, RED };
 
 struct TopologyConfig {
   std::string name;
-  int tiers = 2;                 // 2: ToRs and spines (a leaf-spine fat-tree)
-  uint32_t tors = 4;
+  // 2: ToRs and spines (a leaf-spine fat-tree). 3: ToRs, aggregation
+  // switches and spines (core switches), in pods: every ToR has one
+  // uplink to every aggregation switch of its pod, and aggregation switch
+  // j of every pod one to each spine of group j (spines / aggs_per_pod of
+  // them), as in a k-ary fat-tree.
+  int tiers = 2;
+  uint32_t tors = 4;  // all of them (tors / pods per pod)
   uint32_t hosts_per_tor = 4;
-  // Every ToR has one uplink to every spine. 0: derived from
-  // oversubscription = hosts_per_tor * host_rate / (spines * fabric_rate).
+  uint32_t pods = 1;          // three tiers only
+  uint32_t aggs_per_pod = 0;  // three tiers; 0: as many as a ToR's uplinks (below)
+  // Two tiers: every ToR has one uplink to every spine. 0: derived from
+  // oversubscription = hosts_per_tor * host_rate / (uplinks * fabric_rate),
+  // the ToR's uplinks (spines, or a pod's aggregation switches). Three
+  // tiers, 0: aggs_per_pod * (tors / pods), no oversubscription above the
+  // ToRs.
   uint32_t spines = 0;
   double oversubscription = 1.0;
   uint64_t host_rate_bps = 100'000'000'000ull;
@@ -48,6 +58,9 @@ struct TopologyConfig {
   uint64_t host_queue_bytes = 64'000'000;
 
   uint32_t hosts() const { return tors * hosts_per_tor; }
+  uint32_t tors_per_pod() const { return tors / (tiers == 3 ? pods : 1); }
+  uint32_t tor_uplinks() const;  // from the oversubscription
+  uint32_t agg_count() const;    // per pod (three tiers)
   uint32_t spine_count() const;
 };
 
@@ -75,8 +88,8 @@ class Fabric {
 
   struct Port {
     std::string name;        // "tor0.up2", "spine1.down3", "tor2.down0"
-    uint32_t sw = 0;         // switch number (ToRs first, then spines)
-    bool uplink = false;     // ToR to spine
+    uint32_t sw = 0;         // switch number (ToRs first, then spines, then aggregation switches)
+    bool uplink = false;     // towards the spines (ToR up, aggregation switch up)
     ns3::Ptr<ns3::NetDevice> dev;
     ns3::Ptr<ns3::QueueDisc> qdisc;
     struct Monitor;
@@ -103,7 +116,7 @@ class Fabric {
 
  private:
   TopologyConfig cfg_;
-  ns3::NodeContainer hosts_, tors_, spines_;
+  ns3::NodeContainer hosts_, tors_, spines_, aggs_;
   std::vector<Port> ports_;
   std::vector<ns3::Ptr<ns3::NetDevice>> peer_of_port_;  // the device at the other end
 };
