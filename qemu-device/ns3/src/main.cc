@@ -28,7 +28,11 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
   --pattern P           permutation (default): every host sends to one host
                         under another ToR; pairs:S-D,S-D,...: those host pairs;
                         incast:N: hosts 1..N send to host 0; all-to-all: every
-                        host to every other (n(n-1) connections)
+                        host to every other (n(n-1) connections); ring: a ring
+                        collective over every host with random rank placement,
+                        step k of a rank waiting for step k-1 of the rank before
+                        it (--messages steps of --msg bytes: a ring allreduce of
+                        S bytes is 2(n-1) steps of S/n; use --depth 1)
   --paths N             paths per connection (1..256, default 128)
   --path-algo A         obs (default), rr, dwrr, bestrtt, single
   --msg SIZE            bytes per WRITE (default 64KiB)
@@ -157,6 +161,8 @@ int main(int argc, char** argv) {
         std::cerr << "bad --pattern " << pattern << "\n";
         return 2;
       }
+    } else if (pattern == "ring") {
+      conns = ring(fab.hosts(), opt.seed);
     } else if (pattern == "all-to-all") {
       for (uint32_t s = 0; s < fab.hosts(); s++)
         for (uint32_t d = 0; d < fab.hosts(); d++)
@@ -182,6 +188,7 @@ int main(int argc, char** argv) {
       ns3::Simulator::Schedule(ns3::NanoSeconds(int64_t(bh_at)), [&fab, bh_port] { fab.black_hole(bh_port); });
 
     Workload w(fab, opt, conns);
+    if (pattern == "ring") w.chain(ring_after(fab.hosts()));
     w.run();
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
 

@@ -33,6 +33,8 @@ struct Workload::Conn {
   uint32_t slots = 0;
   uint64_t posted = 0;
   bool done = false;
+  int32_t after = -1;             // Workload::chain
+  std::vector<Conn*> dependents;  // connections that wait for this one
 };
 
 namespace {
@@ -155,6 +157,16 @@ Workload::~Workload() {
   hosts_.clear();
 }
 
+void Workload::chain(const std::vector<int32_t>& after) {
+  NS_ABORT_MSG_IF(after.size() != conns_.size(), "chain: one entry per connection");
+  for (size_t i = 0; i < after.size(); i++) {
+    if (after[i] < 0) continue;
+    NS_ABORT_MSG_IF(size_t(after[i]) >= conns_.size() || size_t(after[i]) == i, "chain: bad connection");
+    conns_[i]->after = after[i];
+    conns_[size_t(after[i])]->dependents.push_back(conns_[i].get());
+  }
+}
+
 void Workload::start(Conn& c) {
   post(c);
   hosts_[c.src]->kick();
@@ -167,7 +179,8 @@ void Workload::post(Conn& c) {
   HostState& d = *hs_[c.dst];
   ConnectionResult& r = results_[c.index];
   while (!c.done && (opt_.messages == 0 || c.posted < opt_.messages) &&
-         c.posted - r.completed - r.failed < opt_.depth) {
+         c.posted - r.completed - r.failed < opt_.depth &&
+         (c.after < 0 || results_[size_t(c.after)].completed >= c.posted)) {
     size_t off = size_t(c.posted % c.slots) * opt_.msg_bytes;
     Sge sg{s.addr(c.src_off + off), opt_.msg_bytes, s.mr->lkey()};
     SendWr wr;
@@ -201,9 +214,26 @@ void Workload::poll(uint32_t h) {
       }
       r.finish_ns = uint64_t(Simulator::Now().GetNanoSeconds());
       if (opt_.messages && r.completed + r.failed >= opt_.messages) finish(c);
+      // The next step of those waiting for this one may go.
+      for (Conn* d : c.dependents) {
+        if (d->done) continue;
+        const uint64_t before = d->posted;
+        post(*d);
+        if (d->posted != before) hosts_[d->src]->kick();
+      }
     }
-    for (Conn* c : hs_[h]->out)
-      if (!c->done) post(*c);
+    // WRITEs posted here go out in another pass at once: this runs after
+    // the engine's pass (Ns3Host::after_pass), whose next deadline knows
+    // nothing of them, so without the kick they waited for the next
+    // datagram or timer.
+    bool posted = false;
+    for (Conn* c : hs_[h]->out) {
+      if (c->done) continue;
+      const uint64_t before = c->posted;
+      post(*c);
+      posted |= c->posted != before;
+    }
+    if (posted) hosts_[h]->kick();
   }
 }
 
@@ -248,6 +278,22 @@ EngineStats Workload::engine_totals() const {
     t.audit_failures += s.audit_failures;
   }
   return t;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> ring(uint32_t hosts, uint64_t seed) {
+  std::mt19937_64 r(seed);
+  std::vector<uint32_t> place(hosts);
+  std::iota(place.begin(), place.end(), 0);
+  std::shuffle(place.begin(), place.end(), r);
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (uint32_t k = 0; k < hosts; k++) out.emplace_back(place[k], place[(k + 1) % hosts]);
+  return out;
+}
+
+std::vector<int32_t> ring_after(uint32_t hosts) {
+  std::vector<int32_t> after(hosts);
+  for (uint32_t k = 0; k < hosts; k++) after[k] = int32_t((k + hosts - 1) % hosts);
+  return after;
 }
 
 std::vector<std::pair<uint32_t, uint32_t>> permutation(uint32_t hosts, uint32_t hosts_per_tor,

@@ -43,6 +43,11 @@ class Workload {
            const std::vector<std::pair<uint32_t, uint32_t>>& conns);
   ~Workload();
 
+  // Steps of a collective: connection i may post its k-th WRITE only
+  // once connection after[i] has completed k of its own (its k-th step's
+  // data has arrived where connection i starts: an RC WRITE completes when
+  // the peer acknowledged it). -1: no such dependence. Call before run().
+  void chain(const std::vector<int32_t>& after);
   // Run the simulation until every connection is done or stop_ns.
   void run();
   bool all_done() const { return done_ == conns_.size(); }
@@ -74,5 +79,12 @@ class Workload {
 // whose pairs cross ToRs where possible.
 std::vector<std::pair<uint32_t, uint32_t>> permutation(uint32_t hosts, uint32_t hosts_per_tor,
                                                        uint64_t seed);
+// A ring collective's traffic with ranks placed on hosts at random (the
+// job scheduler's placement): rank r on host place[r] sends to rank r+1.
+// Connection r is rank r's; with Workload::chain(ring_after(n)) step k of
+// rank r waits for step k-1 of rank r-1, as a ring allreduce's
+// reduce-scatter and all-gather steps do (2(n-1) steps of S/n bytes).
+std::vector<std::pair<uint32_t, uint32_t>> ring(uint32_t hosts, uint64_t seed);
+std::vector<int32_t> ring_after(uint32_t hosts);
 
 }  // namespace vstellar::ns3sim
