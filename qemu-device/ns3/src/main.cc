@@ -37,6 +37,9 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
   --path-algo A         obs (default), rr, dwrr, bestrtt, single
   --msg SIZE            bytes per WRITE (default 64KiB)
   --depth N             WRITEs outstanding per connection (default 8)
+  --window N            PSN window per QP (a power of two, 64..65536; default
+                        4096): smaller for patterns with many QPs per host
+                        (all-to-all), whose windows are memory
   --messages N          WRITEs per connection (default 64; 0: until --stop)
   --stop TIME           give up at this simulated time (default 2s)
   --seed N              seed of the engines and the pattern (default 1)
@@ -110,6 +113,7 @@ int main(int argc, char** argv) {
       if (!parse_bytes(v, b) || b == 0 || b > (1u << 30)) bad(v);
       opt.msg_bytes = uint32_t(b);
     } else if (a == "--depth") opt.depth = uint32_t(std::max(1, std::atoi(val().c_str())));
+    else if (a == "--window") opt.engine.window_pkts = uint32_t(std::max(0, std::atoi(val().c_str())));
     else if (a == "--messages") opt.messages = std::strtoull(val().c_str(), nullptr, 10);
     else if (a == "--stop") {
       std::string v = val();
@@ -209,7 +213,7 @@ int main(int argc, char** argv) {
       << ",\"buffer\":" << tc.buffer_bytes << ",\"ecn\":\""
       << (tc.ecn == EcnMode::OFF ? "off" : tc.ecn == EcnMode::RED ? "red" : "threshold") << "\"}";
     o << ",\"workload\":{\"pattern\":\"" << pattern << "\",\"connections\":" << conns.size()
-      << ",\"paths\":" << opt.engine.num_paths << ",\"path_algo\":\"" << to_string(opt.engine.path_algo)
+      << ",\"paths\":" << opt.engine.num_paths << ",\"window\":" << opt.engine.window_pkts << ",\"path_algo\":\"" << to_string(opt.engine.path_algo)
       << "\",\"msg_bytes\":" << opt.msg_bytes << ",\"depth\":" << opt.depth
       << ",\"messages\":" << opt.messages << ",\"seed\":" << opt.seed << ",\"black_hole\":\"" << bh_port
       << "\",\"loss\":\"" << loss_port << "\",\"loss_rate\":" << loss_rate << "}";

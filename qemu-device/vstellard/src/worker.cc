@@ -114,13 +114,19 @@ Worker::Worker(const WorkerEnv& env, unsigned index)
 void Worker::TearDown() {
   std::lock_guard<std::mutex> g(mu);
   // Devices still on their way here are taken in, so that they are
-  // destroyed like the others, through this engine.
+  // destroyed like the others, through this engine; from here on no
+  // worker sends one (MoveOut looks at torn_down_ under decide_mu, as a
+  // worker may still be in its last turn while this one goes).
   std::vector<Arrival> arrivals;
   {
+    std::unique_lock<std::mutex> decide;
+    if (env_.placement) decide = std::unique_lock<std::mutex>(env_.placement->decide_mu);
+    torn_down_ = true;
     std::lock_guard<std::mutex> l(inbox_mu_);
     arrivals.swap(arrivals_);
   }
-  for (Arrival& a : arrivals) MoveIn(std::move(a), false);
+  if (engine_)
+    for (Arrival& a : arrivals) MoveIn(std::move(a), false);
   for (auto& [id, c] : conns_) {
     c.dev.reset();
     if (c.sock >= 0) close(c.sock);
@@ -403,6 +409,7 @@ void Worker::Place() {
 
 // Under mu and Placement::decide_mu: device `id` leaves for worker `to`.
 void Worker::MoveOut(unsigned id, unsigned to) {
+  if ((*env_.workers)[to]->torn_down_) return;  // the daemon is going down
   Conn& c = conns_.at(id);
   Arrival a;
   if (int e = engine_->detach(c.dev->EngineObjects(), &a.objs)) {

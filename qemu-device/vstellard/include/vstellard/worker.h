@@ -147,6 +147,7 @@ class Worker {
     bool asked;  // by a peer's worker (AskToPlace): moves, never asks back
   };
   std::vector<ToPlace> to_place_;
+  bool torn_down_ = false;  // under Placement::decide_mu (TearDown, MoveOut)
   std::set<unsigned> unmovable_logged_;
   struct Datagram {
     std::vector<uint8_t> bytes;
