@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		5
+#define VSTELLAR_ABI_MINOR		6
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -106,6 +106,14 @@
 #define VIRTIO_VSTELLAR_F_MCAST		11
 /* RESIZE_SRQ (minor 3): an SRQ moves to a ring of another size. */
 #define VIRTIO_VSTELLAR_F_RESIZE_SRQ	12
+/*
+ * MRs over memory another device exports (minor 6): a REG_MR page list
+ * may name device memory (an accelerator's BAR, in the memory table like
+ * RAM), and INVALIDATE_MR withdraws such an MR's pages when their exporter
+ * moves them (dma-buf move_notify): every later access through the MR
+ * fails as one through an invalid key would.
+ */
+#define VIRTIO_VSTELLAR_F_DMABUF	13
 
 /*
  * Every device feature bit, once: the driver negotiates this list and the
@@ -124,7 +132,8 @@
 	X(VIRTIO_VSTELLAR_F_MW)						\
 	X(VIRTIO_VSTELLAR_F_MEM_MGT)					\
 	X(VIRTIO_VSTELLAR_F_MCAST)					\
-	X(VIRTIO_VSTELLAR_F_RESIZE_SRQ)
+	X(VIRTIO_VSTELLAR_F_RESIZE_SRQ)					\
+	X(VIRTIO_VSTELLAR_F_DMABUF)
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -305,7 +314,10 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_region_id, 120);
 	  VSTELLAR_NO_BODY, 0)						\
 	/* minor 3, VIRTIO_VSTELLAR_F_RESIZE_SRQ */				\
 	X(RESIZE_SRQ,	    0x1f, VSTELLAR_BODY(vstellar_cmd_resize_srq),	\
-	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES)
+	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES)			\
+	/* minor 6, VIRTIO_VSTELLAR_F_DMABUF */				\
+	X(INVALIDATE_MR,    0x20, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)
 
 enum vstellar_cmd_opcode {
 #define VSTELLAR_CMD_ENUM_(name, op, req, resp, flags) VSTELLAR_CMD_##name = op,
@@ -724,6 +736,16 @@ struct vstellar_resp_reg_mr {
 	__le32 reserved;
 };
 VSTELLAR_ABI_SIZE(vstellar_resp_reg_mr, 16);
+
+/*
+ * INVALIDATE_MR (minor 6, F_DMABUF; body struct vstellar_cmd_handle): the
+ * MR made by REG_MR stops granting access and forgets its pages before
+ * the response is written; a WQE or an incoming request that names it
+ * later fails as with an invalid key (local protection error, remote
+ * access error). Windows bound to it stay bound but reach nothing. Only
+ * DEREG_MR remains possible; invalidating twice is not an error. For
+ * fast-registration MRs use the LOCAL_INV WQE (BAD_HANDLE here).
+ */
 
 /* ADD_GID / DEL_GID (DEL_GID: only port and index are read) */
 #define VSTELLAR_GID_TYPE_ROCE_V2	1

@@ -165,7 +165,8 @@ struct vstellar_mr {
 	struct ib_mr ibmr;
 	u32 mrn;
 	u32 ucontext;
-	struct ib_umem *umem;
+	struct ib_umem *umem;	/* a dmabuf MR's is an ib_umem_dmabuf's */
+	struct vstellar_dev *dev;	/* dmabuf MRs: move_notify may run before the core sets ibmr.device */
 	bool dma;		/* get_dma_mr: the local DMA lkey, no device object */
 	/*
 	 * Fast-registration MRs (alloc_mr, F_MEM_MGT): the page list that
@@ -329,6 +330,10 @@ struct ib_mr *vstellar_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type mr_type,
 			       u32 max_num_sg);
 int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
 		       unsigned int *sg_offset);
+struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
+					  u64 length, u64 virt_addr, int fd,
+					  int access_flags,
+					  struct ib_udata *udata);
 int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
 int vstellar_dealloc_mw(struct ib_mw *ibmw);

@@ -142,6 +142,12 @@ int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn)
 	return vstellar_cmd_release(dev, VSTELLAR_CMD_DEREG_MR, uctx, mrn);
 }
 
+/* F_DMABUF: the MR's pages go away; a lost device reaches none anyway. */
+int vstellar_cmd_invalidate_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn)
+{
+	return vstellar_cmd_release(dev, VSTELLAR_CMD_INVALIDATE_MR, uctx, mrn);
+}
+
 int vstellar_cmd_dealloc_mw(struct vstellar_dev *dev, u32 uctx, u32 mwn)
 {
 	return vstellar_cmd_release(dev, VSTELLAR_CMD_DEALLOC_MW, uctx, mwn);

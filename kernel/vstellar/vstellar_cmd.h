@@ -219,6 +219,7 @@ int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 			const struct vstellar_reg_mr_params *params,
 			struct vstellar_reg_mr_result *res);
 int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn);
+int vstellar_cmd_invalidate_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn);
 int vstellar_cmd_alloc_mw(struct vstellar_dev *dev, u32 uctx, u32 pdn,
 			  u32 type, u32 *mwn, u32 *rkey);
 int vstellar_cmd_dealloc_mw(struct vstellar_dev *dev, u32 uctx, u32 mwn);

@@ -66,6 +66,7 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_RESIZE_CQ,
 	VIRTIO_VSTELLAR_F_MCAST,
 	VIRTIO_VSTELLAR_F_RESIZE_SRQ,
+	VIRTIO_VSTELLAR_F_DMABUF,
 };
 
 /* ---------------------------------------------------------------- */
@@ -509,6 +510,7 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	.query_qp = vstellar_query_qp,
 	.query_srq = vstellar_query_srq,
 	.reg_user_mr = vstellar_reg_user_mr,
+	.reg_user_mr_dmabuf = vstellar_reg_user_mr_dmabuf,
 	.req_notify_cq = vstellar_req_notify_cq,
 	.resize_cq = vstellar_resize_cq,
 

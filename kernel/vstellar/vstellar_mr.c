@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * vStellar memory keys: MRs over user memory (REG_MR), the kernel's DMA MR
- * (the local DMA lkey, no device object), fast-registration MRs (F_MEM_MGT:
- * ALLOC_MR, then REG_MR WQEs from the page list map_mr_sg fills) and
- * memory windows (F_MW).
+ * vStellar memory keys: MRs over user memory (REG_MR) and over dmabufs
+ * (F_DMABUF: REG_MR, INVALIDATE_MR when the exporter moves the buffer),
+ * the kernel's DMA MR (the local DMA lkey, no device object),
+ * fast-registration MRs (F_MEM_MGT: ALLOC_MR, then REG_MR WQEs from the
+ * page list map_mr_sg fills) and memory windows (F_MW).
  */
+#include <linux/dma-buf.h>
+#include <linux/dma-resv.h>
 #include <linux/log2.h>
 #include <rdma/ib_umem.h>
 
@@ -14,25 +17,59 @@
 /* MRs over user memory                                              */
 /* ---------------------------------------------------------------- */
 
+static int vstellar_check_mr_access(struct vstellar_dev *dev, int access_flags,
+				    u64 length)
+{
+	BUILD_BUG_ON(VSTELLAR_ACCESS_MW_BIND != IB_ACCESS_MW_BIND);
+	if (access_flags & ~(VSTELLAR_ACCESS_VALID |
+			     (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
+			      VSTELLAR_ACCESS_MW_BIND : 0)))
+		return -EOPNOTSUPP;
+	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
+		return -EINVAL;
+	return 0;
+}
+
+/* REG_MR of mr->umem's pages (user memory or a mapped dmabuf). */
+static int vstellar_mr_register(struct vstellar_dev *dev, struct ib_pd *ibpd,
+				struct vstellar_mr *mr, u64 virt_addr,
+				u64 length, int access_flags)
+{
+	struct vstellar_reg_mr_params params = {};
+	struct vstellar_reg_mr_result res;
+	unsigned long pgsz;
+	int err;
+
+	pgsz = ib_umem_find_best_pgsz(mr->umem, vstellar_pgsz_bitmap(dev),
+				      virt_addr);
+	if (!pgsz)
+		return -EINVAL;
+	params.pdn = to_vpd(ibpd)->pdn;
+	params.access_flags = access_flags;
+	params.iova = virt_addr;
+	params.length = length;
+	vstellar_pages_of_umem(&params.pages, mr->umem, pgsz);
+	err = vstellar_cmd_reg_mr(dev, mr->ucontext, &params, &res);
+	if (err)
+		return err;
+	mr->mrn = res.mrn;
+	mr->ibmr.lkey = res.lkey;
+	mr->ibmr.rkey = res.rkey;
+	return 0;
+}
+
 struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   u64 virt_addr, int access_flags,
 				   struct ib_udata *udata)
 {
 	struct vstellar_dev *dev = to_vdev(ibpd->device);
-	struct vstellar_reg_mr_params params = {};
-	struct vstellar_reg_mr_result res;
 	struct vstellar_mr *mr;
-	unsigned long pgsz;
 	int err;
 
-	BUILD_BUG_ON(VSTELLAR_ACCESS_MW_BIND != IB_ACCESS_MW_BIND);
 	access_flags &= ~IB_ACCESS_OPTIONAL;
-	if (access_flags & ~(VSTELLAR_ACCESS_VALID |
-			     (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
-			      VSTELLAR_ACCESS_MW_BIND : 0)))
-		return ERR_PTR(-EOPNOTSUPP);
-	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
-		return ERR_PTR(-EINVAL);
+	err = vstellar_check_mr_access(dev, access_flags, length);
+	if (err)
+		return ERR_PTR(err);
 
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
@@ -43,24 +80,109 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 		err = PTR_ERR(mr->umem);
 		goto err_free;
 	}
-	pgsz = ib_umem_find_best_pgsz(mr->umem, vstellar_pgsz_bitmap(dev),
-				      virt_addr);
-	if (!pgsz) {
-		err = -EINVAL;
-		goto err_umem;
-	}
-
-	params.pdn = to_vpd(ibpd)->pdn;
-	params.access_flags = access_flags;
-	params.iova = virt_addr;
-	params.length = length;
-	vstellar_pages_of_umem(&params.pages, mr->umem, pgsz);
-	err = vstellar_cmd_reg_mr(dev, mr->ucontext, &params, &res);
+	err = vstellar_mr_register(dev, ibpd, mr, virt_addr, length,
+				   access_flags);
 	if (err)
 		goto err_umem;
-	mr->mrn = res.mrn;
-	mr->ibmr.lkey = res.lkey;
-	mr->ibmr.rkey = res.rkey;
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+/* ---------------------------------------------------------------- */
+/* MRs over dmabufs (F_DMABUF)                                       */
+/* ---------------------------------------------------------------- */
+
+/*
+ * The exporter is about to move the buffer (called with its reservation
+ * lock held). The device must reach none of the old pages once we return,
+ * so INVALIDATE_MR goes first, then the mapping. The MR stays invalid:
+ * without on-demand paging the device cannot fault the new place in, so
+ * every access through it fails (remote access error, local protection
+ * error) until the consumer registers the buffer again. That is never
+ * stale memory, which is what matters: the old range may already belong
+ * to someone else.
+ */
+static void vstellar_dmabuf_move_notify(struct dma_buf_attachment *attach)
+{
+	struct ib_umem_dmabuf *umem_dmabuf = attach->importer_priv;
+	struct vstellar_mr *mr = umem_dmabuf->private;
+	int err;
+
+	dma_resv_assert_held(attach->dmabuf->resv);
+	if (!umem_dmabuf->sgt)
+		return;	/* not mapped: registration failed or already moved */
+	err = vstellar_cmd_invalidate_mr(mr->dev, mr->ucontext, mr->mrn);
+	if (err)
+		ibdev_warn_ratelimited(&mr->dev->ibdev,
+				       "MR %u: INVALIDATE_MR failed (%d) as its dmabuf moves\n",
+				       mr->mrn, err);
+	ib_umem_dmabuf_unmap_pages(umem_dmabuf);
+}
+
+static const struct dma_buf_attach_ops vstellar_dmabuf_attach_ops = {
+	/* the exporter's memory may be another device's (a GPU's BAR) */
+	.allow_peer2peer = true,
+	.move_notify = vstellar_dmabuf_move_notify,
+};
+
+/*
+ * ibv_reg_dmabuf_mr: [offset, offset + length) of the dmabuf fd, seen at
+ * virt_addr. The pages are the exporter's DMA addresses, which with no
+ * vIOMMU are guest-physical: RAM, or device memory that QEMU backs with
+ * an fd and so hands vstellard in the memory table. Dynamic attachment,
+ * as mlx5's: the exporter may move the buffer (move_notify above).
+ */
+struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
+					  u64 length, u64 virt_addr, int fd,
+					  int access_flags,
+					  struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibpd->device);
+	struct ib_umem_dmabuf *umem_dmabuf;
+	struct dma_resv *resv;
+	struct vstellar_mr *mr;
+	int err;
+
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_DMABUF)))
+		return ERR_PTR(-EOPNOTSUPP);
+	access_flags &= ~IB_ACCESS_OPTIONAL;
+	err = vstellar_check_mr_access(dev, access_flags, length);
+	if (err)
+		return ERR_PTR(err);
+
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->dev = dev;
+	mr->ucontext = vstellar_uctx_handle(udata);
+	umem_dmabuf = ib_umem_dmabuf_get(ibpd->device, offset, length, fd,
+					 access_flags,
+					 &vstellar_dmabuf_attach_ops);
+	if (IS_ERR(umem_dmabuf)) {
+		err = PTR_ERR(umem_dmabuf);
+		goto err_free;
+	}
+	umem_dmabuf->private = mr;
+	mr->umem = &umem_dmabuf->umem;
+
+	/* Held until the MR exists, so move_notify sees it whole or unmapped. */
+	resv = umem_dmabuf->attach->dmabuf->resv;
+	dma_resv_lock(resv, NULL);
+	err = ib_umem_dmabuf_map_pages(umem_dmabuf);
+	if (!err) {
+		err = vstellar_mr_register(dev, ibpd, mr, virt_addr, length,
+					   access_flags);
+		if (err)
+			ib_umem_dmabuf_unmap_pages(umem_dmabuf);
+	}
+	dma_resv_unlock(resv);
+	if (err)
+		goto err_umem;
 	return &mr->ibmr;
 
 err_umem:
@@ -79,8 +201,24 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 		kfree(mr);
 		return 0;
 	}
-	err = vstellar_cmd_dereg_mr(to_vdev(ibmr->device), mr->ucontext,
-				    mr->mrn);
+	if (mr->umem && mr->umem->is_dmabuf) {
+		struct ib_umem_dmabuf *umem_dmabuf = to_ib_umem_dmabuf(mr->umem);
+		struct dma_resv *resv = umem_dmabuf->attach->dmabuf->resv;
+
+		/*
+		 * Under the lock move_notify takes, and unmapped before it is
+		 * dropped, so that move_notify never names a freed handle.
+		 */
+		dma_resv_lock(resv, NULL);
+		err = vstellar_cmd_dereg_mr(to_vdev(ibmr->device), mr->ucontext,
+					    mr->mrn);
+		if (!err)
+			ib_umem_dmabuf_unmap_pages(umem_dmabuf);
+		dma_resv_unlock(resv);
+	} else {
+		err = vstellar_cmd_dereg_mr(to_vdev(ibmr->device), mr->ucontext,
+					    mr->mrn);
+	}
 	if (err)
 		return err;
 	ib_umem_release(mr->umem);

@@ -134,6 +134,31 @@ struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr,
 	return &vmr->ibv_mr;
 }
 
+/*
+ * ibv_reg_dmabuf_mr: the kernel attaches to the dmabuf and hands the
+ * device its pages (an accelerator's memory, say: docs/accelerator.md).
+ * No driver data either way.
+ */
+struct ibv_mr *vstellar_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+				      size_t length, uint64_t iova, int fd,
+				      int access)
+{
+	struct verbs_mr *vmr;
+	int ret;
+
+	vmr = calloc(1, sizeof(*vmr));
+	if (!vmr)
+		return NULL;
+	ret = ibv_cmd_reg_dmabuf_mr(pd, offset, length, iova, fd, access, vmr,
+				    NULL);
+	if (ret) {
+		free(vmr);
+		errno = ret;
+		return NULL;
+	}
+	return &vmr->ibv_mr;
+}
+
 int vstellar_dereg_mr(struct verbs_mr *vmr)
 {
 	int ret;

@@ -102,6 +102,7 @@ static const struct verbs_context_ops vstellar_ctx_ops = {
 	.query_port = vstellar_query_port,
 	.query_qp = vstellar_query_qp,
 	.query_srq = vstellar_query_srq,
+	.reg_dmabuf_mr = vstellar_reg_dmabuf_mr,
 	.reg_mr = vstellar_reg_mr,
 	.req_notify_cq = vstellar_req_notify_cq,
 	.resize_cq = vstellar_resize_cq,

@@ -283,6 +283,9 @@ struct ibv_pd *vstellar_alloc_pd(struct ibv_context *context);
 int vstellar_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 			       uint64_t hca_va, int access);
+struct ibv_mr *vstellar_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+				      size_t length, uint64_t iova, int fd,
+				      int access);
 int vstellar_dereg_mr(struct verbs_mr *vmr);
 struct ibv_mw *vstellar_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
 int vstellar_dealloc_mw(struct ibv_mw *mw);

@@ -316,3 +316,109 @@ TEST_F(DataPath, MemoryWindowsAndForeignBinds) {
 }
 
 }  // namespace vstellard::datapath_test
+
+namespace vstellard::datapath_test {
+
+// A dmabuf MR (F_DMABUF): device B registers pages of an accelerator's
+// memory (its own memfd in the memory table, above RAM, as QEMU hands
+// vstellard a vstellar-accel BAR) at iova 0; A writes into it and reads it
+// back by RDMA. Then the exporter moves the buffer: INVALIDATE_MR, after
+// which a WRITE or READ through the rkey gets a remote access error and
+// leaves the memory alone, and B's own use of the lkey a local protection
+// error. Invalidation is B's alone to ask for, only of MRs from REG_MR.
+TEST_F(DataPath, DmabufMrOverDeviceMemoryIsInvalidatedWhenItsExporterMovesIt) {
+  StartDaemon();
+  TwoGuests();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  constexpr uint64_t kAccelGpa = 0x100000000ull, kAccelLen = 1 << 20, kBufOff = 0x40000, kBufLen = 0x10000;
+  std::string err;
+  uint8_t* accel = fb_->AddDeviceMemory(kAccelGpa, kAccelLen, &err);
+  ASSERT_NE(accel, nullptr) << err;
+  ASSERT_TRUE(fb_->SendMemTable(&err)) << err;
+
+  auto body = RegMrBody(B.pd, kAccelGpa + kBufOff, kBufLen, VSTELLAR_ACCESS_VALID);
+  vstellar_cmd_reg_mr m;
+  std::memcpy(&m, body.data(), sizeof(m));
+  m.iova = 0;  // ibv_reg_dmabuf_mr's iova: the offset in the dmabuf, say
+  std::memcpy(body.data(), &m, sizeof(m));
+  CmdResult r = B.Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
+  ASSERT_EQ(r.status(), 0);
+  const uint32_t mrn = As<vstellar_resp_reg_mr>(r).mrn, key = As<vstellar_resp_reg_mr>(r).rkey;
+
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  Fill(A.Buf(0), 8192, 7);
+  auto wr = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
+  wr.u.rdma.remote_addr = 0x1000;
+  wr.u.rdma.rkey = key;
+  A.PostSend(qa, wr, {A.Sge(0, 8192)});
+  auto c = A.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 0);
+  EXPECT_EQ(std::memcmp(accel + kBufOff + 0x1000, A.Buf(0), 8192), 0);
+  auto rd = Wqe(VSTELLAR_WR_RDMA_READ, 2);
+  rd.u.rdma.remote_addr = 0x1000;
+  rd.u.rdma.rkey = key;
+  A.PostSend(qa, rd, {A.Sge(0x4000, 8192)});
+  c = A.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 0);
+  EXPECT_EQ(std::memcmp(A.Buf(0x4000), A.Buf(0), 8192), 0);
+
+  // Only B's context names the MR; a fast-registration MR is LOCAL_INV's.
+  vstellar_cmd_handle h{mrn, 0};
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+  vstellar_cmd_handle bad{mrn, 1};
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &bad, sizeof(bad), 0).status(), VSTELLAR_STATUS_BAD_FIELD);
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &h, sizeof(h), 0).status(), 0);
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &h, sizeof(h), 0).status(), 0);  // twice: still invalid
+
+  // The exporter may hand the old range to someone else now: nothing
+  // reaches it through the MR.
+  std::memset(accel + kBufOff, 0x5a, kBufLen);
+  for (uint8_t op : {uint8_t(VSTELLAR_WR_RDMA_WRITE), uint8_t(VSTELLAR_WR_RDMA_READ)}) {
+    GQp a2 = A.CreateQp(), b2 = B.CreateQp();
+    A.Connect(a2, b2.qpn);
+    B.Connect(b2, a2.qpn);
+    auto w = op == VSTELLAR_WR_RDMA_WRITE ? wr : rd;
+    A.PostSend(a2, w, {A.Sge(0x8000, 4096)});
+    c = A.Poll();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->status, uint8_t(vstellar::WcStatus::REM_ACCESS_ERR)) << int(op);
+  }
+  EXPECT_TRUE(std::all_of(accel + kBufOff, accel + kBufOff + kBufLen, [](uint8_t x) { return x == 0x5a; }));
+  GQp b3 = B.CreateQp(), a3 = A.CreateQp();
+  B.Connect(b3, a3.qpn);
+  A.Connect(a3, b3.qpn);
+  auto local = Wqe(VSTELLAR_WR_RDMA_WRITE, 3);
+  local.u.rdma.remote_addr = kMrGpa;
+  local.u.rdma.rkey = A.rkey;
+  B.PostSend(b3, local, {vstellar_sge{0, 4096, key}});
+  c = B.Poll();
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, uint8_t(vstellar::WcStatus::LOC_PROT_ERR));
+
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_DEREG_MR, &h, sizeof(h), 0).status(), 0);
+  EXPECT_EQ(B.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+}
+
+// INVALIDATE_MR names MRs from REG_MR only: a kernel fast-registration
+// MR is invalidated by its LOCAL_INV WQE.
+TEST_F(DataPath, InvalidateMrRefusesFastRegistrationMrs) {
+  StartDaemon();
+  TwoDevices();
+  Guest& A = *a_;
+  A.SetupKernel(1);
+  vstellar_cmd_alloc_mr am{};
+  am.pdn = A.pd;
+  am.max_num_pages = 4;
+  CmdResult r = A.Cmd(VSTELLAR_CMD_ALLOC_MR, &am, sizeof(am), 16);
+  ASSERT_EQ(r.status(), 0);
+  vstellar_cmd_handle h{As<vstellar_resp_reg_mr>(r).mrn, 0};
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_INVALIDATE_MR, &h, sizeof(h), 0).status(), VSTELLAR_STATUS_BAD_HANDLE);
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_DEREG_MR, &h, sizeof(h), 0).status(), 0);
+}
+
+}  // namespace vstellard::datapath_test

@@ -109,7 +109,9 @@ TEST_F(DataPath, TwoQpPairsGiveTheSameResultsOnOneAndTwoThreads) {
     });
     results.push_back(TwoQpPairsRun());
     // Each pair ends on one worker, the two pairs on different ones.
-    if (run.threads > 1) EXPECT_EQ(d_->device_moves(), run.place_by_peers ? 2u : 0u);
+    if (run.threads > 1) {
+      EXPECT_EQ(d_->device_moves(), run.place_by_peers ? 2u : 0u);
+    }
     TearDown();
     d_.reset();
     sock_.clear();

@@ -130,6 +130,16 @@ int EngineCore::dereg_mr(Mr* mr) {
   return 0;
 }
 
+// Windows bound to it stay bound (the IB rules for LOCAL_INV do not apply:
+// the memory is gone, not handed back by the consumer); every access
+// through them checks the MR's state and fails.
+int EngineCore::invalidate_mr(Mr* mr) {
+  if (!mr || mr_by_index(mr->lkey()) != mr || mr->fast_reg_) return EINVAL;
+  mr->state_ = MrState::INVALID;
+  mr->mem_.reset();
+  return 0;
+}
+
 Mw* EngineCore::alloc_mw(Pd* pd, uint8_t type) {
   if (!pd || (type != 1 && type != 2)) return nullptr;
   const uint32_t key = alloc_key();
@@ -467,6 +477,7 @@ Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
   return core_->reg_mr(pd, iova, length, access, std::move(mem));
 }
 int Engine::dereg_mr(Mr* mr) { return core_->dereg_mr(mr); }
+int Engine::invalidate_mr(Mr* mr) { return core_->invalidate_mr(mr); }
 Mr* Engine::alloc_mr(Pd* pd, uint32_t max_pages) { return core_->alloc_mr(pd, max_pages); }
 Mr* Engine::mr_by_index(uint32_t key) { return core_->mr_by_index(key); }
 Mw* Engine::alloc_mw(Pd* pd, uint8_t type) { return core_->alloc_mw(pd, type); }

@@ -352,6 +352,7 @@ class EngineCore {
   Mr* reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
              std::shared_ptr<MemoryTranslator> mem);
   int dereg_mr(Mr* mr);
+  int invalidate_mr(Mr* mr);
   Cq* create_cq(uint32_t cqe);
   int destroy_cq(Cq* cq);
   QpImpl* create_qp(Pd* pd, const QpInitAttr& init);

@@ -1,5 +1,6 @@
-// The commands on memory regions: REG_MR, DEREG_MR, and ALLOC_MR (a
-// fast-registration MR, mapped later by REG_MR work requests).
+// The commands on memory regions: REG_MR, DEREG_MR, ALLOC_MR (a
+// fast-registration MR, mapped later by REG_MR work requests), and
+// INVALIDATE_MR (an exporter took a dmabuf MR's pages back).
 #include "vstellard/commands.h"
 
 #include <endian.h>
@@ -74,6 +75,19 @@ uint16_t Commands::Run<VSTELLAR_CMD_DEREG_MR>(uint32_t uctx, const uint8_t* b, u
   if (int e = sh_->engine->dereg_mr(m->mr)) return e == EBUSY ? VSTELLAR_STATUS_BUSY : VSTELLAR_STATUS_INTERNAL;
   obj_.mrs.erase(mrn);
   return VSTELLAR_STATUS_OK;
+}
+
+// The guest driver's dma-buf move_notify: the exporter is moving the
+// pages, so the MR must reach none of them once this returns. Commands run
+// on the worker that runs the engine, so no packet of this device is being
+// handled meanwhile; the next one that names the MR finds it INVALID.
+template <>
+uint16_t Commands::Run<VSTELLAR_CMD_INVALIDATE_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
+  if (!state_.HasFeature(VIRTIO_VSTELLAR_F_DMABUF)) return VSTELLAR_STATUS_UNSUPPORTED;
+  const auto [m, mrn, status] = ObjectNamedBy(obj_.mrs, uctx, b);
+  if (!m) return status;
+  if (m->mr->fast_reg()) return VSTELLAR_STATUS_BAD_HANDLE;  // LOCAL_INV is theirs
+  return sh_->engine->invalidate_mr(m->mr) ? uint16_t(VSTELLAR_STATUS_INTERNAL) : uint16_t(VSTELLAR_STATUS_OK);
 }
 
 // A fast-registration MR: kernel only (REG_MR WQEs carry guest-physical

@@ -122,6 +122,28 @@ Frontend::~Frontend() {
   if (db_) munmap(db_, 1 << 16);
   if (ram_fd_ >= 0) close(ram_fd_);
   if (db_fd_ >= 0) close(db_fd_);
+  for (const DeviceMemory& m : device_mem_) {
+    munmap(m.p, m.size);
+    close(m.fd);
+  }
+}
+
+uint8_t* Frontend::AddDeviceMemory(uint64_t gpa, uint64_t size, std::string* err) {
+  // Sealable, as QEMU's memory-backend-memfd makes it (seal=on).
+  const int fd = memfd_create("accel-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, off_t(size)) != 0) {
+    *err = std::string("device memory: ") + std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return nullptr;
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    *err = std::string("device memory mmap: ") + std::strerror(errno);
+    close(fd);
+    return nullptr;
+  }
+  device_mem_.push_back({gpa, size, fd, static_cast<uint8_t*>(p)});
+  return static_cast<uint8_t*>(p);
 }
 
 bool Frontend::Send(Request r, const void* payload, size_t n, std::string* err, const std::vector<int>& fds,
@@ -255,6 +277,7 @@ bool Frontend::SendMemTable(std::string* err) {
   add(0, o_.mem_size, kVaBase, ram_fd_);
   for (const Frontend* f : others_) add(f->db_gpa_, 1 << 16, kVaBase + f->db_gpa_, f->db_fd_);
   if (o_.doorbell) add(db_gpa_, 1 << 16, kVaBase + db_gpa_, db_fd_);
+  for (const DeviceMemory& m : device_mem_) add(m.gpa, m.size, kVaBase + m.gpa, m.fd);
   const uint32_t n = uint32_t(fds.size());
   std::memcpy(p.data(), &n, 4);
   return Send(Request::kSetMemTable, p.data(), p.size(), err, fds, true);

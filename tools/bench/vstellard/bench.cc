@@ -9,6 +9,13 @@
 //     RDMA WRITE bandwidth through the engine: a loopback RC QP pair on one
 //     engine over UDP (io_uring, 127.0.0.1), both MRs guest memory (4 KiB
 //     guest pages, scrambled) translated by eMTT or through the ATC.
+//       [--memory ram|accel] [--mrs N]
+//     --memory accel: the target MRs are device memory instead (an
+//     accelerator's BAR, its own memfd region above RAM: GPU Direct RDMA
+//     through a dmabuf MR), contiguous in 2 MiB pages where the size allows,
+//     as the guest driver registers a dmabuf. --mrs N: N target MRs of
+//     --size bytes each, the WRITEs going to them in turn (Stellar's
+//     figure of translation against the number of MRs).
 //   vstellard_bench dma ...same options...
 //     The translation cost alone: copy MR to MR through the translators
 //     (what the engine does per packet), no network.
@@ -83,6 +90,8 @@ struct Args {
   // over two workers moves to the other's; fixed: it stays).
   std::string placement = "peers";
   unsigned daemons = 1;  // host: 1 = one daemon for every device, else one each
+  bool accel = false;    // write: target MRs in device memory (--memory accel)
+  uint32_t mrs = 1;      // write: target MRs, written in turn
 };
 
 int Attach(const Args& a) {
@@ -133,13 +142,17 @@ int Attach(const Args& a) {
   return rc;
 }
 
-// Guest RAM holding two MRs of `size` bytes in scrambled 4 KiB pages.
+// Guest RAM holding two MRs of `size` bytes in scrambled 4 KiB pages, and
+// with `accel_mrs` > 0, device memory above RAM (an accelerator's BAR: a
+// memfd of its own, in the memory table as QEMU hands it) holding that many
+// target MRs of `size` bytes, each contiguous, as a dmabuf's pages are.
 struct GuestMrs {
-  int fd = -1;
-  uint64_t bytes = 0;
+  static constexpr uint64_t kAccelGpa = 1ull << 32;
+  int fd = -1, accel_fd = -1;
+  uint64_t bytes = 0, accel_bytes = 0, accel_stride = 0;
   Pvdma pv{PinMode::kLazy};
   std::vector<uint64_t> src, dst;
-  explicit GuestMrs(uint64_t size) {
+  explicit GuestMrs(uint64_t size, uint32_t accel_mrs = 0) {
     const uint64_t np = (size + 4095) / 4096;
     bytes = (2 * np * 4096 + (4ull << 20)) & ~((2ull << 20) - 1);
     fd = memfd_create("guest-ram", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -154,20 +167,47 @@ struct GuestMrs {
     t[0].size = bytes;
     t[0].qemu_va = 0x7f0000000000ull;
     t[0].fd = Fd(dup(fd));
+    if (accel_mrs) {
+      // A buffer of 2 MiB or more starts on a 2 MiB boundary, as the
+      // accelerator's allocator would place a large one; smaller ones pack.
+      const uint64_t align = size >= (2ull << 20) ? (2ull << 20) : 4096;
+      accel_stride = (size + align - 1) & ~(align - 1);
+      accel_bytes = accel_stride * accel_mrs;
+      accel_fd = memfd_create("accel-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (ftruncate(accel_fd, off_t(accel_bytes)) != 0) std::abort();
+      t.resize(2);
+      t[1].gpa = kAccelGpa;
+      t[1].size = accel_bytes;
+      t[1].qemu_va = 0x7f0000000000ull + kAccelGpa;
+      t[1].fd = Fd(dup(accel_fd));
+    }
     std::string err;
     if (!pv.Attach(t, &err)) std::abort();
   }
-  ~GuestMrs() { close(fd); }
+  ~GuestMrs() {
+    close(fd);
+    if (accel_fd >= 0) close(accel_fd);
+  }
   std::shared_ptr<vstellar::MemoryTranslator> Make(TranslationMode m, Atc& atc, const std::vector<uint64_t>& pages,
-                                                   uint64_t iova, uint64_t len) {
+                                                   uint64_t iova, uint64_t len, uint32_t page_shift = 12) {
     MrLayout l;
     l.iova = iova;
     l.length = len;
-    l.page_shift = 12;
+    l.page_shift = page_shift;
     l.pages = pages;
     uint16_t st;
     if (m == TranslationMode::kEmtt) return EmttTranslator::Create(pv, l, &st);
     return AtcTranslator::Create(pv, atc, l, &st);
+  }
+  // Target MR i in device memory at iova: the largest page the guest
+  // driver's ib_umem_find_best_pgsz would choose for it (2 MiB when the
+  // MR is at least that large, 4 KiB otherwise).
+  std::shared_ptr<vstellar::MemoryTranslator> MakeAccel(TranslationMode m, Atc& atc, uint32_t i, uint64_t iova,
+                                                        uint64_t len) {
+    const uint32_t shift = len >= (2ull << 20) ? 21 : 12;
+    std::vector<uint64_t> pages;
+    for (uint64_t off = 0; off < len; off += 1ull << shift) pages.push_back(kAccelGpa + i * accel_stride + off);
+    return Make(m, atc, pages, iova, len, shift);
   }
 };
 
@@ -222,7 +262,11 @@ class Sink final : public vstellar::RxSink {
 };
 
 int Write(const Args& a) {
-  GuestMrs g(a.size);
+  if (a.mrs > 1 && !a.accel) {
+    std::fprintf(stderr, "--mrs N needs --memory accel\n");
+    return 2;
+  }
+  GuestMrs g(a.size, a.accel ? a.mrs : 0);
   Atc atc(a.atc_entries, a.atc_miss_ns);
   vstellar::UdpLinkConfig lc;
   lc.base_port = a.port;
@@ -242,8 +286,18 @@ int Write(const Args& a) {
   vstellar::Pd* pb = e.alloc_pd();
   vstellar::Mr* ma = e.reg_mr(pa, 0x10000000, a.size, vstellar::ACCESS_LOCAL_WRITE,
                               g.Make(a.tr, atc, g.src, 0x10000000, a.size));
-  vstellar::Mr* mb = e.reg_mr(pb, 0x90000000, a.size, vstellar::ACCESS_LOCAL_WRITE | vstellar::ACCESS_REMOTE_WRITE,
-                              g.Make(a.tr, atc, g.dst, 0x90000000, a.size));
+  // The targets: MR i at iova 0x90000000 + i * stride.
+  const uint64_t stride = (a.size + 4095) & ~4095ull;
+  std::vector<vstellar::Mr*> mbs;
+  for (uint32_t i = 0; i < a.mrs; i++) {
+    const uint64_t iova = 0x90000000 + i * stride;
+    mbs.push_back(e.reg_mr(pb, iova, a.size, vstellar::ACCESS_LOCAL_WRITE | vstellar::ACCESS_REMOTE_WRITE,
+                           a.accel ? g.MakeAccel(a.tr, atc, i, iova, a.size)
+                           : i == 0 ? g.Make(a.tr, atc, g.dst, iova, a.size)
+                                    : nullptr));
+    if (!mbs.back()) return 1;
+  }
+  vstellar::Mr* mb = mbs[0];
   vstellar::Cq* ca = e.create_cq(1024);
   vstellar::Cq* cb = e.create_cq(1024);
   vstellar::QpInitAttr ia;
@@ -281,6 +335,14 @@ int Write(const Args& a) {
   wr.rkey = mb->rkey();
   uint32_t outstanding = 0;
   uint64_t done = 0, errors = 0;
+  uint32_t next_mr = 0;
+  auto post = [&] {
+    wr.remote_addr = 0x90000000 + next_mr * stride;
+    wr.rkey = mbs[next_mr]->rkey();
+    if (e.post_send(qa, wr) != 0) return false;
+    next_mr = (next_mr + 1) % a.mrs;
+    return true;
+  };
   auto pump = [&] {
     bool more = e.progress();
     link.poll(more ? 0 : 200'000, sink);
@@ -294,8 +356,10 @@ int Write(const Args& a) {
       }
   };
   // Warm-up: one message (first touches pin the blocks in both modes).
-  if (e.post_send(qa, wr) == 0) outstanding++;
-  while (outstanding) pump();
+  for (uint32_t i = 0; i < a.mrs; i++) {
+    if (post()) outstanding++;
+    while (outstanding) pump();
+  }
   atc.ResetStats();
   done = 0;
   const auto t0 = Clock::now();
@@ -303,16 +367,16 @@ int Write(const Args& a) {
   for (;;) {
     secs = Since(t0);
     const bool more_time = secs < a.seconds;
-    while (more_time && outstanding < depth && e.post_send(qa, wr) == 0) outstanding++;
+    while (more_time && outstanding < depth && post()) outstanding++;
     if (!more_time && outstanding == 0) break;
     if (errors || secs > a.seconds * 20 + 30) break;
     pump();
   }
   secs = Since(t0);
   const auto& st = e.stats();
-  char extra[160];
-  std::snprintf(extra, sizeof(extra), ",\"errors\":%llu,\"retx_pkts\":%llu,\"depth\":%u",
-                (unsigned long long)errors, (unsigned long long)st.retx_pkts, depth);
+  char extra[224];
+  std::snprintf(extra, sizeof(extra), ",\"errors\":%llu,\"retx_pkts\":%llu,\"depth\":%u,\"memory\":\"%s\",\"mrs\":%u",
+                (unsigned long long)errors, (unsigned long long)st.retx_pkts, depth, a.accel ? "accel" : "ram", a.mrs);
   Report(a, "write", done * a.size, done, secs, atc, g.pv.stats(), extra);
   return errors ? 1 : 0;
 }
@@ -911,6 +975,8 @@ int main(int argc, char** argv) {
     else if (k == "--pair") a.pair = uint32_t(std::stoul(v));
     else if (k == "--placement") a.placement = v;
     else if (k == "--daemons") a.daemons = unsigned(std::stoul(v));
+    else if (k == "--memory") a.accel = v == "accel";
+    else if (k == "--mrs") a.mrs = std::max(1u, unsigned(std::stoul(v)));
     else if (k == "--link") {
       if (!vstellar::parse_link_mode(v, a.link)) return 2;
     }

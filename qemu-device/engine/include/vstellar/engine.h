@@ -235,6 +235,11 @@ class Engine {
              std::shared_ptr<MemoryTranslator> mem);
   // EBUSY while windows are bound to it.
   int dereg_mr(Mr* mr);
+  // An MR from reg_mr whose memory its exporter takes back (a dma-buf
+  // move): it turns INVALID and drops its translation at once, whatever
+  // is bound to it, so nothing reaches those pages through it again.
+  // EINVAL for an unknown or fast-registration MR; 0 if already invalid.
+  int invalidate_mr(Mr* mr);
   // A fast-registration MR of at most max_pages pages, FREE (no access
   // works) until a REG_MR work request registers it. lkey == rkey.
   Mr* alloc_mr(Pd* pd, uint32_t max_pages);

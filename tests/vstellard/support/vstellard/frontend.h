@@ -97,6 +97,11 @@ class Frontend {
   // Puts another device's doorbell region into this one's memory table
   // (first, before our own), as QEMU does for two devices in one guest.
   void AddDoorbellOf(const Frontend& other) { others_.push_back(&other); }
+  // Device memory of another PCI device of the guest (an accelerator's
+  // BAR: docs/accelerator.md): `size` bytes of their own memfd at `gpa`,
+  // put in the memory table by the next SendMemTable. Returns the memory as
+  // the guest's CPU would see it through the BAR, or nullptr.
+  uint8_t* AddDeviceMemory(uint64_t gpa, uint64_t size, std::string* err);
   // Sets up and starts control, event, kick and CQ notification queues;
   // posts event and CQ notification buffers.
   bool StartQueues(std::string* err);
@@ -165,6 +170,12 @@ class Frontend {
   uint64_t db_gpa_ = 0;
   uint64_t features_ = 0;
   std::vector<const Frontend*> others_;
+  struct DeviceMemory {
+    uint64_t gpa, size;
+    int fd;
+    uint8_t* p;
+  };
+  std::vector<DeviceMemory> device_mem_;
   std::vector<Queue> qs_;
   uint32_t cmd_id_ = 1;
 };
