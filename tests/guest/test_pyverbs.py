@@ -13,6 +13,8 @@ The test fails when
 - fewer tests pass on vStellar than MIN_PASSED (a regression that makes
   tests skip on both would otherwise go unnoticed).
 
+It prints the counts, and the tests that pass on one device only.
+
 The device claims only what it implements, so tests of features it does
 not offer skip (mlx5/efa-only tests, ODP, XRC, device memory, ...).
 """
@@ -110,6 +112,8 @@ class PyverbsSuiteTest(unittest.TestCase):
         missing = sorted(t for t, v in rxe.items() if v == "ok" and vst.get(t) != "ok")
         print("fail or error on vStellar:", ", ".join(bad) or "none")
         print("pass on rxe, not on vStellar:", ", ".join(f"{t} ({vst.get(t)})" for t in missing) or "none")
+        only_here = sorted(t for t, v in vst.items() if v == "ok" and rxe.get(t) != "ok")
+        print("pass on vStellar, not on rxe:", ", ".join(f"{t} ({rxe.get(t)})" for t in only_here) or "none")
         self.assertEqual(bad, [], "\n".join(vst_out[-200:]))
         self.assertEqual([t for t in missing if t not in KNOWN_MISSING], [],
                          "tests pass on rxe and not on vStellar")
