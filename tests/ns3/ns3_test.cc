@@ -250,3 +250,41 @@ TEST_F(Ns3, IncastIsMarkedAndDelivered) {
 
 }  // namespace
 }  // namespace vstellar::ns3sim
+
+namespace vstellar::ns3sim {
+namespace {
+
+// A shared buffer (Dynamic Threshold): an 8-to-1 incast into host 0 while
+// host 15 sends to host 3 through the same ToR. The incast port may take
+// more than an even split of its switch's buffer would give it, never more
+// than alpha / (1 + alpha) of it while it is the one congested port (plus
+// the packet in flight), so host 3's port still finds room; the ToR's
+// buffer is never overrun and every message arrives intact.
+TEST_F(Ns3, SharedSwitchBufferLetsABusyPortGrowAndLeavesRoomForOthers) {
+  TopologyConfig c = load("leaf-spine-16.conf");
+  std::string err;  // parse_topology starts from c: these keys override the file's
+  ASSERT_TRUE(parse_topology("shared_buffer = 1MB\ndt_alpha = 1\nbuffer = 16MB\n", c, err)) << err;
+  const uint64_t shared = 1'000'000;
+  Fabric f(c);
+  std::vector<std::pair<uint32_t, uint32_t>> conns;
+  for (uint32_t h = 4; h < 12; h++) conns.emplace_back(h, 0);
+  conns.emplace_back(15, 3);
+  Workload w(f, options(PathAlgo::OBS, 128), conns);
+  w.run();
+  expect_all_delivered(w, "incast with a shared buffer");
+  ASSERT_NE(f.pool(0), nullptr);
+  EXPECT_LE(f.pool(0)->peak, shared);
+  const Fabric::Port* busy = nullptr;
+  for (const Fabric::Port& p : f.ports())
+    if (p.name == "tor0.down0") busy = &p;
+  ASSERT_NE(busy, nullptr);
+  const uint64_t most = busy->stats().max_backlog;
+  EXPECT_GT(most, shared / 8) << "no more than an even split of the ToR's 8 ports";
+  EXPECT_LE(most, shared / 2 + 9000) << "over the dynamic threshold alpha / (1 + alpha)";
+  std::printf("incast port: most %llu bytes queued, %llu drops; ToR buffer peak %llu of %llu\n",
+              (unsigned long long)most, (unsigned long long)busy->stats().drops,
+              (unsigned long long)f.pool(0)->peak, (unsigned long long)shared);
+}
+
+}  // namespace
+}  // namespace vstellar::ns3sim

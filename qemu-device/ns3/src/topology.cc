@@ -133,6 +133,15 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
     else if (k == "fabric_rate") ok = parse_rate(v, c.fabric_rate_bps);
     else if (k == "link_delay") ok = parse_time_ns(v, c.link_delay_ns);
     else if (k == "buffer") ok = parse_bytes(v, c.buffer_bytes);
+    else if (k == "shared_buffer") ok = parse_bytes(v, c.shared_buffer_bytes);
+    else if (k == "dt_alpha") {
+      try {
+        c.dt_alpha = std::stod(v);
+      } catch (...) {
+        ok = false;
+      }
+      ok = ok && c.dt_alpha > 0;
+    }
     else if (k == "ecn") {
       if (v == "off") c.ecn = EcnMode::OFF;
       else if (v == "threshold") c.ecn = EcnMode::THRESHOLD;
@@ -175,6 +184,10 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
   }
   if (c.buffer_bytes < 10'000) {
     err = "buffer must hold at least two jumbo packets (10 kB)";
+    return false;
+  }
+  if (c.shared_buffer_bytes && c.shared_buffer_bytes < 10'000) {
+    err = "shared_buffer must hold at least two jumbo packets (10 kB), or be 0 (none)";
     return false;
   }
   return true;
@@ -311,11 +324,23 @@ Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
   // A switch port's queue is its queue disc; the device queue under it
   // holds one packet (the one being serialised), so the backlog, drops and
   // marks are all the queue disc's.
+  // With a shared buffer, that queue disc is the child of the port's
+  // SharedBufferQueueDisc, which admits by the switch's free space.
   TrafficControlHelper tc;
   uint32_t buf = uint32_t(cfg_.buffer_bytes);
+  const bool shared = cfg_.shared_buffer_bytes > 0;
+  uint16_t parent = 0, cls = 0;
+  if (shared) {
+    parent = tc.SetRootQueueDisc("vstellar::ns3sim::SharedBufferQueueDisc");
+    cls = tc.AddQueueDiscClasses(parent, 1, "ns3::QueueDiscClass")[0];
+  }
+  // The port's own queue: the root, or the shared buffer's child.
+  auto port_queue = [&](const std::string& type, auto&&... args) {
+    if (shared) tc.AddChildQueueDisc(parent, cls, type, args...);
+    else tc.SetRootQueueDisc(type, args...);
+  };
   if (cfg_.ecn == EcnMode::OFF) {
-    tc.SetRootQueueDisc("ns3::FifoQueueDisc", "MaxSize",
-                        QueueSizeValue(QueueSize(QueueSizeUnit::BYTES, buf)));
+    port_queue("ns3::FifoQueueDisc", "MaxSize", QueueSizeValue(QueueSize(QueueSizeUnit::BYTES, buf)));
   } else {
     // RED in byte mode. The threshold marker is RED with both thresholds
     // at K, the instantaneous queue (QW 1) and no gentle region: every
@@ -324,7 +349,7 @@ Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
     bool thr = cfg_.ecn == EcnMode::THRESHOLD;
     double lo = double(thr ? cfg_.ecn_threshold_bytes : cfg_.red_min_bytes);
     double hi = double(thr ? cfg_.ecn_threshold_bytes : cfg_.red_max_bytes);
-    tc.SetRootQueueDisc("ns3::RedQueueDisc", "MaxSize",
+    port_queue("ns3::RedQueueDisc", "MaxSize",
                         QueueSizeValue(QueueSize(QueueSizeUnit::BYTES, buf)), "MinTh", DoubleValue(lo),
                         "MaxTh", DoubleValue(hi), "UseEcn", BooleanValue(true), "UseHardDrop",
                         BooleanValue(false), "QW", DoubleValue(thr ? 1.0 : 0.002), "Gentle",
@@ -354,6 +379,15 @@ Fabric::Fabric(const TopologyConfig& cfg) : cfg_(cfg) {
     p.uplink = up;
     p.dev = dev;
     p.qdisc = tc.Install(dev).Get(0);
+    if (shared) {
+      if (pools_.size() <= sw) pools_.resize(sw + 1);
+      if (!pools_[sw]) {
+        pools_[sw] = Create<SharedBufferPool>();
+        pools_[sw]->capacity = cfg_.shared_buffer_bytes;
+        pools_[sw]->alpha = cfg_.dt_alpha;
+      }
+      DynamicCast<SharedBufferQueueDisc>(p.qdisc)->SetPool(pools_[sw]);
+    }
     p.mon = std::make_unique<Port::Monitor>();
     Port::Monitor* m = p.mon.get();
     m->q = p.qdisc;

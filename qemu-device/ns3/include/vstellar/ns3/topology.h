@@ -15,6 +15,8 @@
 
 #include "vstellar/ns3/flow_ecmp.h"
 
+#include "vstellar/ns3/shared_buffer.h"
+
 namespace vstellar::ns3sim {
 
 enum class EcnMode { OFF, THRESHOLD, RED };
@@ -43,6 +45,11 @@ struct TopologyConfig {
   uint64_t link_delay_ns = 1'000;
   // Per switch port (each direction of a link has its own queue).
   uint64_t buffer_bytes = 1'000'000;
+  // A buffer per switch shared by its ports (0: none, each port has its
+  // own `buffer`). A port then holds at most dt_alpha times the shared
+  // buffer's free space (Dynamic Threshold), and never more than `buffer`.
+  uint64_t shared_buffer_bytes = 0;
+  double dt_alpha = 1.0;
   EcnMode ecn = EcnMode::OFF;
   uint64_t ecn_threshold_bytes = 100'000;    // threshold: mark what finds more queued
   uint64_t red_min_bytes = 50'000, red_max_bytes = 200'000;  // RED: average-queue thresholds
@@ -103,6 +110,8 @@ class Fabric {
   uint32_t host_ip(uint32_t h) const;  // host order
   uint32_t tor_of(uint32_t h) const { return h / cfg_.hosts_per_tor; }
   std::vector<Port>& ports() { return ports_; }
+  // Switch sw's shared buffer (shared_buffer > 0), else nullptr.
+  const SharedBufferPool* pool(uint32_t sw) const { return sw < pools_.size() ? ns3::PeekPointer(pools_[sw]) : nullptr; }
   // The uplink ports of ToR t, in spine order.
   std::vector<const Port*> uplinks(uint32_t tor) const;
   // Start every port's statistics afresh (after a warm-up).
@@ -119,6 +128,7 @@ class Fabric {
   ns3::NodeContainer hosts_, tors_, spines_, aggs_;
   std::vector<Port> ports_;
   std::vector<ns3::Ptr<ns3::NetDevice>> peer_of_port_;  // the device at the other end
+  std::vector<ns3::Ptr<SharedBufferPool>> pools_;        // by switch number, with shared buffers
 };
 
 }  // namespace vstellar::ns3sim
