@@ -42,6 +42,8 @@ host: deps $(BUILD)/build.ninja
 KDIR := /usr/src/linux-headers-$(GUEST_KERNEL_ABI)
 GUEST_EXTRA := $(BUILD)/guest-extra
 KMOD_DIR := kernel/vstellar
+# The emulated accelerator's driver (docs/accelerator.md)
+KMOD_ACCEL_DIR := kernel/vstellar-accel
 # The driver's selftests (tools/testing/selftests style) run inside guests.
 KSELFTEST_DIR := tests/kselftest/vstellar
 KSELFTEST_PROGS := run_tests.sh ktap.sh vstellar_sysfs.sh vstellar_kverbs.sh vstellar_load.sh vstellar_uverbs
@@ -53,6 +55,10 @@ kmod: deps
 		{ cat $(BUILD)/kmod.log >&2; exit 1; }
 	@install -D -m644 $(KMOD_DIR)/vstellar.ko \
 		$(GUEST_EXTRA)/lib/modules/$(GUEST_KERNEL_ABI)/extra/vstellar.ko
+	@$(MAKE) --no-print-directory -C $(KDIR) M=$(CURDIR)/$(KMOD_ACCEL_DIR) modules > $(BUILD)/kmod-accel.log 2>&1 || \
+		{ cat $(BUILD)/kmod-accel.log >&2; exit 1; }
+	@install -D -m644 $(KMOD_ACCEL_DIR)/vstellar_accel.ko \
+		$(GUEST_EXTRA)/lib/modules/$(GUEST_KERNEL_ABI)/extra/vstellar_accel.ko
 	@$(MAKE) --no-print-directory -s -C $(KSELFTEST_DIR) TOP=$(CURDIR) all
 	@mkdir -p $(GUEST_EXTRA)/usr/lib/vstellar-kselftest
 	@cp -a $(addprefix $(KSELFTEST_DIR)/,$(KSELFTEST_PROGS)) \

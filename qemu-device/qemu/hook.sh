@@ -30,3 +30,22 @@ if ! grep -q 'vhost-user-vstellar.c' hw/virtio/meson.build; then
 		{ print }' hw/virtio/meson.build > hw/virtio/meson.build.new
 	mv hw/virtio/meson.build.new hw/virtio/meson.build
 fi
+
+# The emulated accelerator (hw/misc/vstellar-accel.c): hw/misc's
+# softmmu_ss is not frozen in its own meson.build, so appending is enough.
+if ! grep -q '^config VSTELLAR_ACCEL$' hw/misc/Kconfig; then
+	cat >> hw/misc/Kconfig <<'KCONFIG'
+
+config VSTELLAR_ACCEL
+    bool
+    default y
+    depends on PCI
+KCONFIG
+fi
+if ! grep -q 'vstellar-accel.c' hw/misc/meson.build; then
+	cat >> hw/misc/meson.build <<'MESON'
+
+# vStellar (added by qemu-device/qemu/hook.sh)
+softmmu_ss.add(when: 'CONFIG_VSTELLAR_ACCEL', if_true: files('vstellar-accel.c'))
+MESON
+fi

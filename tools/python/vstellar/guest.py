@@ -17,6 +17,8 @@ and vstellar.ko loaded in the guest. The daemons talk UDP over a second,
 separate network (see TestNet) or over namespaces the caller made
 (vstellar_hosts=, e.g. a tools/fabric Clos). With ipv6=True every guest
 also gets an IPv6 address, fd77::<i+1>/64, beside its IPv4 one.
+With accel="64M" every guest also gets the emulated accelerator
+(vstellar-accel, docs/accelerator.md) with that much device memory.
 """
 
 import os
@@ -52,6 +54,9 @@ RXE_MODULES = ["crc32_generic", "rdma_rxe", "ib_uverbs", "rdma_ucm"]
 VSTELLAR_PORT = 47000
 # Engine packets are up to 4 KiB: the daemons' network must not fragment them.
 FABRIC_MTU = 9000
+# The emulated accelerator (accel=): its driver, and its memory backend's id.
+ACCEL_MODULES = ["vstellar_accel"]
+ACCEL_MEMDEV = "vsaccel0"
 
 
 class GuestError(Exception):
@@ -680,7 +685,7 @@ class Session:
 def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_args=(),
                echo=None, qemu=None, image=None, vstellar=False, vstellar_hosts=None,
                guest_addrs=None, vstellard_args=(), daemons_out=None, images=None, qmp=False,
-               during=None, ipv6=False, shared_daemons=None, rxe_guests=()):
+               during=None, ipv6=False, shared_daemons=None, rxe_guests=(), accel=None):
     """Boot one guest per command, all on one test network; wait for all.
 
     Each command sees $VSTELLAR_INDEX, $VSTELLAR_SELF_IP and $VSTELLAR_PEER_IP
@@ -729,6 +734,11 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     exchange) needs other addresses: every guest's eth0 also has
     10.79.0.<i+1>/24 (an rxe guest's eth0 only that), seen by the command
     as $VSTELLAR_OOB_SELF_IP and $VSTELLAR_OOB_PEER_IP.
+
+    accel=SIZE ("64M" or bytes, a power of two): every guest also gets an
+    emulated accelerator with SIZE bytes of device memory
+    (-device vstellar-accel, docs/accelerator.md) and loads ACCEL_MODULES,
+    so /dev/vstellar-accel0 is there when the command starts.
     """
     n = len(commands)
     if images is not None and len(images) != n:
@@ -758,6 +768,9 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
     groups = daemon_groups(n, shared_daemons) if shared_daemons is not None else [[i] for i in range(n)
                                                                                   if i not in rxe]
     modules = list(modules)
+    accel_args = accel_qemu_args(accel_size(accel)) if accel is not None else []
+    if accel is not None:
+        modules += [m for m in ACCEL_MODULES if m not in modules]
     if vstellar:
         modules += [m for m in VSTELLAR_MODULES if m not in modules]
     if rxe:
@@ -801,7 +814,7 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
                     # knows no nodad
                     prologue += (f"export VSTELLAR_SELF_IP6={ip6s[i]} VSTELLAR_PEER_IP6={ip6s[(i + 1) % n]}\n"
                                  f"/bin/ip -6 addr add {ip6s[i]}/{NET6_LEN} dev eth0 nodad || exit 1\n")
-                extra = list(qemu_args)
+                extra = list(qemu_args) + accel_args
                 addr = addrs[i] if network else None
                 if rxe:
                     prologue += (f"export VSTELLAR_OOB_SELF_IP={oob_ip(i)} "
@@ -838,6 +851,27 @@ def run_guests(commands, modules=(), mem=1024, timeout=600, network=True, qemu_a
             if any(g.timed_out for g in s.guests):
                 print(daemon_report({"stats": d.stats, "log": d.log_text} for d in s.daemons),
                       file=sys.stderr)
+
+
+def accel_size(size):
+    """Bytes of accelerator memory from an int or "64M"-style text (K, M,
+    G suffixes, powers of 1024): a power of two of at least a page, as the
+    device's BAR must be."""
+    text = str(size).strip()
+    m = re.fullmatch(r"(\d+)([KMG]?)i?B?", text, re.I)
+    if not m:
+        raise GuestError(f"accelerator size {text!r}: want e.g. 64M")
+    n = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+    if n < 4096 or n & (n - 1):
+        raise GuestError(f"accelerator size {text!r}: must be a power of two of 4K or more")
+    return n
+
+
+def accel_qemu_args(size):
+    """QEMU options for one vstellar-accel with size bytes of memory: a
+    shared memfd backend, so that vhost-user backends can map it too."""
+    return ["-object", f"memory-backend-memfd,id={ACCEL_MEMDEV},size={size},share=on",
+            "-device", f"vstellar-accel,memdev={ACCEL_MEMDEV}"]
 
 
 def daemon_report(daemons, log_tail=2000):

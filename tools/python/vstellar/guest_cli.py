@@ -26,6 +26,11 @@ guests from one vstellard (one device socket and address set per guest, as
 one daemon per host serves its tenants), --daemons K from K, each serving a
 contiguous group. --ipv6 also gives guest i fd77::<i+1>/64 ($VSTELLAR_SELF_IP6,
 $VSTELLAR_PEER_IP6), which its device may use as a RoCE v2 GID.
+
+With --accel SIZE each guest also gets vStellar's emulated accelerator, a PCI
+device with SIZE of device memory (a shared memfd, so vstellard can reach it
+too), and vstellar_accel loaded: /dev/vstellar-accel0 hands out that memory
+as dmabufs (docs/accelerator.md).
 """
 
 EPILOG = """\
@@ -51,6 +56,7 @@ examples:
   vstellar-guest run -n 2 --container \\
       --cmd 'ib_write_bw -d vstellar0 -x 1' \\
       --cmd 'sleep 5; ib_write_bw -d vstellar0 -x 1 $VSTELLAR_PEER_IP'
+  vstellar-guest run --accel 64M --vstellar -- 'ls -l /dev/vstellar-accel0'
   vstellar-guest cleanup
 """
 
@@ -77,6 +83,9 @@ def main():
     r.add_argument("--vstellar", action="store_true",
                    help="attach the vStellar device (a vstellard per guest unless --shared-daemon or "
                         "--daemons) and load vstellar.ko")
+    r.add_argument("--accel", metavar="SIZE", default=None,
+                   help="give each guest an emulated accelerator with SIZE of device memory "
+                        "(e.g. 64M, a power of two; /dev/vstellar-accel0) and load vstellar_accel.ko")
     r.add_argument("--vstellard-arg", action="append", default=[],
                    help="extra vstellard option with --vstellar (repeatable), e.g. --vstellard-arg=--paths=8")
     r.add_argument("--shared-daemon", action="store_const", const=1, dest="daemons",
@@ -126,6 +135,11 @@ def main():
         p.error("--shared-daemon and --daemons need --vstellar")
     if args.daemons is not None and not 1 <= args.daemons <= n:
         p.error(f"--daemons {args.daemons}: need 1..{n} (one per guest at most)")
+    if args.accel is not None:
+        try:
+            vg.accel_size(args.accel)
+        except vg.GuestError as e:
+            p.error(f"--accel: {e}")
     if args.ipv6 and args.no_net:
         p.error("--ipv6 needs the test network")
     daemons = []
@@ -134,7 +148,7 @@ def main():
                                 timeout=args.timeout, network=not args.no_net, qemu_args=args.qemu_arg,
                                 echo=echo, qemu=args.qemu, image=image, vstellar=args.vstellar,
                                 vstellard_args=args.vstellard_arg, daemons_out=daemons,
-                                ipv6=args.ipv6, shared_daemons=args.daemons)
+                                ipv6=args.ipv6, shared_daemons=args.daemons, accel=args.accel)
     except vg.GuestError as e:
         print(f"vstellar-guest: error: {e}", file=sys.stderr)
         return 2

@@ -12,3 +12,5 @@ CONFIG_VIRTIO_BLK=y
 CONFIG_VIRTIO_RNG=y
 # The vStellar RNIC frontend (qemu-device/qemu/hw/virtio/vhost-user-vstellar*.c)
 CONFIG_VHOST_USER_VSTELLAR=y
+# The emulated accelerator with device memory (qemu-device/qemu/hw/misc/vstellar-accel.c)
+CONFIG_VSTELLAR_ACCEL=y
