@@ -14,7 +14,8 @@ buffer, and the initiator's WRITE and READ through the old rkey must fail
 with a remote access error while the new buffer stays zero; the moved
 buffer, registered again, takes WRITEs once more. Last, registrations that
 must fail: a file that is not a dmabuf, an fd that is not open, a range
-past the buffer's end. Each step prints "accel-<step> ok" or raises.
+past the buffer's end, and NCCL's probe for DMA-BUF support (which wants
+any error but EOPNOTSUPP). Each step prints "accel-<step> ok" or raises.
 
 The two sides talk over TCP (one JSON line each way per step).
 """
@@ -201,6 +202,9 @@ def target(dev, gidx, port):
               lambda: DmaBufMR(pd, 4096, REMOTE, dmabuf=closed, offset=0))
     must_fail("a range past the buffer's end", errno.EINVAL,
               lambda: DmaBufMR(pd, BUF, REMOTE, dmabuf=buf, offset=4096))
+    # NCCL's probe (net_ib gdr.cc): fd -1, length 0; anything but
+    # EOPNOTSUPP/EPROTONOSUPPORT tells it DMA-BUF registration is there.
+    must_fail("NCCL's DMA-BUF probe", errno.EINVAL, lambda: DmaBufMR(pd, 0, 0, dmabuf=-1, offset=0))
     print("accel-refused ok", flush=True)
     send(sock, {"step": "done"})
     mr2.close()
