@@ -25,6 +25,38 @@ TEST(Paths, RoundRobinAndSingle) {
   for (int i = 0; i < 20; i++) EXPECT_EQ(one.pick(1), 5);
 }
 
+// REPS: paths come back for reuse when their ACKs are clean (no CE, an
+// RTT near the connection's smallest). With the paths behind one of four
+// "uplinks" (path % 4 == 0) congested, REPS moves its load off that
+// uplink; OBS keeps a quarter there. With every ACK congested, REPS
+// explores like OBS.
+TEST(Paths, RepsReusesPathsThatDeliverWithoutCongestion) {
+  auto share_on_congested = [](PathAlgo algo, bool all_congested) {
+    PathSelector s(algo, 128, 7);
+    int on_bad = 0;
+    std::set<uint16_t> used;
+    for (int i = 0; i < 40000; i++) {
+      const uint16_t p = s.pick(4096);
+      used.insert(p);
+      const bool bad = all_congested || p % 4 == 0;
+      on_bad += p % 4 == 0;
+      s.on_ack(p, bad ? 30'000 : 10'000, 1, bad ? 1 : 0);
+    }
+    return std::make_pair(on_bad / 40000.0, used.size());
+  };
+  const auto [obs, obs_used] = share_on_congested(PathAlgo::OBS, false);
+  const auto [reps, reps_used] = share_on_congested(PathAlgo::REPS, false);
+  EXPECT_GT(obs, 0.2);
+  EXPECT_LT(reps, 0.05) << "REPS kept sending into the congested uplink";
+  EXPECT_GT(reps_used, 64u) << "REPS should still use many clean paths";
+  const auto [explore, explore_used] = share_on_congested(PathAlgo::REPS, true);
+  EXPECT_GT(explore, 0.2);
+  EXPECT_EQ(explore_used, 128u);
+  PathAlgo parsed;
+  ASSERT_TRUE(parse_path_algo("reps", parsed));
+  EXPECT_EQ(parsed, PathAlgo::REPS);
+}
+
 // Bursts: OBS and RR keep a path for `burst` first
 // transmissions; a retransmission neither uses nor ends the run, a timeout
 // on the run's path ends it.

@@ -132,9 +132,9 @@ class ScenarioRun {
     s.srq = s.type != QpType::UC && Draw(rng_, 3) == 0;
     static const uint16_t kPaths[] = {1, 4, 16, 128, 256};
     s.paths = kPaths[Draw(rng_, 5)];
-    static const PathAlgo kAlgo[] = {PathAlgo::OBS, PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR,
-                                     PathAlgo::BEST_RTT, PathAlgo::SINGLE};
-    s.algo = kAlgo[Draw(rng_, 6)];
+    static const PathAlgo kAlgo[] = {PathAlgo::OBS,      PathAlgo::OBS,    PathAlgo::RR,  PathAlgo::DWRR,
+                                     PathAlgo::BEST_RTT, PathAlgo::SINGLE, PathAlgo::REPS};
+    s.algo = kAlgo[Draw(rng_, 7)];
     static const uint32_t kMtu[] = {1024, 4096, 4096, 9000};
     s.mtu = kMtu[Draw(rng_, 4)];
     SimImpairment& im = s.im;

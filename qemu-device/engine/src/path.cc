@@ -11,12 +11,13 @@ const char* to_string(PathAlgo a) {
     case PathAlgo::DWRR: return "dwrr";
     case PathAlgo::BEST_RTT: return "bestrtt";
     case PathAlgo::SINGLE: return "single";
+    case PathAlgo::REPS: return "reps";
   }
   return "?";
 }
 
 bool parse_path_algo(const std::string& s, PathAlgo& out) {
-  for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT, PathAlgo::SINGLE})
+  for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT, PathAlgo::SINGLE, PathAlgo::REPS})
     if (s == to_string(a)) { out = a; return true; }
   return false;
 }
@@ -31,6 +32,7 @@ PathSelector::PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uin
     deficit_.assign(n_, 0.0);
   }
   if (algo_ == PathAlgo::BEST_RTT) srtt_.assign(n_, 0);
+  if (algo_ == PathAlgo::REPS) recycle_.assign(n_, 0);
   rr_ = uint32_t(rand() % n_);
 }
 
@@ -65,6 +67,18 @@ uint16_t PathSelector::choose(uint32_t bytes) {
     case PathAlgo::DWRR: p = pick_dwrr(bytes); break;
     case PathAlgo::BEST_RTT: p = pick_best_rtt(); break;
     case PathAlgo::SINGLE: return single_;
+    case PathAlgo::REPS:
+      // Every 8th pick explores even when paths wait for reuse: with few
+      // packets in flight the ring would otherwise shrink to the handful
+      // of paths they took, and a path that cleared up would never return.
+      if (recycle_len_ && picks_ % 8 != 0) {
+        p = recycle_[recycle_head_];
+        recycle_head_ = uint16_t((recycle_head_ + 1) % n_);
+        recycle_len_--;
+      } else {
+        p = uint16_t(rand() % n_);  // nothing to reuse: explore
+      }
+      break;
   }
   if (n_down_ && down_[p].until) p = pick_healthy(-1);
   return p;
@@ -163,11 +177,23 @@ uint16_t PathSelector::pick_best_rtt() {
   return best;
 }
 
-void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns) {
+void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts, uint32_t ce) {
   if (path >= n_) return;
   if (n_down_ && down_[path].until) {  // it delivers again
     down_[path] = Down{};
     n_down_--;
+  }
+  if (algo_ == PathAlgo::REPS && rtt_ns) {
+    // Near the base RTT: within half of it, and at least 2 us (a few
+    // packets' serialisation at 100 Gb/s), so that an uncongested path's
+    // jitter does not disqualify it.
+    min_rtt_ = std::min(min_rtt_, rtt_ns);
+    if (ce == 0 && rtt_ns <= min_rtt_ + std::max<uint64_t>(min_rtt_ / 2, 2'000)) {
+      for (uint32_t k = 0; k < std::min<uint32_t>(pkts, 8) && recycle_len_ < n_; k++) {
+        recycle_[(recycle_head_ + recycle_len_) % n_] = path;
+        recycle_len_++;
+      }
+    }
   }
   if (algo_ == PathAlgo::DWRR) weight_[path] += (1.0 - weight_[path]) / 16.0;
   if (algo_ == PathAlgo::BEST_RTT && rtt_ns) {

@@ -56,7 +56,8 @@ TRANSPORT
     --path-burst N    obs/rr: packets a path carries before the next pick,
                       so the link can segment runs (1..64; 16)
     --path-algo A     obs (oblivious random spraying, default), rr, dwrr,
-                      bestrtt, single
+                      bestrtt, single, reps (reuse paths that delivered
+                      without congestion)
     --single-path K   path used by --path-algo single (0)
     --mtu B           payload bytes per packet, 256..16384 (4096)
     --rto-us U        minimum retransmission timeout in us (250)

@@ -34,7 +34,7 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
                         it (--messages steps of --msg bytes: a ring allreduce of
                         S bytes is 2(n-1) steps of S/n; use --depth 1)
   --paths N             paths per connection (1..256, default 128)
-  --path-algo A         obs (default), rr, dwrr, bestrtt, single
+  --path-algo A         obs (default), rr, dwrr, bestrtt, single, reps
   --msg SIZE            bytes per WRITE (default 64KiB)
   --depth N             WRITEs outstanding per connection (default 8)
   --window N            PSN window per QP (a power of two, 64..65536; default

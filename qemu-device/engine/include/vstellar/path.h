@@ -1,6 +1,7 @@
 // Path selection for one connection. A path is a UDP source port; the fabric's
 // ECMP hash maps it onto a route. OBS (oblivious spraying: a pseudo-random path
-// per packet, no per-path load state) is Stellar's choice; the others are
+// per packet, no per-path load state) is Stellar's choice; REPS recycles
+// paths that just delivered without congestion (below); the others are
 // baselines. Under every algorithm a path whose packet timed out is set
 // aside (down) and probed back in: after a hold time the engine sends a
 // probe on it (probe()); an ACK for a packet sent on it brings it back, and
@@ -13,7 +14,14 @@
 
 namespace vstellar {
 
-enum class PathAlgo : uint8_t { OBS, RR, DWRR, BEST_RTT, SINGLE };
+// REPS (recycled entropy packet spraying, after UET's REPS): a path whose
+// ACK came back without a CE mark and with an RTT near the connection's
+// smallest is queued for reuse, once per packet the ACK covered; a new
+// packet takes the oldest such path, or a random one (OBS) when none is
+// queued and at every 8th pick (exploration keeps the set of paths wide). Load so follows the paths, and through the ECMP hash the
+// uplinks, that are not queueing; OBS spreads it evenly over paths, which
+// the hash spreads unevenly over uplinks.
+enum class PathAlgo : uint8_t { OBS, RR, DWRR, BEST_RTT, SINGLE, REPS };
 const char* to_string(PathAlgo a);
 bool parse_path_algo(const std::string& s, PathAlgo& out);
 
@@ -36,8 +44,9 @@ class PathSelector {
   // resend does not go back into the hole that lost the original, and a
   // healthy one while there is one.
   uint16_t pick_retx(uint16_t avoid, uint32_t bytes);
-  // Feedback: a packet sent on `path` was acknowledged with this RTT sample.
-  void on_ack(uint16_t path, uint64_t rtt_ns);
+  // Feedback: a packet sent on `path` was acknowledged with this RTT sample
+  // (0: none), in an ACK that covered `pkts` packets, `ce` of them marked.
+  void on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts = 1, uint32_t ce = 0);
   // A packet sent on `path` timed out at `now`: a healthy path is set aside
   // (one already down stays as it is: its probes set the hold).
   void on_timeout(uint16_t path, uint64_t now);
@@ -75,6 +84,11 @@ class PathSelector {
   std::vector<double> weight_;   // DWRR: 1 = healthy, halved per timeout
   std::vector<double> deficit_;  // DWRR: byte credit
   std::vector<uint64_t> srtt_;   // BestRTT: smoothed RTT per path, ns (0 = unknown)
+  // REPS: paths to reuse, oldest first (a ring of n_ entries), and the
+  // smallest RTT seen, the base the "near" test compares with.
+  std::vector<uint16_t> recycle_;
+  uint16_t recycle_head_ = 0, recycle_len_ = 0;
+  uint64_t min_rtt_ = UINT64_MAX;
   // Health, for every algorithm: allocated at the first timeout.
   struct Down {
     uint64_t until = 0;  // 0: healthy; else the time its next probe is due
