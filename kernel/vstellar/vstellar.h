@@ -296,7 +296,7 @@ int vstellar_destroy_ah(struct ib_ah *ibah, u32 flags);
 
 /* vstellar_cq.c */
 int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		       vstellar_create_cq_arg_t *arg);
+		       vstellar_uverbs_arg_t *arg);
 int vstellar_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata);
 int vstellar_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata);
 
@@ -333,7 +333,7 @@ int vstellar_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
 struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
 					  u64 length, u64 virt_addr, int fd,
 					  int access_flags,
-					  struct ib_udata *udata);
+					  vstellar_uverbs_arg_t *arg);
 int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
 int vstellar_dealloc_mw(struct ib_mw *ibmw);

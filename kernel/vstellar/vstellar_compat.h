@@ -19,21 +19,22 @@
 #endif
 
 /*
- * 6.10 hands ib_device_ops.create_cq the whole uverbs attribute bundle
- * (NULL for kernel CQs) instead of the driver's udata.
+ * 6.10 hands ib_device_ops.create_cq and .reg_user_mr_dmabuf the whole
+ * uverbs attribute bundle (NULL for kernel CQs) instead of the driver's
+ * udata.
  */
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 10, 0)
-typedef struct uverbs_attr_bundle vstellar_create_cq_arg_t;
+typedef struct uverbs_attr_bundle vstellar_uverbs_arg_t;
 
 static inline struct ib_udata *
-vstellar_create_cq_udata(struct uverbs_attr_bundle *attrs)
+vstellar_uverbs_udata(struct uverbs_attr_bundle *attrs)
 {
 	return attrs ? &attrs->driver_udata : NULL;
 }
 #else
-typedef struct ib_udata vstellar_create_cq_arg_t;
+typedef struct ib_udata vstellar_uverbs_arg_t;
 
-static inline struct ib_udata *vstellar_create_cq_udata(struct ib_udata *udata)
+static inline struct ib_udata *vstellar_uverbs_udata(struct ib_udata *udata)
 {
 	return udata;
 }

@@ -89,9 +89,9 @@ static int vstellar_cq_copy_to_user(struct vstellar_cq *cq,
 }
 
 int vstellar_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-		       vstellar_create_cq_arg_t *arg)
+		       vstellar_uverbs_arg_t *arg)
 {
-	struct ib_udata *udata = vstellar_create_cq_udata(arg);
+	struct ib_udata *udata = vstellar_uverbs_udata(arg);
 	struct vstellar_dev *dev = to_vdev(ibcq->device);
 	struct vstellar_cq *cq = to_vcq(ibcq);
 	struct vstellar_create_cq_params params = {};

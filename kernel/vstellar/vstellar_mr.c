@@ -140,8 +140,9 @@ static const struct dma_buf_attach_ops vstellar_dmabuf_attach_ops = {
 struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
 					  u64 length, u64 virt_addr, int fd,
 					  int access_flags,
-					  struct ib_udata *udata)
+					  vstellar_uverbs_arg_t *arg)
 {
+	struct ib_udata *udata = vstellar_uverbs_udata(arg);
 	struct vstellar_dev *dev = to_vdev(ibpd->device);
 	struct ib_umem_dmabuf *umem_dmabuf;
 	struct dma_resv *resv;
