@@ -46,6 +46,7 @@
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/version.h>
 
 #include "vstellar/vstellar-accel-abi.h"
 
@@ -278,7 +279,11 @@ static int vsaccel_mmap(struct dma_buf *dmabuf, struct vm_area_struct *vma)
 	if (!(vma->vm_flags & VM_SHARED))
 		return -EINVAL;
 	/* The dma-buf core has checked that the range is inside the buffer */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+	vm_flags_set(vma, VM_PFNMAP | VM_IO | VM_DONTEXPAND | VM_DONTDUMP);
+#else	/* 6.1: vm_flags is written directly */
 	vma->vm_flags |= VM_PFNMAP | VM_IO | VM_DONTEXPAND | VM_DONTDUMP;
+#endif
 	vma->vm_page_prot =
 		pgprot_writecombine(vm_get_page_prot(vma->vm_flags));
 	vma->vm_ops = &vsaccel_vm_ops;
