@@ -319,6 +319,45 @@ TEST_F(DataPath, MemoryWindowsAndForeignBinds) {
 
 namespace vstellard::datapath_test {
 
+namespace {
+
+constexpr uint64_t kAccelGpa = 0x100000000ull;  // above RAM, as a 64-bit BAR may be
+
+// An MR over device memory (F_DMABUF): `mem_len` bytes of an accelerator's
+// memory, its own sealable memfd in guest g's memory table at kAccelGpa as
+// QEMU hands vstellard a vstellar-accel BAR, and a REG_MR of [off, off +
+// len) of it at `iova`, as vstellar.ko registers a dmabuf.
+struct DeviceMemoryMr {
+  uint8_t* mem = nullptr;  // the memory, as the accelerator (and the test) sees it
+  uint32_t mrn = 0, key = 0;
+};
+DeviceMemoryMr RegDeviceMemoryMr(Frontend& f, Guest& g, uint64_t mem_len, uint64_t off, uint64_t len,
+                                 uint64_t iova) {
+  DeviceMemoryMr d;
+  std::string err;
+  uint8_t* mem = f.AddDeviceMemory(kAccelGpa, mem_len, &err);
+  if (!mem || !f.SendMemTable(&err)) {
+    ADD_FAILURE() << err;
+    return d;
+  }
+  auto body = RegMrBody(g.pd, kAccelGpa + off, len, VSTELLAR_ACCESS_VALID);
+  vstellar_cmd_reg_mr m;
+  std::memcpy(&m, body.data(), sizeof(m));
+  m.iova = iova;
+  std::memcpy(body.data(), &m, sizeof(m));
+  CmdResult r = g.Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
+  if (r.status() != 0) {
+    ADD_FAILURE() << "REG_MR of device memory: status " << r.status();
+    return d;
+  }
+  d.mem = mem;
+  d.mrn = As<vstellar_resp_reg_mr>(r).mrn;
+  d.key = As<vstellar_resp_reg_mr>(r).rkey;
+  return d;
+}
+
+}  // namespace
+
 // A dmabuf MR (F_DMABUF): device B registers pages of an accelerator's
 // memory (its own memfd in the memory table, above RAM, as QEMU hands
 // vstellard a vstellar-accel BAR) at iova 0; A writes into it and reads it
@@ -331,20 +370,12 @@ TEST_F(DataPath, DmabufMrOverDeviceMemoryIsInvalidatedWhenItsExporterMovesIt) {
   TwoGuests();
   Guest& A = *a_;
   Guest& B = *b_;
-  constexpr uint64_t kAccelGpa = 0x100000000ull, kAccelLen = 1 << 20, kBufOff = 0x40000, kBufLen = 0x10000;
-  std::string err;
-  uint8_t* accel = fb_->AddDeviceMemory(kAccelGpa, kAccelLen, &err);
-  ASSERT_NE(accel, nullptr) << err;
-  ASSERT_TRUE(fb_->SendMemTable(&err)) << err;
-
-  auto body = RegMrBody(B.pd, kAccelGpa + kBufOff, kBufLen, VSTELLAR_ACCESS_VALID);
-  vstellar_cmd_reg_mr m;
-  std::memcpy(&m, body.data(), sizeof(m));
-  m.iova = 0;  // ibv_reg_dmabuf_mr's iova: the offset in the dmabuf, say
-  std::memcpy(body.data(), &m, sizeof(m));
-  CmdResult r = B.Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
-  ASSERT_EQ(r.status(), 0);
-  const uint32_t mrn = As<vstellar_resp_reg_mr>(r).mrn, key = As<vstellar_resp_reg_mr>(r).rkey;
+  constexpr uint64_t kBufOff = 0x40000, kBufLen = 0x10000;
+  // iova 0: ibv_reg_dmabuf_mr's iova is the offset in the dmabuf, say.
+  const DeviceMemoryMr d = RegDeviceMemoryMr(*fb_, B, 1 << 20, kBufOff, kBufLen, 0);
+  ASSERT_NE(d.mem, nullptr);
+  uint8_t* accel = d.mem;
+  const uint32_t mrn = d.mrn, key = d.key;
 
   GQp qa = A.CreateQp(), qb = B.CreateQp();
   A.Connect(qa, qb.qpn);
@@ -421,14 +452,10 @@ TEST_F(DataPath, InvalidateMrRefusesFastRegistrationMrs) {
   EXPECT_EQ(A.Cmd(VSTELLAR_CMD_DEREG_MR, &h, sizeof(h), 0).status(), 0);
 }
 
-}  // namespace vstellard::datapath_test
-
-namespace vstellard::datapath_test {
-
 // INVALIDATE_MR racing incoming WRITEs: A posts 48 WRITEs of 4 KiB into
 // B's dmabuf MR at once, and B invalidates the MR once the first has
-// completed, while the others arrive. Once
-// the command has answered, nothing may change the old pages; every WRITE
+// completed, while the others arrive. Once the command has answered,
+// nothing may change the old pages; every WRITE
 // that completed successfully left its bytes there; the first that did not
 // failed with a remote access error and the rest were flushed. Where the
 // invalidation falls is up to the scheduler; the invariants hold wherever.
@@ -437,16 +464,12 @@ TEST_F(DataPath, DmabufInvalidationRacingIncomingWritesLeavesNoStaleWrite) {
   TwoGuests();
   Guest& A = *a_;
   Guest& B = *b_;
-  constexpr uint64_t kAccelGpa = 0x100000000ull, kLen = 1 << 20;
+  constexpr uint64_t kLen = 1 << 20;
   constexpr uint32_t kWrites = 48, kChunk = 4096;
-  std::string err;
-  uint8_t* accel = fb_->AddDeviceMemory(kAccelGpa, kLen, &err);
-  ASSERT_NE(accel, nullptr) << err;
-  ASSERT_TRUE(fb_->SendMemTable(&err)) << err;
-  auto body = RegMrBody(B.pd, kAccelGpa, kLen, VSTELLAR_ACCESS_VALID);
-  CmdResult r = B.Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16);
-  ASSERT_EQ(r.status(), 0);
-  const uint32_t mrn = As<vstellar_resp_reg_mr>(r).mrn, key = As<vstellar_resp_reg_mr>(r).rkey;
+  const DeviceMemoryMr d = RegDeviceMemoryMr(*fb_, B, kLen, 0, kLen, kAccelGpa);
+  ASSERT_NE(d.mem, nullptr);
+  uint8_t* accel = d.mem;
+  const uint32_t mrn = d.mrn, key = d.key;
 
   GQp qa = A.CreateQp(), qb = B.CreateQp();
   A.Connect(qa, qb.qpn);

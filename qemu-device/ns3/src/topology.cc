@@ -61,6 +61,19 @@ bool parse_uint(const std::string& s, uint32_t& out) {
   return true;
 }
 
+// A positive real number, all of the text.
+bool parse_positive(const std::string& s, double& out) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used != s.size() || !(v > 0)) return false;
+    out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 bool parse_bool(const std::string& s, bool& out) {
   if (s == "yes" || s == "true" || s == "1" || s == "on") return out = true, true;
   if (s == "no" || s == "false" || s == "0" || s == "off") return out = false, true;
@@ -122,26 +135,13 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
     else if (k == "spines") ok = parse_uint(v, c.spines);
     else if (k == "pods") ok = parse_uint(v, c.pods) && c.pods > 0;
     else if (k == "aggs_per_pod") ok = parse_uint(v, c.aggs_per_pod);
-    else if (k == "oversubscription") {
-      try {
-        c.oversubscription = std::stod(v);
-      } catch (...) {
-        ok = false;
-      }
-      ok = ok && c.oversubscription > 0;
-    } else if (k == "host_rate") ok = parse_rate(v, c.host_rate_bps);
+    else if (k == "oversubscription") ok = parse_positive(v, c.oversubscription);
+    else if (k == "host_rate") ok = parse_rate(v, c.host_rate_bps);
     else if (k == "fabric_rate") ok = parse_rate(v, c.fabric_rate_bps);
     else if (k == "link_delay") ok = parse_time_ns(v, c.link_delay_ns);
     else if (k == "buffer") ok = parse_bytes(v, c.buffer_bytes);
     else if (k == "shared_buffer") ok = parse_bytes(v, c.shared_buffer_bytes);
-    else if (k == "dt_alpha") {
-      try {
-        c.dt_alpha = std::stod(v);
-      } catch (...) {
-        ok = false;
-      }
-      ok = ok && c.dt_alpha > 0;
-    }
+    else if (k == "dt_alpha") ok = parse_positive(v, c.dt_alpha);
     else if (k == "ecn") {
       if (v == "off") c.ecn = EcnMode::OFF;
       else if (v == "threshold") c.ecn = EcnMode::THRESHOLD;
@@ -150,13 +150,8 @@ bool parse_topology(const std::string& text, TopologyConfig& c, std::string& err
     } else if (k == "ecn_threshold") ok = parse_bytes(v, c.ecn_threshold_bytes);
     else if (k == "red_min") ok = parse_bytes(v, c.red_min_bytes);
     else if (k == "red_max") ok = parse_bytes(v, c.red_max_bytes);
-    else if (k == "red_max_p") {
-      try {
-        c.red_max_p = std::stod(v);
-      } catch (...) {
-        ok = false;
-      }
-    } else if (k == "hash_seed") {
+    else if (k == "red_max_p") ok = parse_positive(v, c.red_max_p) && c.red_max_p <= 1;
+    else if (k == "hash_seed") {
       uint64_t s;
       ok = parse_scaled(v, {{"", 1}}, s) && (c.hash_seed = s, true);
     } else if (k == "hash_seed_per_switch") ok = parse_bool(v, c.hash_seed_per_switch);
