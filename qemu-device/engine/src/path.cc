@@ -189,7 +189,10 @@ void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts, uint32_
     // jitter does not disqualify it.
     min_rtt_ = std::min(min_rtt_, rtt_ns);
     if (ce == 0 && rtt_ns <= min_rtt_ + std::max<uint64_t>(min_rtt_ / 2, 2'000)) {
-      for (uint32_t k = 0; k < std::min<uint32_t>(pkts, 8) && recycle_len_ < n_; k++) {
+      // Once per ACK, however many packets it covered: queueing the path
+      // once per packet sent runs of packets after each other onto it
+      // (measured on ns-3: a third more uplink queue than OBS).
+      if (recycle_len_ < n_) {
         recycle_[(recycle_head_ + recycle_len_) % n_] = path;
         recycle_len_++;
       }
