@@ -40,7 +40,7 @@ TEST(Paths, RepsReusesPathsThatDeliverWithoutCongestion) {
       used.insert(p);
       const bool bad = all_congested || p % 4 == 0;
       on_bad += p % 4 == 0;
-      s.on_ack(p, bad ? 30'000 : 10'000, 1, bad ? 1 : 0);
+      s.on_ack(p, bad ? 30'000 : 10'000, bad);
     }
     return std::make_pair(on_bad / 40000.0, used.size());
   };

@@ -108,7 +108,7 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
   }
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
-  qp.paths.on_ack(a.echo_path, rtt, a.rx_count, a.ce_count);
+  qp.paths.on_ack(a.echo_path, rtt, a.ce_count > 0);
   health_answered(qp, a.echo_path, rtt);
   // A plain RoCE v2 peer's window is ECN's alone: its round trips are a
   // software stack's (rxe answers in milliseconds on a busy host), which
@@ -222,7 +222,7 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   comp_pkt_done(qp, psn, now, p.base.ts, acked);
   while (seq_lt(qp.snd_una, qp.snd_nxt) && qp.rec(qp.snd_una).acked) qp.snd_una++;
   comp_rtt(qp, rtt);
-  qp.paths.on_ack(path, rtt, 1, ce ? 1 : 0);
+  qp.paths.on_ack(path, rtt, ce);
   health_answered(qp, path, rtt);
   qp.cc.on_ack(acked, 1, ce ? 1 : 0, qp.roce ? 0 : rtt, qp.snd_una, qp.snd_nxt);  // as in comp_ack
   comp_retire(qp);

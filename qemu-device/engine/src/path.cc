@@ -177,7 +177,7 @@ uint16_t PathSelector::pick_best_rtt() {
   return best;
 }
 
-void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts, uint32_t ce) {
+void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns, bool ce) {
   if (path >= n_) return;
   if (n_down_ && down_[path].until) {  // it delivers again
     down_[path] = Down{};
@@ -188,7 +188,7 @@ void PathSelector::on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts, uint32_
     // packets' serialisation at 100 Gb/s), so that an uncongested path's
     // jitter does not disqualify it.
     min_rtt_ = std::min(min_rtt_, rtt_ns);
-    if (ce == 0 && rtt_ns <= min_rtt_ + std::max<uint64_t>(min_rtt_ / 2, 2'000)) {
+    if (!ce && rtt_ns <= min_rtt_ + std::max<uint64_t>(min_rtt_ / 2, 2'000)) {
       // Once per ACK, however many packets it covered: queueing the path
       // once per packet sent runs of packets after each other onto it
       // (measured on ns-3: a third more uplink queue than OBS).

@@ -16,11 +16,12 @@ namespace vstellar {
 
 // REPS (recycled entropy packet spraying, after UET's REPS): a path whose
 // ACK came back without a CE mark and with an RTT near the connection's
-// smallest is queued for reuse (once per ACK); a new
-// packet takes the oldest such path, or a random one (OBS) when none is
-// queued and at every 8th pick (exploration keeps the set of paths wide). Load so follows the paths, and through the ECMP hash the
-// uplinks, that are not queueing; OBS spreads it evenly over paths, which
-// the hash spreads unevenly over uplinks.
+// smallest is queued for reuse (once per ACK); a new packet takes the
+// oldest such path, or a random one (OBS) when none is queued and at every
+// 8th pick (exploration keeps the set of paths wide). Load so follows the
+// paths, and through the ECMP hash the uplinks, that are not queueing;
+// OBS spreads it evenly over paths, which the hash spreads unevenly over
+// uplinks.
 enum class PathAlgo : uint8_t { OBS, RR, DWRR, BEST_RTT, SINGLE, REPS };
 const char* to_string(PathAlgo a);
 bool parse_path_algo(const std::string& s, PathAlgo& out);
@@ -45,9 +46,8 @@ class PathSelector {
   // healthy one while there is one.
   uint16_t pick_retx(uint16_t avoid, uint32_t bytes);
   // Feedback: a packet sent on `path` was acknowledged with this RTT sample
-  // (0: none), in an ACK that covered `pkts` packets, `ce` of them marked.
-  // (REPS reads only whether any was marked.)
-  void on_ack(uint16_t path, uint64_t rtt_ns, uint32_t pkts = 1, uint32_t ce = 0);
+  // (0: none), in an ACK that carried a CE mark or not.
+  void on_ack(uint16_t path, uint64_t rtt_ns, bool ce = false);
   // A packet sent on `path` timed out at `now`: a healthy path is set aside
   // (one already down stays as it is: its probes set the hold).
   void on_timeout(uint16_t path, uint64_t now);
