@@ -166,7 +166,7 @@ struct vstellar_mr {
 	u32 mrn;
 	u32 ucontext;
 	struct ib_umem *umem;	/* a dmabuf MR's is an ib_umem_dmabuf's */
-	struct vstellar_dev *dev;	/* dmabuf MRs: move_notify may run before the core sets ibmr.device */
+	struct vstellar_dev *dev;	/* user MRs; a dmabuf MR's move_notify may run before the core sets ibmr.device */
 	bool dma;		/* get_dma_mr: the local DMA lkey, no device object */
 	/*
 	 * Fast-registration MRs (alloc_mr, F_MEM_MGT): the page list that

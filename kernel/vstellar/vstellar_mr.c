@@ -17,17 +17,30 @@
 /* MRs over user memory                                              */
 /* ---------------------------------------------------------------- */
 
-static int vstellar_check_mr_access(struct vstellar_dev *dev, int access_flags,
-				    u64 length)
+/*
+ * A new user MR of this context, once the access flags (optional ones
+ * dropped, as the core allows) and the length are ones the device takes.
+ */
+static struct vstellar_mr *vstellar_new_user_mr(struct vstellar_dev *dev,
+						struct ib_udata *udata,
+						int *access_flags, u64 length)
 {
+	struct vstellar_mr *mr;
+
 	BUILD_BUG_ON(VSTELLAR_ACCESS_MW_BIND != IB_ACCESS_MW_BIND);
-	if (access_flags & ~(VSTELLAR_ACCESS_VALID |
-			     (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
-			      VSTELLAR_ACCESS_MW_BIND : 0)))
-		return -EOPNOTSUPP;
+	*access_flags &= ~IB_ACCESS_OPTIONAL;
+	if (*access_flags & ~(VSTELLAR_ACCESS_VALID |
+			      (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
+			       VSTELLAR_ACCESS_MW_BIND : 0)))
+		return ERR_PTR(-EOPNOTSUPP);
 	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
-		return -EINVAL;
-	return 0;
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->dev = dev;
+	mr->ucontext = vstellar_uctx_handle(udata);
+	return mr;
 }
 
 /* REG_MR of mr->umem's pages (user memory or a mapped dmabuf). */
@@ -66,15 +79,9 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	struct vstellar_mr *mr;
 	int err;
 
-	access_flags &= ~IB_ACCESS_OPTIONAL;
-	err = vstellar_check_mr_access(dev, access_flags, length);
-	if (err)
-		return ERR_PTR(err);
-
-	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
-	if (!mr)
-		return ERR_PTR(-ENOMEM);
-	mr->ucontext = vstellar_uctx_handle(udata);
+	mr = vstellar_new_user_mr(dev, udata, &access_flags, length);
+	if (IS_ERR(mr))
+		return ERR_CAST(mr);
 	mr->umem = ib_umem_get(ibpd->device, start, length, access_flags);
 	if (IS_ERR(mr->umem)) {
 		err = PTR_ERR(mr->umem);
@@ -151,16 +158,9 @@ struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
 
 	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_DMABUF)))
 		return ERR_PTR(-EOPNOTSUPP);
-	access_flags &= ~IB_ACCESS_OPTIONAL;
-	err = vstellar_check_mr_access(dev, access_flags, length);
-	if (err)
-		return ERR_PTR(err);
-
-	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
-	if (!mr)
-		return ERR_PTR(-ENOMEM);
-	mr->dev = dev;
-	mr->ucontext = vstellar_uctx_handle(udata);
+	mr = vstellar_new_user_mr(dev, udata, &access_flags, length);
+	if (IS_ERR(mr))
+		return ERR_CAST(mr);
 	umem_dmabuf = ib_umem_dmabuf_get(ibpd->device, offset, length, fd,
 					 access_flags,
 					 &vstellar_dmabuf_attach_ops);
