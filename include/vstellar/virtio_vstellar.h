@@ -48,7 +48,7 @@
  * driver refuses a device whose major differs from its own.
  */
 #define VSTELLAR_ABI_MAJOR		1
-#define VSTELLAR_ABI_MINOR		6
+#define VSTELLAR_ABI_MINOR		7
 #define VSTELLAR_ABI_VERSION \
 	((VSTELLAR_ABI_MAJOR << 16) | VSTELLAR_ABI_MINOR)
 #define VSTELLAR_ABI_VERSION_MAJOR(v)	((v) >> 16)
@@ -114,6 +114,14 @@
  * fails as one through an invalid key would.
  */
 #define VIRTIO_VSTELLAR_F_DMABUF	13
+/*
+ * On-demand paging (minor 7): REG_MR with VSTELLAR_ACCESS_ON_DEMAND and no
+ * pages makes an MR whose pages the driver supplies when the device asks
+ * (VSTELLAR_EV_PAGE_FAULT, MAP_MR_PAGES) and takes back before it reuses
+ * them (UNMAP_MR_PAGES). A driver that negotiates it posts event buffers
+ * of sizeof(struct vstellar_event_page_fault) bytes.
+ */
+#define VIRTIO_VSTELLAR_F_ODP		14
 
 /*
  * Every device feature bit, once: the driver negotiates this list and the
@@ -133,7 +141,8 @@
 	X(VIRTIO_VSTELLAR_F_MEM_MGT)					\
 	X(VIRTIO_VSTELLAR_F_MCAST)					\
 	X(VIRTIO_VSTELLAR_F_RESIZE_SRQ)					\
-	X(VIRTIO_VSTELLAR_F_DMABUF)
+	X(VIRTIO_VSTELLAR_F_DMABUF)					\
+	X(VIRTIO_VSTELLAR_F_ODP)
 
 /* ------------------------------------------------------------------ */
 /* Virtqueues                                                           */
@@ -317,6 +326,11 @@ VSTELLAR_ABI_OFFSET(virtio_vstellar_config, db_region_id, 120);
 	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES)			\
 	/* minor 6, VIRTIO_VSTELLAR_F_DMABUF */				\
 	X(INVALIDATE_MR,    0x20, VSTELLAR_BODY(vstellar_cmd_handle),	\
+	  VSTELLAR_NO_BODY, 0)						\
+	/* minor 7, VIRTIO_VSTELLAR_F_ODP */					\
+	X(MAP_MR_PAGES,	    0x21, VSTELLAR_BODY(vstellar_cmd_map_mr_pages), \
+	  VSTELLAR_NO_BODY, VSTELLAR_CMDF_PAGES)			\
+	X(UNMAP_MR_PAGES,   0x22, VSTELLAR_BODY(vstellar_cmd_unmap_mr_pages), \
 	  VSTELLAR_NO_BODY, 0)
 
 enum vstellar_cmd_opcode {
@@ -661,6 +675,13 @@ enum vstellar_qp_state {
  * only; never a QP access flag).
  */
 #define VSTELLAR_ACCESS_MW_BIND		(1u << 4)
+/*
+ * Minor 7, F_ODP: an on-demand MR (REG_MR only, num_pages 0, page_shift
+ * 12). iova 0 with length VSTELLAR_ODP_IMPLICIT_LENGTH is an implicit MR:
+ * the whole address space of the process.
+ */
+#define VSTELLAR_ACCESS_ON_DEMAND	(1u << 5)
+#define VSTELLAR_ODP_IMPLICIT_LENGTH	(~(__u64)0)
 
 /* Address vector (RoCEv2-style: GIDs are IPv6 or IPv4-mapped addresses) */
 struct vstellar_av {
@@ -746,6 +767,38 @@ VSTELLAR_ABI_SIZE(vstellar_resp_reg_mr, 16);
  * DEREG_MR remains possible; invalidating twice is not an error. For
  * fast-registration MRs use the LOCAL_INV WQE (BAD_HANDLE here).
  */
+
+/*
+ * MAP_MR_PAGES (minor 7, F_ODP), followed by num_pages addresses: the
+ * pages of an on-demand MR from iova on (page aligned, pages of 4 KiB),
+ * each a guest-physical address with VSTELLAR_ODP_PAGE_WRITABLE or'ed in
+ * when the device may write it (a page mapped for reading only, such as
+ * the shared zero page, is never written: a write to it faults again).
+ * The range lies inside the MR; a page already mapped is replaced. Every
+ * access waiting on these pages is retried.
+ */
+#define VSTELLAR_ODP_PAGE_WRITABLE	(1ull << 0)
+struct vstellar_cmd_map_mr_pages {
+	__le32 mrn;
+	__le32 num_pages;
+	__le64 iova;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_map_mr_pages, 16);
+
+/*
+ * UNMAP_MR_PAGES (minor 7, F_ODP): [iova, iova + length) of an on-demand
+ * MR (page aligned; clipped to the MR) loses its pages before the
+ * response is written; an access to them afterwards faults again. The
+ * driver sends it from its invalidation callback, before the kernel
+ * reuses the pages.
+ */
+struct vstellar_cmd_unmap_mr_pages {
+	__le32 mrn;
+	__le32 reserved;
+	__le64 iova;
+	__le64 length;
+};
+VSTELLAR_ABI_SIZE(vstellar_cmd_unmap_mr_pages, 24);
 
 /* ADD_GID / DEL_GID (DEL_GID: only port and index are read) */
 #define VSTELLAR_GID_TYPE_ROCE_V2	1
@@ -1002,6 +1055,8 @@ enum vstellar_event_type {
 	VSTELLAR_EV_SRQ_LIMIT_REACHED	= 15,	/* object = SRQN (minor 2) */
 	VSTELLAR_EV_QP_LAST_WQE_REACHED	= 16,	/* QP on an SRQ entered ERR */
 	VSTELLAR_EV_GID_CHANGE		= 18,
+	/* minor 7, F_ODP: struct vstellar_event_page_fault, object = MRN */
+	VSTELLAR_EV_PAGE_FAULT		= 64,
 };
 
 /* One per eventq buffer (driver posts writable buffers >= 16 bytes) */
@@ -1013,6 +1068,30 @@ struct vstellar_event {
 	__le32 info;		/* VSTELLAR_STATUS_* or WC status that caused it */
 };
 VSTELLAR_ABI_SIZE(vstellar_event, 16);
+
+/*
+ * Minor 7, F_ODP: an access met pages of an on-demand MR that are not
+ * mapped (or mapped read-only, for a write). The driver answers with
+ * MAP_MR_PAGES, or with nothing if the process has no such memory: the
+ * access then fails after the device's fault timeout. Faults of one MR
+ * are merged while one waits in the queue; an access still missing pages
+ * when it is retried reports again.
+ */
+#define VSTELLAR_FAULT_WRITE		(1u << 0)
+struct vstellar_event_page_fault {
+	__le16 type;		/* VSTELLAR_EV_PAGE_FAULT */
+	__le16 flags;		/* VSTELLAR_FAULT_* */
+	__le32 object;		/* MRN */
+	__le32 ucontext;
+	__le32 num_pages;	/* pages of 4 KiB the access needs, >= 1 */
+	__le64 iova;		/* first missing page, page aligned */
+	__le64 reserved;
+};
+VSTELLAR_ABI_SIZE(vstellar_event_page_fault, 32);
+/* Its first 16 bytes read as a struct vstellar_event. */
+VSTELLAR_ABI_OFFSET(vstellar_event_page_fault, object, 4);
+VSTELLAR_ABI_OFFSET(vstellar_event_page_fault, ucontext, 8);
+VSTELLAR_ABI_OFFSET(vstellar_event_page_fault, iova, 16);
 
 /* One per CQ notification buffer: an armed CQ got a completion */
 struct vstellar_cq_notify {

@@ -14,9 +14,10 @@
 namespace vstellar {
 
 // Whether a live timer is armed for qp (after dropping stale ones).
+// A WQE waiting for on-demand pages has its poll time (fault_retry_ns).
 bool EngineCore::timer_armed(QpImpl& qp) {
   drop_stale_timers(qp);
-  return !qp.timers.empty();
+  return !qp.timers.empty() || qp.fault_retry_ns;
 }
 
 // What the requester side of an RC QP owes: WQEs started and not retired,

@@ -200,8 +200,12 @@ void EngineCore::comp_read_resp(QpImpl& qp, const wire::Packet& p, uint64_t now,
   }
   SendWqe& w = qp.sq_at(r.wqe);
   WcStatus st;
-  if (!scatter(qp, w.sge, w.nsge, r.off, p.payload, p.payload_len, st)) {
-    comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
+  bool fault = false;
+  if (!scatter(qp, w.sge, w.nsge, r.off, p.payload, p.payload_len, st, &fault)) {
+    // Pages of an on-demand MR went away since the READ started: the
+    // response is dropped as if lost, and asked for again at its timeout.
+    if (fault) stats_.page_fault_drops++;
+    else comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
     return;
   }
   // The response echoes the timestamp of the request it answers, a
@@ -352,8 +356,12 @@ void EngineCore::comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t no
   SendWqe& w = qp.sq_at(r.wqe);
   uint64_t orig = p.aresp.orig;
   WcStatus st;
-  if (!scatter(qp, w.sge, w.nsge, 0, reinterpret_cast<const uint8_t*>(&orig), 8, st)) {
-    comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
+  bool fault = false;
+  if (!scatter(qp, w.sge, w.nsge, 0, reinterpret_cast<const uint8_t*>(&orig), 8, st, &fault)) {
+    // As for a READ response; the responder answers the resent request
+    // from its replay cache, so the atomic does not run twice.
+    if (fault) stats_.page_fault_drops++;
+    else comp_fail_wqe(qp, r.wqe, WcStatus::LOC_PROT_ERR);
     return;
   }
   uint64_t acked = 0;

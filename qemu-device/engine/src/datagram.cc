@@ -71,13 +71,22 @@ QpImpl* EngineCore::find_gsi(const Gid& dgid) {
 // Sends what the SQ holds, one datagram per WQE. The WQEs complete after
 // the link flushed them (EngineCore::progress), so a buffer is never reused
 // while the link may still read it.
-bool EngineCore::ud_progress(QpImpl& qp) {
+bool EngineCore::ud_progress(QpImpl& qp, uint64_t now) {
   if (qp.state_ != QpState::RTS) return false;  // SQD: nothing new leaves
   HostSpan spans[DeviceLimits::kMaxSge * 4];
   for (uint32_t budget = cfg_.tx_budget; budget && qp.sq_next < qp.sq_tail; budget--) {
     SendWqe& w = qp.sq_at(qp.sq_next);
     const uint32_t len = uint32_t(w.len);
-    const size_t n = gather(qp, w, 0, len, spans, sizeof(spans) / sizeof(spans[0]));
+    // A buffer in an on-demand MR waits for its pages (req_start).
+    if (fault_wait(qp, now)) return false;
+    bool fault = false;
+    const size_t n = gather(qp, w, 0, len, spans, sizeof(spans) / sizeof(spans[0]), &fault);
+    if (n == SIZE_MAX && fault) {
+      if (!qp.fault_retry_ns) stats_.page_fault_waits++;
+      qp.fault_retry_ns = now + kFaultPollNs;
+      return false;
+    }
+    qp.fault_retry_ns = 0;
     w.started = true;
     qp.sq_next++;
     if (n == SIZE_MAX) {

@@ -133,6 +133,14 @@ int EngineCore::dereg_mr(Mr* mr) {
 // Windows bound to it stay bound (the IB rules for LOCAL_INV do not apply:
 // the memory is gone, not handed back by the consumer); every access
 // through them checks the MR's state and fails.
+void EngineCore::pages_mapped() {
+  for (QpImpl* qp : qp_list_) {
+    if (!qp->fault_retry_ns) continue;
+    qp->fault_retry_ns = 1;  // due now
+    activate(*qp);
+  }
+}
+
 int EngineCore::invalidate_mr(Mr* mr) {
   if (!mr || mr_by_index(mr->lkey()) != mr || mr->fast_reg_) return EINVAL;
   mr->state_ = MrState::INVALID;
@@ -348,7 +356,7 @@ bool EngineCore::idle_qp(QpImpl& qp) {
   if (qp.sq_next != qp.sq_tail) return false;
   if ((qp.is_ud() || qp.is_uc()) && qp.sq_head != qp.sq_next) return false;
   drop_stale_timers(qp);
-  return qp.timers.empty();
+  return qp.timers.empty() && !qp.fault_retry_ns;
 }
 
 bool EngineCore::progress() {
@@ -362,7 +370,7 @@ bool EngineCore::progress() {
     if (!qp) continue;
     if (sends(qp->state_)) {
       if (qp->is_ud()) {
-        if (ud_progress(*qp)) more = true;
+        if (ud_progress(*qp, now)) more = true;
       } else if (qp->is_uc()) {
         if (req_uc_progress(*qp, now)) more = true;
       } else {
@@ -422,6 +430,7 @@ uint64_t EngineCore::next_deadline() {
     if (!qp || !sends(qp->state_)) continue;
     drop_stale_timers(*qp);
     if (!qp->timers.empty()) d = std::min(d, qp->timers.top().deadline);
+    if (qp->fault_retry_ns) d = std::min(d, qp->fault_retry_ns);
   }
   return d;
 }
@@ -435,8 +444,11 @@ Mr* EngineCore::sge_mr(const Pd* pd, uint32_t lkey, uint64_t addr, uint64_t leng
 // Scatter len bytes from src into the SGE list at message offset off, checking
 // each SGE's lkey, PD and local-write access. On failure st says why:
 // LOC_PROT_ERR for a bad SGE, LOC_LEN_ERR when the SGEs are too short.
+// With `fault` given, a failure on pages an on-demand MR has not mapped
+// yet sets *fault instead of st: the caller retries later.
 bool EngineCore::scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src,
-                     size_t len, WcStatus& st) {
+                     size_t len, WcStatus& st, bool* fault) {
+  if (fault) *fault = false;
   uint64_t pos = 0;
   size_t left = len;
   for (uint32_t i = 0; i < nsge && left > 0; i++) {
@@ -448,7 +460,12 @@ bool EngineCore::scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off
     uint64_t in = off - pos;
     uint64_t take = std::min<uint64_t>(s.length - in, left);
     Mr* mr = sge_mr(qp, s.lkey, s.addr + in, take, ACCESS_LOCAL_WRITE);
-    if (!mr || !mem_write(mr->mem(), s.addr + in, src, take)) {
+    bool missing = false;
+    if (!mr || !mem_write(mr->mem(), s.addr + in, src, take, &missing)) {
+      if (missing && fault) {
+        *fault = true;
+        return false;
+      }
       st = WcStatus::LOC_PROT_ERR;
       return false;
     }
@@ -478,6 +495,7 @@ Mr* Engine::reg_mr(Pd* pd, uint64_t iova, uint64_t length, uint32_t access,
 }
 int Engine::dereg_mr(Mr* mr) { return core_->dereg_mr(mr); }
 int Engine::invalidate_mr(Mr* mr) { return core_->invalidate_mr(mr); }
+void Engine::pages_mapped() { core_->pages_mapped(); }
 Mr* Engine::alloc_mr(Pd* pd, uint32_t max_pages) { return core_->alloc_mr(pd, max_pages); }
 Mr* Engine::mr_by_index(uint32_t key) { return core_->mr_by_index(key); }
 Mw* Engine::alloc_mw(Pd* pd, uint8_t type) { return core_->alloc_mw(pd, type); }

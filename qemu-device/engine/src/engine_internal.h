@@ -24,6 +24,11 @@ namespace vstellar {
 
 // IB encoding of min_rnr_timer (and of an RNR NAK's timer field), in
 // microseconds.
+// The longest RNR wait a page fault asks for (resp_fault_nak): 1.28 ms.
+inline constexpr uint32_t kFaultRnrUs = 1280;
+// How often a WQE waiting for on-demand pages looks again when no mapping
+// wakes it (req_start): the translator's own timeout ends the wait.
+inline constexpr uint64_t kFaultPollNs = 1'000'000;
 inline constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
                                         160,    240,   320,   480,   640,   960,    1280,   1920,
                                         2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
@@ -208,6 +213,9 @@ class QpImpl final : public Qp {
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
   uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
   uint64_t last_post_ns = 0;      // last time the owner posted a WR
+  // The next WQE waits for pages of an on-demand MR (req_local_pages):
+  // look again at this time, or when they are mapped (Engine::pages_mapped).
+  uint64_t fault_retry_ns = 0;
   // RTO backoff of the connection: timeouts of its oldest PSN in a row with
   // nothing acknowledged in between (a stalled or dead peer). Packets back
   // off only as far as this: under random loss, ACKs keep coming and a
@@ -353,6 +361,7 @@ class EngineCore {
              std::shared_ptr<MemoryTranslator> mem);
   int dereg_mr(Mr* mr);
   int invalidate_mr(Mr* mr);
+  void pages_mapped();
   Cq* create_cq(uint32_t cqe);
   int destroy_cq(Cq* cq);
   QpImpl* create_qp(Pd* pd, const QpInitAttr& init);
@@ -417,11 +426,14 @@ class EngineCore {
   bool req_progress(QpImpl& qp, uint64_t now);
   bool req_resend(QpImpl& qp, uint64_t now);
   uint32_t read_run(QpImpl& qp, uint32_t psn, uint64_t cwnd);
-  bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w);
+  bool req_start(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now);
+  MemCheck req_local_pages(QpImpl& qp, const SendWqe& w);
+  bool fault_wait(QpImpl& qp, uint64_t now);
   bool req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, uint64_t now);
   bool req_uc_progress(QpImpl& qp, uint64_t now);
   bool req_uc_send(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now);
-  size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max);
+  size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max,
+                bool* fault = nullptr);
   void req_timers(QpImpl& qp, uint64_t now);
   uint64_t rto(const QpImpl& qp, unsigned retries) const;
   bool retry_exceeded(const QpImpl& qp, uint64_t now) const;
@@ -444,7 +456,8 @@ class EngineCore {
   void resp_mark(QpImpl& qp, uint32_t psn, uint32_t n);
   void resp_advance(QpImpl& qp);
   void resp_complete_recvs(QpImpl& qp);
-  void resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local);
+  void resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local, uint32_t rnr_us = 0);
+  void resp_fault_nak(QpImpl& qp, uint32_t psn);
   void send_ack(QpImpl& qp);
   void send_held(QpImpl& qp, const wire::Packet& p);
   // completer.cc
@@ -462,7 +475,7 @@ class EngineCore {
   void comp_rtt(QpImpl& qp, uint64_t rtt_ns);
   uint64_t echo_rtt(uint32_t echo_ts);
   // datagram.cc: UD and GSI QPs (one packet per message, no transport state)
-  bool ud_progress(QpImpl& qp);
+  bool ud_progress(QpImpl& qp, uint64_t now);
   void ud_receive(const wire::Packet& p, const Endpoint& from, const IpAddr& to);
   void ud_deliver(QpImpl* qp, const wire::Packet& p, bool gsi_ok);
   int attach_mcast(QpImpl* qp, const Gid& mgid);
@@ -481,7 +494,7 @@ class EngineCore {
   Mr* sge_mr(const Pd* pd, uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access);
   bool post_sge_ok(const Pd* pd, const Sge& s, uint32_t need);
   bool scatter(QpImpl& qp, const Sge* sge, uint32_t nsge, uint64_t off, const uint8_t* src, size_t len,
-               WcStatus& st);
+               WcStatus& st, bool* fault = nullptr);
 
   void emit(Cq* cq, const Wc& wc);
   // Path health towards the QP's peer (Engine::for_each_peer_health):

@@ -30,12 +30,16 @@ TranslateResult HostMemory::translate(uint64_t iova, uint64_t len, bool, HostSpa
 
 namespace {
 template <typename F>
-bool for_spans(MemoryTranslator& t, uint64_t iova, uint64_t len, bool wr, F&& f) {
+bool for_spans(MemoryTranslator& t, uint64_t iova, uint64_t len, bool wr, bool* fault, F&& f) {
   HostSpan spans[16];
   uint64_t done = 0;
+  if (fault) *fault = false;
   while (done < len) {
     TranslateResult r = t.translate(iova + done, len - done, wr, spans, 16);
-    if (!r.ok || r.covered == 0) return false;
+    if (!r.ok || r.covered == 0) {
+      if (fault) *fault = r.fault;
+      return false;
+    }
     for (size_t i = 0; i < r.count; i++) {
       f(spans[i], done);
       done += spans[i].len;
@@ -51,10 +55,10 @@ bool for_spans(MemoryTranslator& t, uint64_t iova, uint64_t len, bool wr, F&& f)
 // stores, so without this a poller could see the flag before the data of
 // the same packet. (Across packets nothing is promised: a sprayed WRITE's
 // packets land in any order, and so IB promises nothing either.)
-bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len) {
+bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len, bool* fault) {
   auto* s = static_cast<const uint8_t*>(src);
   auto copy = [&](uint64_t from, uint64_t n) {
-    return for_spans(t, iova + from, n, true,
+    return for_spans(t, iova + from, n, true, fault,
                      [&](HostSpan sp, uint64_t off) { std::memcpy(sp.ptr, s + from + off, sp.len); });
   };
   if (len <= 8) return copy(0, len);
@@ -63,10 +67,16 @@ bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len
   return copy(len - 8, 8);
 }
 
-bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len) {
+bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len, bool* fault) {
   auto* d = static_cast<uint8_t*>(dst);
-  return for_spans(t, iova, len, false,
+  return for_spans(t, iova, len, false, fault,
                    [&](HostSpan sp, uint64_t off) { std::memcpy(d + off, sp.ptr, sp.len); });
+}
+
+MemCheck mem_probe(MemoryTranslator& t, uint64_t iova, uint64_t len, bool for_write) {
+  bool fault = false;
+  if (for_spans(t, iova, len, for_write, &fault, [](HostSpan, uint64_t) {})) return MemCheck::kOk;
+  return fault ? MemCheck::kFault : MemCheck::kError;
 }
 
 }  // namespace vstellar

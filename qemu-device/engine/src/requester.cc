@@ -67,8 +67,14 @@ bool EngineCore::retry_exceeded(const QpImpl& qp, uint64_t now) const {
 // First look at a WQE: check its local SGEs (keys, PD, bounds, access) once
 // more, since an MR may have been deregistered after post_send checked
 // them, and number its packets.
-bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
-  w.started = true;
+//
+// Buffers in on-demand MRs must have every page mapped before the first
+// packet leaves (so a message does not stop half sent): if some are
+// missing, their owner has been asked for them, and the WQE waits without
+// starting; req_progress looks again when they are mapped or after
+// kFaultPollNs (an owner that never maps them makes the translator fail
+// the access, and the WQE fails with a local protection error).
+bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now) {
   bool rd_atomic = is_rd_atomic(w.op);
   uint32_t need = rd_atomic ? uint32_t(ACCESS_LOCAL_WRITE) : 0u;
   if (!w.is_inline) {
@@ -76,11 +82,27 @@ bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
       const Sge& s = w.sge[i];
       if (s.length == 0) continue;
       if (!sge_mr(qp, s.lkey, s.addr, s.length, need)) {
+        w.started = true;
         comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
         return false;
       }
     }
+    switch (req_local_pages(qp, w)) {
+      case MemCheck::kOk:
+        qp.fault_retry_ns = 0;
+        break;
+      case MemCheck::kFault:
+        if (!qp.fault_retry_ns) stats_.page_fault_waits++;
+        qp.fault_retry_ns = now + kFaultPollNs;
+        return false;
+      case MemCheck::kError:
+        qp.fault_retry_ns = 0;
+        w.started = true;
+        comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
+        return false;
+    }
   }
+  w.started = true;
   w.seg = qp.seg;
   if (w.op == WrOpcode::ATOMIC_CMP_AND_SWP || w.op == WrOpcode::ATOMIC_FETCH_AND_ADD)
     w.npkts = 1;
@@ -100,6 +122,31 @@ bool EngineCore::req_start(QpImpl& qp, uint64_t idx, SendWqe& w) {
     w.rd_counted = true;
   }
   return true;
+}
+
+// Whether the WQE's buffers in on-demand MRs have all their pages (for
+// writing, where the answer lands there: READ, atomics). Keys and bounds
+// were checked by the caller.
+MemCheck EngineCore::req_local_pages(QpImpl& qp, const SendWqe& w) {
+  const bool wr = is_rd_atomic(w.op);
+  MemCheck worst = MemCheck::kOk;
+  for (uint32_t i = 0; i < w.nsge; i++) {
+    const Sge& s = w.sge[i];
+    if (s.length == 0) continue;
+    Mr* mr = find_mr(s.lkey);
+    if (!mr || !mr->mem().on_demand()) continue;
+    // Every SGE is asked, so one fault round serves the whole WQE.
+    MemCheck c = mem_probe(mr->mem(), s.addr, s.length, wr);
+    if (c == MemCheck::kError) return c;
+    if (c == MemCheck::kFault) worst = c;
+  }
+  return worst;
+}
+
+// A QP whose next WQE waits for pages (req_start) does nothing until they
+// come or its poll time is due.
+bool EngineCore::fault_wait(QpImpl& qp, uint64_t now) {
+  return qp.fault_retry_ns && now < qp.fault_retry_ns;
 }
 
 bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
@@ -133,7 +180,7 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
         budget--;
         continue;
       }
-      if (!req_start(qp, idx, w)) return false;
+      if (fault_wait(qp, now) || !req_start(qp, idx, w, now)) return false;
     }
     if (w.done || w.pkts_sent >= w.npkts) {
       qp.sq_next++;
@@ -182,7 +229,11 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
 }
 
 // Host spans of [off, off+len) of a WQE's gather list.
-size_t EngineCore::gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max) {
+// SIZE_MAX if some byte cannot be reached; *fault (when given) then says
+// whether that was pages an on-demand MR has not mapped (yet again).
+size_t EngineCore::gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max,
+                          bool* fault) {
+  if (fault) *fault = false;
   if (len == 0) return 0;
   if (w.is_inline) {
     size_t slot = size_t(&w - qp.sq.data());
@@ -206,7 +257,10 @@ size_t EngineCore::gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, Ho
     while (done < take) {
       if (n == max) return SIZE_MAX;
       TranslateResult tr = mr->mem().translate(s.addr + in + done, take - done, false, out + n, max - n);
-      if (!tr.ok || tr.covered == 0) return SIZE_MAX;
+      if (!tr.ok || tr.covered == 0) {
+        if (fault) *fault = tr.fault;
+        return SIZE_MAX;
+      }
       n += tr.count;
       done += tr.covered;
     }
@@ -280,6 +334,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   size_t nspans = 0;
   size_t plen = 0;
   wire::DataExt de;
+  bool dropped = false;
   switch (r.kind) {
     case PktKind::DATA: {
       b.op = data_op(w.op);
@@ -288,8 +343,16 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
         b.flags |= wire::F_LAST;
         if (w.flags & SEND_SOLICITED) b.flags |= wire::F_SOLICITED;
       }
-      nspans = gather(qp, w, r.off, r.len, spans, 64);
-      if (nspans == SIZE_MAX) {
+      bool fault = false;
+      nspans = gather(qp, w, r.off, r.len, spans, 64, &fault);
+      if (nspans == SIZE_MAX && fault) {
+        // Its pages went away since the WQE started (the owner took them
+        // back): the packet is not sent, as if the network lost it, and
+        // goes again at its timeout, by when they are mapped again.
+        stats_.page_fault_drops++;
+        dropped = true;
+        nspans = 0;
+      } else if (nspans == SIZE_MAX) {
         comp_fail_wqe(qp, idx, WcStatus::LOC_PROT_ERR);
         return false;
       }
@@ -321,6 +384,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
     x.held_ns = 0;
     qp.timers.push({now + rto(qp, x.retries), psn + k, x.tx_seq, false});
   }
+  if (dropped) return true;
   xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
   health_sent(qp, path);
   if (retx && r.kind == PktKind::READ) {
@@ -354,7 +418,7 @@ bool EngineCore::req_uc_progress(QpImpl& qp, uint64_t now) {
     SendWqe& w = qp.sq_at(idx);
     if (!w.started) {
       if (qp.state_ == QpState::SQD) return false;
-      if (!req_start(qp, idx, w)) return false;
+      if (fault_wait(qp, now) || !req_start(qp, idx, w, now)) return false;
       qp.snd_nxt += w.npkts;
       w.path = qp.paths.pick(uint32_t(std::min<uint64_t>(w.len, UINT32_MAX)));
     }

@@ -220,8 +220,10 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       resp_nak(qp, wire::Syndrome::NAK_REM_ACCESS, psn, WcStatus::SUCCESS);
       return;
     }
-    if (plen && !mem_write(mr->mem(), va, p.payload, plen)) {
-      resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+    bool fault = false;
+    if (plen && !mem_write(mr->mem(), va, p.payload, plen, &fault)) {
+      if (fault) resp_fault_nak(qp, psn);
+      else resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
       return;
     }
     if (r) {
@@ -249,7 +251,12 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
       return;
     }
     WcStatus st = WcStatus::SUCCESS;
-    if (plen && !scatter(qp, r->sge, r->nsge, e.msg_off, p.payload, plen, st)) {
+    bool fault = false;
+    if (plen && !scatter(qp, r->sge, r->nsge, e.msg_off, p.payload, plen, st, &fault)) {
+      if (fault) {
+        resp_fault_nak(qp, psn);
+        return;
+      }
       if (!resp_error_now(qp, psn)) return;
       r->status = st;
       resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, st);
@@ -387,6 +394,21 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32
   }
   uint32_t n = std::max<uint32_t>(1, (e.len + e.seg - 1) / e.seg);
   const uint16_t path = reply_path(qp, p.base.path);
+  // On-demand pages must all be there before the first response leaves.
+  // In its turn the request is refused for now (RNR); ahead of its turn
+  // (resp_read_early) it is held, and a re-request goes unanswered: the
+  // requester asks again.
+  if (e.len && mr->mem().on_demand()) {
+    MemCheck c = mem_probe(mr->mem(), e.va, e.len, false);
+    if (c == MemCheck::kFault) {
+      if (first && psn == qp.epsn) resp_fault_nak(qp, psn);
+      return false;
+    }
+    if (c == MemCheck::kError) {
+      if (first) resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+      return false;
+    }
+  }
   if (first) {  // not a re-request (resp_reread)
     // Keep what a requester may still ask again: READs whose PSNs are
     // within one window behind epsn (or ahead of it: resp_read_early),
@@ -524,6 +546,10 @@ bool EngineCore::resp_atomic(QpImpl& qp, const wire::Packet& p) {
   }
   HostSpan sp;
   TranslateResult tr = mr->mem().translate(e.va, 8, true, &sp, 1);
+  if (tr.fault) {
+    if (psn == qp.epsn) resp_fault_nak(qp, psn);
+    return false;
+  }
   if (!tr.ok || tr.covered != 8 || (reinterpret_cast<uintptr_t>(sp.ptr) % 8)) {
     resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
     return false;
@@ -601,7 +627,7 @@ bool EngineCore::resp_error_now(QpImpl& qp, uint32_t psn) {
 
 // NAK a request. RNR is a wait; every other NAK is a fatal error for the
 // connection (IB class B/C/D responder errors), so the QP goes to ERR.
-void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local) {
+void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus local, uint32_t rnr_us) {
   if (s != wire::Syndrome::RNR_NAK && !resp_error_now(qp, psn)) return;
   wire::Base b;
   b.op = wire::Op::ACK;
@@ -617,7 +643,7 @@ void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus l
   a.nak_psn = psn;
   a.echo_ts = qp.last_ts;
   a.echo_path = qp.last_path;
-  a.rnr_us = kRnrUs[qp.attr.min_rnr_timer & 31];
+  a.rnr_us = rnr_us ? rnr_us : kRnrUs[qp.attr.min_rnr_timer & 31];
   uint8_t hdr[wire::kMaxHeaderLen + 8 * wire::kMaxSackWords];
   size_t hl = wire::encode(b, a, hdr);
   xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
@@ -631,6 +657,18 @@ void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus l
                                                          : AsyncEventType::QP_REQ_ERR,
                      qp.qpn_});
   qp_to_error(qp);
+}
+
+// A request met pages of an on-demand MR that are not mapped yet; their
+// owner has been asked for them (MemoryTranslator::translate). The request
+// is refused as "receiver not ready", as mlx5 answers a responder page
+// fault: the requester resends after the RNR time, and nothing of the
+// connection is lost. The wait is the QP's RNR timer, but no longer than
+// a page fault takes to serve (min_rnr_timer 0 means 655 ms).
+void EngineCore::resp_fault_nak(QpImpl& qp, uint32_t psn) {
+  stats_.page_fault_naks++;
+  resp_nak(qp, wire::Syndrome::RNR_NAK, psn, WcStatus::SUCCESS,
+           std::min(kRnrUs[qp.attr.min_rnr_timer & 31], kFaultRnrUs));
 }
 
 // Cumulative PSN plus a SACK bitmap over the PSNs that arrived since the last

@@ -137,6 +137,10 @@ bool Commands::MemMgtOn() const {
   return state_.HasFeature(VIRTIO_VSTELLAR_F_MEM_MGT);
 }
 
+bool Commands::OdpOn() const {
+  return state_.HasFeature(VIRTIO_VSTELLAR_F_ODP);
+}
+
 bool Commands::WindowsOn() const {
   return state_.HasFeature(VIRTIO_VSTELLAR_F_MW);
 }

@@ -266,11 +266,30 @@ bool Device::PushToQueue(uint32_t q, const void* data, uint32_t len) {
 }
 
 void Device::PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) {
-  vstellar_event e{};
+  vstellar_event_page_fault e{};
   e.type = htole16(type);
   e.object = htole32(object);
   e.ucontext = htole32(ucontext);
-  e.info = htole32(info);
+  e.num_pages = htole32(info);  // vstellar_event::info
+  QueueEvent(e, sizeof(vstellar_event));
+}
+
+// One fault per MR waits in the queue at a time (merged as other events
+// are): an access still missing pages when it is retried reports again.
+void Device::PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) {
+  vstellar_event_page_fault e{};
+  e.type = htole16(VSTELLAR_EV_PAGE_FAULT);
+  e.flags = htole16(write ? VSTELLAR_FAULT_WRITE : 0);
+  e.object = htole32(mrn);
+  e.ucontext = htole32(ucontext);
+  e.num_pages = htole32(npages);
+  e.iova = htole64(iova);
+  QueueEvent(e, sizeof(e));
+}
+
+void Device::QueueEvent(const vstellar_event_page_fault& e, uint32_t len) {
+  const uint16_t type = le16toh(e.type);
+  const uint32_t object = le32toh(e.object), ucontext = le32toh(e.ucontext);
   if (!events_waiting_.emplace(type, object, ucontext).second) {
     events_merged_++;
     return;
@@ -282,14 +301,14 @@ void Device::PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32
     events_dropped_++;
     return;
   }
-  events_.push_back(e);
+  events_.push_back({e, len});
   FlushEvents();
 }
 
 void Device::FlushEvents() {
   while (!events_.empty()) {
-    const vstellar_event& e = events_.front();
-    if (!PushToQueue(VSTELLAR_VQ_EVENT, &e, sizeof(vstellar_event))) return;
+    const vstellar_event_page_fault& e = events_.front().e;
+    if (!PushToQueue(VSTELLAR_VQ_EVENT, &e, events_.front().len)) return;
     events_waiting_.erase({le16toh(e.type), le32toh(e.object), le32toh(e.ucontext)});
     events_.pop_front();
     events_n_++;

@@ -48,7 +48,8 @@ DeviceConfig DeviceConfig::Default() {
                       Bit(VIRTIO_VSTELLAR_F_INLINE) | Bit(VIRTIO_VSTELLAR_F_ATOMIC) | Bit(VIRTIO_VSTELLAR_F_SRQ) |
                       Bit(VIRTIO_VSTELLAR_F_MEM_MGT) | Bit(VIRTIO_VSTELLAR_F_MW) |
                       Bit(VIRTIO_VSTELLAR_F_UC) | Bit(VIRTIO_VSTELLAR_F_RESIZE_CQ) | Bit(VIRTIO_VSTELLAR_F_MCAST) |
-                      Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ) | Bit(VIRTIO_VSTELLAR_F_DMABUF);
+                      Bit(VIRTIO_VSTELLAR_F_RESIZE_SRQ) | Bit(VIRTIO_VSTELLAR_F_DMABUF) |
+                      Bit(VIRTIO_VSTELLAR_F_ODP);
   return d;
 }
 

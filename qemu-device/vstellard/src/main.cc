@@ -55,6 +55,8 @@ int Usage(const char* argv0, int rc) {
                "                         or a bounded translation cache (baseline)\n"
                "  --atc-entries N        ATC size in 4 KiB entries (default 16384 = 64 MiB)\n"
                "  --atc-miss-ns N        emulated round trip of an ATC miss (default 0)\n"
+               "  --odp-fault-timeout MS how long an access to an on-demand MR waits for the\n"
+               "                         guest to map a missing page before it fails (2000)\n"
                "  --ip ADDR              the address (IPv4 or IPv6) of the --socket devices and,\n"
                "                         without --device, the one the engine is bound to\n"
                "                         (default 127.0.0.1)\n"
@@ -144,7 +146,7 @@ bool Size(const char* s, unsigned long long* out) {
 }
 
 
-enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kIp, kPort, kPeerPort,
+enum { kSocket = 's', kHelp = 'h', kPin = 256, kTrans, kAtcEntries, kAtcMiss, kOdpTimeout, kIp, kPort, kPeerPort,
        kPaths, kStats, kPollUs, kIdleRecheckUs, kControlBudget, kWqeBudget, kWqeBudgetDevice, kVhostTimeout,
        kMemLimit, kDevMemLimit, kGuestMemLimit, kAllowUnsealed, kIntegrityKey, kRequireIntegrity, kConfig, kLink, kPathBurst, kZerocopy, kDeviceMax, kThreads, kPlacement,
        kMcastGroups, kMcastQps, kDevice, kIntegrityAlg, kLocateFaults, kRocePeers };
@@ -154,6 +156,7 @@ const option kOptions[] = {{"socket", required_argument, nullptr, kSocket},
                            {"translation", required_argument, nullptr, kTrans},
                            {"atc-entries", required_argument, nullptr, kAtcEntries},
                            {"atc-miss-ns", required_argument, nullptr, kAtcMiss},
+                           {"odp-fault-timeout", required_argument, nullptr, kOdpTimeout},
                            {"ip", required_argument, nullptr, kIp},
                            {"port", required_argument, nullptr, kPort},
                            {"peer-port", required_argument, nullptr, kPeerPort},
@@ -281,6 +284,7 @@ bool Apply(vstellard::DaemonOptions& o, int code, const char* arg, std::string* 
       return true;
     case kAtcEntries: if (!num(1, 1ull << 26)) return false; o.atc_entries = v; return true;
     case kAtcMiss: if (!num(0, 1000000)) return false; o.atc_miss_ns = v; return true;
+    case kOdpTimeout: if (!num(1, 600000)) return false; o.odp_fault_timeout_ms = v; return true;
     case kIp: return DeviceAddress(arg, &o.ip, why);
     case kPort: if (!num(0, 65535)) return false; o.udp_port = uint16_t(v); return true;
     case kPeerPort: if (!num(0, 65535)) return false; o.peer_port = uint16_t(v); return true;

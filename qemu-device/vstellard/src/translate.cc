@@ -197,6 +197,141 @@ vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, 
   return r;
 }
 
+OdpTranslator::OdpTranslator(Pvdma& pv, uint64_t iova, uint64_t length)
+    : pv_(pv), start_(iova), end_(iova + length < iova ? UINT64_MAX : iova + length),
+      max_chunks_(MaxChunks(iova, length)) {}
+
+uint64_t OdpTranslator::MaxChunks(uint64_t iova, uint64_t length) {
+  const uint64_t span = kChunkPages * kPage;
+  if (length == VSTELLAR_ODP_IMPLICIT_LENGTH || iova + length < iova) return kMaxImplicitChunks;
+  return (iova + length - 1) / span - iova / span + 1;
+}
+
+uintptr_t OdpTranslator::Entry(uint64_t page) const {
+  auto it = chunks_.find(page / kChunkPages);
+  return it == chunks_.end() ? 0 : it->second->page[page % kChunkPages];
+}
+
+// Reports pages [iova's page, end) missing. False once the first of them
+// has waited longer than the timeout: the access fails, and the next one
+// starts a new wait (the guest may have mapped it meanwhile, or may yet).
+bool OdpTranslator::Fault(uint64_t iova, uint64_t end, bool write) {
+  const uint64_t page = iova / kPage;
+  const uint64_t now = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now().time_since_epoch())
+                                    .count());
+  auto [it, fresh] = waiting_.try_emplace(page, now);
+  if (!fresh && now - it->second > timeout_ns_) {
+    waiting_.erase(it);
+    timeouts_++;
+    return false;
+  }
+  // Faults nobody answered and nobody asked again about: forgotten in
+  // bulk rather than kept forever.
+  if (waiting_.size() > 4096) {
+    waiting_.clear();
+    waiting_.emplace(page, now);
+  }
+  // At most 1 MiB per fault: the driver maps in steps, and each mapping
+  // wakes the waiters, whose next look asks for the rest.
+  const uint64_t npages = std::min<uint64_t>((end - page * kPage + kPage - 1) / kPage, 256);
+  if (on_fault_) on_fault_(page * kPage, uint32_t(std::max<uint64_t>(npages, 1)), write);
+  return true;
+}
+
+vstellar::TranslateResult OdpTranslator::translate(uint64_t iova, uint64_t len, bool for_write,
+                                                   vstellar::HostSpan* out, size_t max_out) {
+  vstellar::TranslateResult r;
+  if (iova < start_ || iova > end_ || len > end_ - iova) return r;  // ok = false
+  uint64_t a = iova, left = len;
+  while (left) {
+    const uintptr_t e = Entry(a / kPage);
+    if (!e || (for_write && !(e & 1))) {
+      if (r.covered) break;  // what is there first; the caller asks again for the rest
+      r.fault = Fault(a, iova + len, for_write);
+      return r;
+    }
+    const uint64_t off = a % kPage, n = std::min(left, kPage - off);
+    if (!Emit(r, out, max_out, reinterpret_cast<uint8_t*>(e & ~uintptr_t(1)) + off, n)) break;
+    a += n;
+    left -= n;
+  }
+  r.ok = true;
+  return r;
+}
+
+uint16_t OdpTranslator::Map(uint64_t iova, const std::vector<uint64_t>& pages) {
+  if (iova % kPage || pages.empty()) return VSTELLAR_STATUS_BAD_FIELD;
+  // Inside the MR: from its first page to its last.
+  const uint64_t first = start_ / kPage, last = (end_ - 1) / kPage;
+  const uint64_t p0 = iova / kPage;
+  if (p0 < first || p0 > last || pages.size() - 1 > last - p0) return VSTELLAR_STATUS_BAD_FIELD;
+  // Resolve every page before changing anything.
+  std::vector<uintptr_t> host(pages.size());
+  for (size_t i = 0; i < pages.size(); i++) {
+    const uint64_t gpa = pages[i] & ~uint64_t(VSTELLAR_ODP_PAGE_WRITABLE);
+    if (gpa % kPage) return VSTELLAR_STATUS_BAD_FIELD;
+    if (!pv_.Contains(gpa, kPage)) return VSTELLAR_STATUS_BAD_ADDRESS;
+    uint64_t contig = 0;
+    uint8_t* h = pv_.Map(gpa, &contig);
+    if (!h) return VSTELLAR_STATUS_NO_RESOURCES;
+    if (contig < kPage) return VSTELLAR_STATUS_BAD_ADDRESS;
+    host[i] = reinterpret_cast<uintptr_t>(h) | ((pages[i] & VSTELLAR_ODP_PAGE_WRITABLE) ? 1 : 0);
+  }
+  uint64_t new_chunks = 0;
+  for (uint64_t c = p0 / kChunkPages; c <= (p0 + pages.size() - 1) / kChunkPages; c++)
+    if (!chunks_.count(c)) new_chunks++;
+  if (chunks_.size() + new_chunks > max_chunks_) return VSTELLAR_STATUS_LIMIT;
+  for (size_t i = 0; i < pages.size(); i++) {
+    std::shared_ptr<const void> hold = pv_.Hold(pages[i] & ~uint64_t(kPage - 1));
+    if (std::find(holds_.begin(), holds_.end(), hold) == holds_.end()) holds_.push_back(std::move(hold));
+    const uint64_t p = p0 + i;
+    std::unique_ptr<Chunk>& c = chunks_[p / kChunkPages];
+    if (!c) c = std::make_unique<Chunk>();
+    uintptr_t& slot = c->page[p % kChunkPages];
+    if (!slot) {
+      c->used++;
+      mapped_++;
+    }
+    slot = host[i];
+    waiting_.erase(p);
+  }
+  return VSTELLAR_STATUS_OK;
+}
+
+void OdpTranslator::Unmap(uint64_t iova, uint64_t length) {
+  if (length == 0) return;
+  const uint64_t lo = std::max(iova, start_), hi = iova + length < iova ? end_ : std::min(iova + length, end_);
+  if (lo >= hi) return;
+  const uint64_t p_lo = lo / kPage, p_hi = (hi - 1) / kPage;  // pages [p_lo, p_hi]
+  auto clear = [&](uint64_t ci, Chunk& c) {
+    const uint64_t base = ci * kChunkPages;
+    const uint64_t a = std::max(p_lo, base), b = std::min(p_hi, base + kChunkPages - 1);
+    for (uint64_t p = a; p <= b; p++) {
+      uintptr_t& slot = c.page[p - base];
+      if (!slot) continue;
+      slot = 0;
+      c.used--;
+      mapped_--;
+    }
+  };
+  // A whole-address-space unmap walks the chunks there are, not the range.
+  if (p_hi / kChunkPages - p_lo / kChunkPages >= chunks_.size()) {
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+      const uint64_t ci = it->first;
+      if (ci >= p_lo / kChunkPages && ci <= p_hi / kChunkPages) clear(ci, *it->second);
+      it = it->second->used ? std::next(it) : chunks_.erase(it);
+    }
+    return;
+  }
+  for (uint64_t ci = p_lo / kChunkPages; ci <= p_hi / kChunkPages; ci++) {
+    auto it = chunks_.find(ci);
+    if (it == chunks_.end()) continue;
+    clear(ci, *it->second);
+    if (!it->second->used) chunks_.erase(it);
+  }
+}
+
 vstellar::TranslateResult GpaTranslator::translate(uint64_t iova, uint64_t len, bool, vstellar::HostSpan* out,
                                                    size_t max_out) {
   vstellar::TranslateResult r;

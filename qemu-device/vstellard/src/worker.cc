@@ -229,6 +229,7 @@ void Worker::ShareWithDevices() {
   shared_.worker = index_;
   shared_.pin = o_.pin;
   shared_.translation = o_.translation;
+  shared_.odp_fault_timeout_ns = o_.odp_fault_timeout_ms * 1'000'000;
   shared_.poll_ns = o_.poll_us * 1000;
   shared_.recheck_ns = o_.idle_recheck_us * 1000;
   shared_.control_budget = o_.control_budget ? o_.control_budget : 1;

@@ -308,7 +308,9 @@ bool Frontend::StartQueues(std::string* err) {
   for (uint32_t q = 0; q < qs_.size(); q++)
     if (!StartQueue(q, o_.ring_num, err)) return false;
   // Stock the event queue and the CQ notification queues with buffers.
-  for (uint32_t i = 0; i < 8; i++) Post(VSTELLAR_VQ_EVENT, {{kEventGpa + 16 * i, 16, true}}, false);
+  // Buffers of 32 bytes: a page fault's size (F_ODP), other events use 16.
+  for (uint32_t i = 0; i < 8; i++)
+    Post(VSTELLAR_VQ_EVENT, {{kEventGpa + kEventBuf * i, kEventBuf, true}}, false);
   Kick(VSTELLAR_VQ_EVENT);
   for (uint32_t q = VSTELLAR_VQ_CQN0; q < qs_.size(); q++) {
     for (uint32_t i = 0; i < 8; i++)
@@ -412,7 +414,7 @@ CmdResult Frontend::Command(uint16_t op, uint32_t ucontext, const void* body, si
   return r;
 }
 
-std::vector<vstellar_event> Frontend::Events(int timeout_ms) {
+std::vector<vstellar_event> Frontend::Events(int timeout_ms, std::vector<vstellar_event_page_fault>* faults) {
   std::vector<vstellar_event> v;
   uint16_t head;
   uint32_t len;
@@ -420,12 +422,17 @@ std::vector<vstellar_event> Frontend::Events(int timeout_ms) {
     // Buffers were posted one descriptor each at head = i*4 % num for i-th post.
     const uint32_t i = head / 4;
     vstellar_event e;
-    std::memcpy(&e, mem_ + kEventGpa + 16ull * i, sizeof(e));
+    std::memcpy(&e, mem_ + kEventGpa + kEventBuf * i, sizeof(e));
     v.push_back(e);
+    if (faults && le16toh(e.type) == VSTELLAR_EV_PAGE_FAULT && len == sizeof(vstellar_event_page_fault)) {
+      vstellar_event_page_fault pf;
+      std::memcpy(&pf, mem_ + kEventGpa + kEventBuf * i, sizeof(pf));
+      faults->push_back(pf);
+    }
     // Give the queue a buffer back (at the slot its next head maps to).
     const Queue& s = qs_.at(VSTELLAR_VQ_EVENT);
     const uint32_t next = ((uint32_t(s.avail) * 4) % s.num) / 4;
-    Post(VSTELLAR_VQ_EVENT, {{kEventGpa + 16ull * next, 16, true}});
+    Post(VSTELLAR_VQ_EVENT, {{kEventGpa + kEventBuf * next, kEventBuf, true}});
     timeout_ms = 0;
   }
   return v;

@@ -154,6 +154,12 @@ struct EngineStats {
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
   uint64_t path_probes = 0;      // copies of data packets sent to probe a path set aside
   uint64_t acks_sent = 0, acks_rcvd = 0, naks_sent = 0, naks_rcvd = 0, rnr_naks_sent = 0;
+  // On-demand paging (MemoryTranslator::on_demand): requests refused with
+  // RNR because their pages were not mapped yet (of rnr_naks_sent), work
+  // requests that waited before starting for their local pages, and
+  // packets or answers dropped to be resent because pages went away
+  // mid-message.
+  uint64_t page_fault_naks = 0, page_fault_waits = 0, page_fault_drops = 0;
   uint64_t dup_pkts = 0, out_of_window = 0, pending_rd_drops = 0;
   // Requests that would end the connection (bad key, bad length) but came
   // ahead of the expected PSN: dropped unanswered, so one blind packet
@@ -240,6 +246,10 @@ class Engine {
   // is bound to it, so nothing reaches those pages through it again.
   // EINVAL for an unknown or fast-registration MR; 0 if already invalid.
   int invalidate_mr(Mr* mr);
+  // Pages of an on-demand MR were mapped (its translator's owner answered
+  // a fault): work requests waiting for their buffers look again at the
+  // next progress() instead of at their poll time.
+  void pages_mapped();
   // A fast-registration MR of at most max_pages pages, FREE (no access
   // works) until a REG_MR work request registers it. lkey == rkey.
   Mr* alloc_mr(Pd* pd, uint32_t max_pages);

@@ -23,11 +23,15 @@ struct HostSpan {
 // together covering the first `covered` bytes of the request. The caller asks
 // again for the rest when the array was too small. ok == false means some byte
 // of the range has no host backing (the engine turns that into a protection or
-// access error; it never touches the memory).
+// access error; it never touches the memory). fault == true (with ok ==
+// false) means the range is not backed *yet*: an on-demand translator has
+// asked its owner for the pages, and the access is to be retried later (a
+// responder answers RNR, a requester waits) instead of failing.
 struct TranslateResult {
   size_t count = 0;
   uint64_t covered = 0;
   bool ok = false;
+  bool fault = false;
 };
 
 class MemoryTranslator {
@@ -39,6 +43,10 @@ class MemoryTranslator {
   // pages will be written (so it can fault them in writable).
   virtual TranslateResult translate(uint64_t iova, uint64_t len, bool for_write, HostSpan* out,
                                     size_t max_out) = 0;
+  // Pages may be missing until their owner maps them (on-demand paging):
+  // the engine checks a requester's whole buffer before it starts a work
+  // request (mem_probe), so a message never stops half sent on a fault.
+  virtual bool on_demand() const { return false; }
 };
 
 // Ordinary process memory: iova is the host virtual address. With block_size
@@ -54,8 +62,15 @@ class HostMemory final : public MemoryTranslator {
   uint64_t block_;
 };
 
-// Copy helpers over a translator. Return false if translation failed.
-bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len);
-bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len);
+// Copy helpers over a translator. Return false if translation failed;
+// *fault (when given) then says whether it failed on pages not mapped yet.
+bool mem_write(MemoryTranslator& t, uint64_t iova, const void* src, uint64_t len, bool* fault = nullptr);
+bool mem_read(MemoryTranslator& t, uint64_t iova, void* dst, uint64_t len, bool* fault = nullptr);
+
+// Whether every byte of [iova, iova+len) is backed now (for writing when
+// for_write): kOk, kFault (pages not mapped yet; their owner was asked) or
+// kError. Touches no memory.
+enum class MemCheck { kOk, kFault, kError };
+MemCheck mem_probe(MemoryTranslator& t, uint64_t iova, uint64_t len, bool for_write);
 
 }  // namespace vstellar

@@ -74,7 +74,11 @@ class Commands {
   uint16_t FindQpObjects(uint32_t uctx, const vstellar_cmd_create_qp& cmd, QpObjects* out);
   uint16_t CheckQpType(uint32_t uctx, uint8_t type) const;
   void ReleaseQp(uint32_t qpn, QpObj& q);
-  uint16_t AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCharge charge, std::vector<uint8_t>* resp);
+  uint16_t AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCharge charge, std::vector<uint8_t>* resp,
+                 std::shared_ptr<OdpTranslator> odp = nullptr);
+  uint16_t RegOdpMr(uint32_t uctx, const vstellar_cmd_reg_mr& cmd, uint32_t len, PdObj* pd,
+                    std::vector<uint8_t>* resp);
+  bool OdpOn() const;
   void DestroyAllOf(uint32_t uctx);
   const virtio_vstellar_config& config() const { return state_.config(); }
 

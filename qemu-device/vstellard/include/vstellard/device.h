@@ -107,6 +107,8 @@ class Device : private DataPathEvents {
   uint64_t RecheckDataPath() { return dp_.Recheck() ? dp_.counters().missed_kicks : 0; }
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
+  void PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override;
+  void QueueEvent(const vstellar_event_page_fault& e, uint32_t len);
 
   // ---- moving to another worker thread (Worker::Place) ----
   // The device's objects in its worker's engine (Engine::detach).
@@ -168,7 +170,14 @@ class Device : private DataPathEvents {
   // event still waiting is merged into it, the backlog holds a few per live
   // object (so every QP's error fits), and what still does not fit is
   // dropped and counted. Only the device's own fault makes it FATAL.
-  std::deque<vstellar_event> events_;
+  // Events waiting for a buffer: 16 bytes (struct vstellar_event) or, for
+  // page faults, 32 (struct vstellar_event_page_fault, whose first 16
+  // bytes are laid out as vstellar_event's).
+  struct QueuedEvent {
+    vstellar_event_page_fault e;
+    uint32_t len;
+  };
+  std::deque<QueuedEvent> events_;
   std::set<std::tuple<uint16_t, uint32_t, uint32_t>> events_waiting_;  // (type, object, ucontext)
   uint64_t events_merged_ = 0;
   // Notifications the guest has not taken from its CQ notification queues

@@ -16,6 +16,7 @@
 #include <vstellar/virtio_vstellar.h>
 
 #include "vstellard/memory_budget.h"
+#include "vstellard/translate.h"
 
 namespace vstellard {
 
@@ -101,6 +102,7 @@ struct MrObj {
   vstellar::Mr* mr;
   uint32_t pdn;
   MemoryCharge charge;
+  std::shared_ptr<OdpTranslator> odp;  // on-demand MRs (F_ODP): MAP_ and UNMAP_MR_PAGES reach it
 };
 
 // A memory window (minor 3, F_MW).

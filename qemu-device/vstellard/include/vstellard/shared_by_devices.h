@@ -71,6 +71,9 @@ struct DeviceShared {
   PinMode pin = PinMode::kLazy;
   bool require_sealed_memory = true;  // Pvdma::set_require_sealed
   TranslationMode translation = TranslationMode::kEmtt;
+  // How long an access waits for a guest to map an on-demand page before
+  // it fails (OdpTranslator; vstellard --odp-fault-timeout).
+  uint64_t odp_fault_timeout_ns = OdpTranslator::kDefaultFaultTimeoutNs;
   uint16_t peer_port = 47000;  // UDP base port of peer vstellards
   // The engine's link is bound to the wildcard and serves several devices'
   // addresses (vstellard --device): every QP must name its source.

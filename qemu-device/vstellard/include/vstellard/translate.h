@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -122,6 +123,68 @@ class AtcTranslator final : public vstellar::MemoryTranslator {
   uint64_t base_ = 0, start_ = 0, end_ = 0;
   uint32_t shift_ = 12;
   std::vector<uint64_t> pages_;
+};
+
+// On-demand paging (interface minor 7, F_ODP; docs/virtio-vstellar.md):
+// an MR registered with no pages, whose pages the guest driver maps when
+// the device asks (MAP_MR_PAGES after a VSTELLAR_EV_PAGE_FAULT) and takes
+// back before the guest kernel reuses them (UNMAP_MR_PAGES, from its mmu
+// notifier). What is mapped is held as eMTT holds it: final host pointers
+// of 4 KiB pages, resolved through PVDMA (so their blocks are pinned on
+// first use), whatever the translation mode. An access to a page that is
+// missing (or read-only, for a write) reports a fault and answers
+// fault == true, so the engine waits and retries; a page that stays
+// missing for longer than the fault timeout makes the access fail.
+//
+// The table is sparse, in 2 MiB chunks of 512 entries, because an
+// implicit MR spans the whole address space of the process.
+class OdpTranslator final : public vstellar::MemoryTranslator {
+ public:
+  // The device's way to tell the guest: first missing page (aligned),
+  // pages the access needs from there, whether it writes.
+  using FaultFn = std::function<void(uint64_t iova, uint32_t npages, bool write)>;
+  static constexpr uint64_t kPage = 4096;
+  static constexpr uint64_t kChunkPages = 512;
+  // Chunks an implicit MR may have mapped at once (4 GiB of address
+  // space; the table is charged for them at registration).
+  static constexpr uint64_t kMaxImplicitChunks = 2048;
+  static constexpr uint64_t kDefaultFaultTimeoutNs = 2'000'000'000;
+
+  OdpTranslator(Pvdma& pv, uint64_t iova, uint64_t length);
+  // Table chunks this MR may ever need (what registration charges).
+  static uint64_t MaxChunks(uint64_t iova, uint64_t length);
+  void set_fault_handler(FaultFn fn) { on_fault_ = std::move(fn); }
+  void set_fault_timeout_ns(uint64_t ns) { timeout_ns_ = ns; }
+
+  bool on_demand() const override { return true; }
+  vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
+                                      vstellar::HostSpan* out, size_t max_out) override;
+
+  // MAP_MR_PAGES: pages from iova (aligned) on, each a guest-physical
+  // address | VSTELLAR_ODP_PAGE_WRITABLE. All or nothing: a VSTELLAR_STATUS_*.
+  uint16_t Map(uint64_t iova, const std::vector<uint64_t>& pages);
+  // UNMAP_MR_PAGES: [iova, iova+length), clipped to the MR.
+  void Unmap(uint64_t iova, uint64_t length);
+  uint64_t mapped_pages() const { return mapped_; }
+  uint64_t fault_timeouts() const { return timeouts_; }
+
+ private:
+  struct Chunk {
+    uintptr_t page[kChunkPages] = {};  // host pointer | 1 if writable; 0: missing
+    uint32_t used = 0;
+  };
+  uintptr_t Entry(uint64_t page) const;
+  bool Fault(uint64_t iova, uint64_t end, bool write);
+
+  Pvdma& pv_;
+  uint64_t start_, end_;  // [start_, end_) of the MR; end_ saturates for implicit MRs
+  uint64_t max_chunks_;
+  std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by iova / 2 MiB
+  std::vector<std::shared_ptr<const void>> holds_;  // regions mapped pages point into
+  std::unordered_map<uint64_t, uint64_t> waiting_;  // missing page -> first fault (ns)
+  FaultFn on_fault_;
+  uint64_t timeout_ns_ = kDefaultFaultTimeoutNs;
+  uint64_t mapped_ = 0, timeouts_ = 0;
 };
 
 // Guest-physical addresses as they are, for the kernel's local DMA lkey

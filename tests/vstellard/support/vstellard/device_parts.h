@@ -27,9 +27,20 @@ struct RecordedEvents : DataPathEvents {
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override {
     events.push_back(type);
   }
+  void PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override {
+    events.push_back(VSTELLAR_EV_PAGE_FAULT);
+    faults.push_back({mrn, iova, npages, write});
+  }
   void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) override { notifies++; }
   bool DeviceFatal() const override { return fatal; }
+  struct Fault {
+    uint32_t mrn;
+    uint64_t iova;
+    uint32_t npages;
+    bool write;
+  };
   std::vector<uint16_t> events;
+  std::vector<Fault> faults;
   int notifies = 0;
   bool fatal = false;
 };

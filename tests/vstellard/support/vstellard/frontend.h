@@ -84,6 +84,7 @@ class Frontend {
   static constexpr uint64_t kReqGpa = 0x100000, kReqMax = 0xe0000;
   static constexpr uint64_t kRespGpa = 0x1f0000;
   static constexpr uint64_t kEventGpa = 0x1f8000, kCqnGpa = 0x1fc000;
+  static constexpr uint32_t kEventBuf = sizeof(vstellar_event_page_fault);
   static constexpr uint64_t kFreeGpa = 0x200000;
 
   explicit Frontend(FrontendOptions o = {});
@@ -154,7 +155,8 @@ class Frontend {
   // Raw ring access for hostile tests.
   void SetAvailIdx(uint32_t q, uint16_t idx);
   // Events the device wrote so far (eventq buffers returned).
-  std::vector<vstellar_event> Events(int timeout_ms = 0);
+  // Page faults (32-byte events) are also copied whole into *faults.
+  std::vector<vstellar_event> Events(int timeout_ms = 0, std::vector<vstellar_event_page_fault>* faults = nullptr);
 
  private:
   struct Queue {
