@@ -77,14 +77,16 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           "\"early_reads\":%llu,\"trace_probes\":%llu,\"roce_tx\":%llu,\"roce_rx\":%llu,\"roce_bad\":%llu,"
           "\"roce_seq_naks_sent\":%llu,\"roce_seq_naks_rcvd\":%llu,\"roce_goback_pkts\":%llu,"
           "\"bad_parse\":%llu,\"bad_qpn\":%llu,\"bad_peer\":%llu,\"bad_state\":%llu,\"bad_ack\":%llu,"
-          "\"dup_pkts\":%llu,\"naks_sent\":%llu,\"naks_rcvd\":%llu,\"rnr_naks_sent\":%llu,\"path_tx_pkts\":[",
+          "\"dup_pkts\":%llu,\"naks_sent\":%llu,\"naks_rcvd\":%llu,\"rnr_naks_sent\":%llu,"
+          "\"page_fault_naks\":%llu,\"page_fault_waits\":%llu,\"page_fault_drops\":%llu,\"path_tx_pkts\":[",
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
           ull(e.held_resends), ull(e.early_reads), ull(e.trace_probes), ull(e.roce_tx), ull(e.roce_rx),
           ull(e.roce_bad), ull(e.roce_seq_naks_sent), ull(e.roce_seq_naks_rcvd), ull(e.roce_goback_pkts),
           ull(e.bad_parse), ull(e.bad_qpn), ull(e.bad_peer), ull(e.bad_state), ull(e.bad_ack), ull(e.dup_pkts),
-          ull(e.naks_sent), ull(e.naks_rcvd), ull(e.rnr_naks_sent));
+          ull(e.naks_sent), ull(e.naks_rcvd), ull(e.rnr_naks_sent), ull(e.page_fault_naks),
+          ull(e.page_fault_waits), ull(e.page_fault_drops));
   for (size_t i = 0; i < e.paths.size(); i++) {
     *out += i ? "," : "";
     *out += std::to_string(e.paths[i].tx_pkts);
@@ -143,6 +145,9 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->naks_sent += s.naks_sent;
   sum->naks_rcvd += s.naks_rcvd;
   sum->rnr_naks_sent += s.rnr_naks_sent;
+  sum->page_fault_naks += s.page_fault_naks;
+  sum->page_fault_waits += s.page_fault_waits;
+  sum->page_fault_drops += s.page_fault_drops;
   sum->paths.resize(std::max(sum->paths.size(), s.paths.size()));
   for (size_t i = 0; i < s.paths.size(); i++) sum->paths[i].tx_pkts += s.paths[i].tx_pkts;
 }
