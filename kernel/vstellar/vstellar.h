@@ -5,7 +5,10 @@
 #ifndef _VSTELLAR_H_
 #define _VSTELLAR_H_
 
+#include <linux/completion.h>
+#include <linux/mutex.h>
 #include <linux/netdevice.h>
+#include <linux/refcount.h>
 #include <linux/virtio.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
@@ -73,6 +76,15 @@ struct vstellar_dev {
 	struct xarray cqs;
 	struct xarray qps;
 	struct xarray srqs;
+
+	/*
+	 * On-demand MRs (F_ODP, vstellar_odp.c): MRN -> vstellar_mr for page
+	 * faults, lkey -> vstellar_mr for advise_mr; the work queue that
+	 * serves the faults.
+	 */
+	struct xarray odp_mrs;
+	struct xarray odp_lkeys;
+	struct workqueue_struct *odp_wq;
 
 	struct notifier_block nb;		/* netdevice events */
 	struct work_struct rescan_work;		/* GID table from a new netdev */
@@ -161,6 +173,34 @@ struct vstellar_srq {
 	atomic_t done;
 };
 
+/*
+ * What an on-demand MR (F_ODP) adds. The device names the MR's bytes by
+ * iova; the process by its virtual address va = iova - delta (0 for an
+ * implicit MR, which covers the whole address space).
+ */
+struct vstellar_odp_mr {
+	struct ib_pd *pd;		/* advise_mr names MRs of its PD only */
+	u64 iova;			/* explicit MRs: the MR's first byte */
+	u64 length;
+	u64 delta;			/* iova - va, a multiple of PAGE_SIZE */
+	bool implicit;
+	/*
+	 * DEREG_MR is done: invalidations unmap locally only (the device
+	 * may have given the MRN to another MR by now).
+	 */
+	bool dead;
+	/*
+	 * Faults and prefetches in flight, plus one while the MR may be
+	 * looked up; dereg drops that one and waits for idle before
+	 * DEREG_MR, so no MAP_MR_PAGES follows it.
+	 */
+	refcount_t users;
+	struct completion idle;
+	/* implicit MRs: chunk index -> child ib_umem_odp, made on demand */
+	struct xarray children;
+	struct mutex children_lock;	/* creating children */
+};
+
 struct vstellar_mr {
 	struct ib_mr ibmr;
 	u32 mrn;
@@ -175,6 +215,9 @@ struct vstellar_mr {
 	struct vstellar_kring plist;
 	u32 max_pages;
 	u32 npages;
+	/* on-demand MRs (F_ODP): umem is the root ib_umem_odp */
+	bool on_demand;
+	struct vstellar_odp_mr odp;
 };
 
 /* Memory windows (F_MW), allocated for user space through uverbs. */
@@ -246,6 +289,7 @@ static inline struct vstellar_ah *to_vah(struct ib_ah *ah)
  *   vstellar_qp.c         QPs       > user and kernel objects alike; they
  *   vstellar_srq.c        SRQs     /  differ only in where the rings live
  *   vstellar_mr.c         MRs, fast registration, memory windows
+ *   vstellar_odp.c        on-demand paging: faults, invalidation, prefetch
  *   vstellar_ucontext.c   user contexts, their mmap, rings in user memory
  *   vstellar_datapath.c   the kernel data path: post, poll, arm, on kernel
  *                         rings and the kernel's doorbell page
@@ -337,6 +381,62 @@ struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
 int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata);
 int vstellar_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata);
 int vstellar_dealloc_mw(struct ib_mw *ibmw);
+
+/* vstellar_odp.c (F_ODP, with CONFIG_INFINIBAND_ON_DEMAND_PAGING) */
+static inline bool vstellar_odp_on(const struct vstellar_dev *dev)
+{
+	return IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING) &&
+	       (dev->features & BIT(VIRTIO_VSTELLAR_F_ODP));
+}
+
+#if IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING)
+int vstellar_odp_init(struct vstellar_dev *dev);
+void vstellar_odp_fini(struct vstellar_dev *dev);
+int vstellar_odp_mr_init(struct vstellar_mr *mr, struct ib_pd *ibpd,
+			 u64 start, u64 length, u64 virt_addr,
+			 int access_flags);
+void vstellar_odp_mr_release(struct vstellar_mr *mr);
+int vstellar_odp_publish(struct vstellar_mr *mr);
+void vstellar_odp_retire(struct vstellar_mr *mr);
+void vstellar_odp_unretire(struct vstellar_mr *mr);
+void vstellar_odp_unpublish(struct vstellar_mr *mr);
+void vstellar_odp_page_fault(struct vstellar_dev *dev,
+			     const struct vstellar_event_page_fault *pf);
+int vstellar_advise_mr(struct ib_pd *ibpd,
+		       enum ib_uverbs_advise_mr_advice advice, u32 flags,
+		       struct ib_sge *sg_list, u32 num_sge,
+		       struct uverbs_attr_bundle *attrs);
+#else
+static inline int vstellar_odp_init(struct vstellar_dev *dev)
+{
+	return 0;
+}
+
+static inline void vstellar_odp_fini(struct vstellar_dev *dev) {}
+
+static inline int vstellar_odp_mr_init(struct vstellar_mr *mr,
+				       struct ib_pd *ibpd, u64 start,
+				       u64 length, u64 virt_addr,
+				       int access_flags)
+{
+	return -EOPNOTSUPP;
+}
+
+static inline void vstellar_odp_mr_release(struct vstellar_mr *mr) {}
+
+static inline int vstellar_odp_publish(struct vstellar_mr *mr)
+{
+	return -EOPNOTSUPP;
+}
+
+static inline void vstellar_odp_retire(struct vstellar_mr *mr) {}
+static inline void vstellar_odp_unretire(struct vstellar_mr *mr) {}
+static inline void vstellar_odp_unpublish(struct vstellar_mr *mr) {}
+
+static inline void
+vstellar_odp_page_fault(struct vstellar_dev *dev,
+			const struct vstellar_event_page_fault *pf) {}
+#endif
 
 /* vstellar_ucontext.c */
 int vstellar_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata);

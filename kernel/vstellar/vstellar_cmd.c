@@ -4,6 +4,7 @@
  * (vstellar_com_exec), decode the answer. See vstellar_cmd.h.
  */
 #include <rdma/ib_umem.h>
+#include <rdma/ib_umem_odp.h>
 #include <rdma/iter.h>
 
 #include "vstellar.h"
@@ -597,6 +598,14 @@ int vstellar_cmd_query_srq(struct vstellar_dev *dev, u32 uctx, u32 srqn,
 /* MRs                                                               */
 /* ---------------------------------------------------------------- */
 
+static void vstellar_reg_mr_result(const struct vstellar_resp_reg_mr *resp,
+				   struct vstellar_reg_mr_result *res)
+{
+	res->mrn = le32_to_cpu(resp->mrn);
+	res->lkey = le32_to_cpu(resp->lkey);
+	res->rkey = le32_to_cpu(resp->rkey);
+}
+
 int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 			const struct vstellar_reg_mr_params *params,
 			struct vstellar_reg_mr_result *res)
@@ -618,10 +627,84 @@ int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 				       &resp, sizeof(resp));
 	if (err)
 		return err;
-	res->mrn = le32_to_cpu(resp.mrn);
-	res->lkey = le32_to_cpu(resp.lkey);
-	res->rkey = le32_to_cpu(resp.rkey);
+	vstellar_reg_mr_result(&resp, res);
 	return 0;
+}
+
+/*
+ * F_ODP: REG_MR without pages. The device takes pages of 4 KiB for an
+ * on-demand MR, whatever page sizes it offers otherwise.
+ */
+int vstellar_cmd_reg_odp_mr(struct vstellar_dev *dev, u32 uctx, u32 pdn,
+			    u32 access_flags, u64 iova, u64 length,
+			    struct vstellar_reg_mr_result *res)
+{
+	struct vstellar_cmd_reg_mr cmd = {
+		.pdn = cpu_to_le32(pdn),
+		.access_flags = cpu_to_le32(access_flags |
+					    VSTELLAR_ACCESS_ON_DEMAND),
+		.iova = cpu_to_le64(iova),
+		.length = cpu_to_le64(length),
+		.page_shift = cpu_to_le32(VSTELLAR_ODP_PAGE_SHIFT),
+	};
+	struct vstellar_resp_reg_mr resp;
+	int err;
+
+	err = vstellar_com_exec(&dev->com, VSTELLAR_CMD_REG_MR, uctx,
+				&cmd, sizeof(cmd), NULL, 0,
+				&resp, sizeof(resp));
+	if (err)
+		return err;
+	vstellar_reg_mr_result(&resp, res);
+	return 0;
+}
+
+/*
+ * F_ODP: @n pages of an on-demand MR from @iova on, as the core's ODP
+ * umem lists them: a DMA address with ODP_*_ALLOWED_BIT in its low bits.
+ * Called with the umem's umem_mutex held, so that no invalidation comes
+ * between the mapping and the device's view of it; the caller keeps the
+ * allocations here from recursing into reclaim (memalloc_noio_save).
+ */
+int vstellar_cmd_map_mr_pages(struct vstellar_dev *dev, u32 uctx, u32 mrn,
+			      u64 iova, const dma_addr_t *odp_pages, u32 n)
+{
+	struct vstellar_cmd_map_mr_pages cmd = {
+		.mrn = cpu_to_le32(mrn),
+		.num_pages = cpu_to_le32(n),
+		.iova = cpu_to_le64(iova),
+	};
+	__le64 *list;
+	u32 i;
+
+	if (!n || n > le32_to_cpu(dev->cfg.max_cmd_pages))
+		return -EINVAL;
+	list = kmalloc_array(n, sizeof(*list), GFP_KERNEL | __GFP_NOWARN);
+	if (!list)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		u64 page = odp_pages[i] & ODP_DMA_ADDR_MASK;
+
+		if (odp_pages[i] & ODP_WRITE_ALLOWED_BIT)
+			page |= VSTELLAR_ODP_PAGE_WRITABLE;
+		list[i] = cpu_to_le64(page);
+	}
+	return vstellar_com_exec(&dev->com, VSTELLAR_CMD_MAP_MR_PAGES, uctx,
+				 &cmd, sizeof(cmd), list, n, NULL, 0);
+}
+
+/* F_ODP: the device stops using [iova, iova + length) before it answers. */
+int vstellar_cmd_unmap_mr_pages(struct vstellar_dev *dev, u32 uctx, u32 mrn,
+				u64 iova, u64 length)
+{
+	struct vstellar_cmd_unmap_mr_pages cmd = {
+		.mrn = cpu_to_le32(mrn),
+		.iova = cpu_to_le64(iova),
+		.length = cpu_to_le64(length),
+	};
+
+	return vstellar_com_exec(&dev->com, VSTELLAR_CMD_UNMAP_MR_PAGES, uctx,
+				 &cmd, sizeof(cmd), NULL, 0, NULL, 0);
 }
 
 int vstellar_cmd_alloc_mr(struct vstellar_dev *dev, u32 pdn, u32 max_num_pages,
@@ -639,8 +722,6 @@ int vstellar_cmd_alloc_mr(struct vstellar_dev *dev, u32 pdn, u32 max_num_pages,
 				&resp, sizeof(resp));
 	if (err)
 		return err;
-	res->mrn = le32_to_cpu(resp.mrn);
-	res->lkey = le32_to_cpu(resp.lkey);
-	res->rkey = le32_to_cpu(resp.rkey);
+	vstellar_reg_mr_result(&resp, res);
 	return 0;
 }

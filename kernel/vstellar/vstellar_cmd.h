@@ -219,6 +219,22 @@ int vstellar_cmd_reg_mr(struct vstellar_dev *dev, u32 uctx,
 			const struct vstellar_reg_mr_params *params,
 			struct vstellar_reg_mr_result *res);
 int vstellar_cmd_dereg_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn);
+
+/*
+ * On-demand paging (minor 7, F_ODP). REG_MR of an on-demand MR: no pages,
+ * @access_flags VSTELLAR_ACCESS_* (ON_DEMAND is added); iova 0 and length
+ * VSTELLAR_ODP_IMPLICIT_LENGTH make an implicit MR. MAP_MR_PAGES takes
+ * @n (1 .. max_cmd_pages) entries of an ODP umem's dma_list; the device
+ * pages are of 1 << VSTELLAR_ODP_PAGE_SHIFT bytes.
+ */
+#define VSTELLAR_ODP_PAGE_SHIFT	12
+int vstellar_cmd_reg_odp_mr(struct vstellar_dev *dev, u32 uctx, u32 pdn,
+			    u32 access_flags, u64 iova, u64 length,
+			    struct vstellar_reg_mr_result *res);
+int vstellar_cmd_map_mr_pages(struct vstellar_dev *dev, u32 uctx, u32 mrn,
+			      u64 iova, const dma_addr_t *odp_pages, u32 n);
+int vstellar_cmd_unmap_mr_pages(struct vstellar_dev *dev, u32 uctx, u32 mrn,
+				u64 iova, u64 length);
 int vstellar_cmd_invalidate_mr(struct vstellar_dev *dev, u32 uctx, u32 mrn);
 int vstellar_cmd_alloc_mw(struct vstellar_dev *dev, u32 uctx, u32 pdn,
 			  u32 type, u32 *mwn, u32 *rkey);

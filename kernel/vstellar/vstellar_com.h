@@ -51,6 +51,12 @@ int vstellar_com_exec(struct vstellar_com *com, u16 opcode, u32 ucontext,
 		      __le64 *pages, u32 num_pages,
 		      void *resp, size_t resp_len);
 
+/* Whether commands still reach the device (a lost one fails them at once). */
+static inline bool vstellar_com_alive(struct vstellar_com *com)
+{
+	return !READ_ONCE(com->dead);
+}
+
 static inline bool vstellar_com_is_dead_err(int err)
 {
 	return err == -ENODEV || err == -EIO || err == -ETIMEDOUT;

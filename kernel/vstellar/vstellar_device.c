@@ -9,6 +9,31 @@
 
 #include "vstellar.h"
 
+/*
+ * F_ODP: what an on-demand MR serves. The device faults for every access
+ * of an RC QP (both ends of SEND, WRITE, READ, atomics with F_ATOMIC, SRQ
+ * receives with F_SRQ) and for UD sends; UD receives and UC are not
+ * claimed. Implicit MRs too. Their size limit is max_mr_size.
+ */
+static void vstellar_query_odp(struct vstellar_dev *dev,
+			       struct ib_device_attr *props)
+{
+	struct ib_odp_caps *odp = &props->odp_caps;
+
+	props->kernel_cap_flags |= IBK_ON_DEMAND_PAGING;
+	odp->general_caps = IB_ODP_SUPPORT | IB_ODP_SUPPORT_IMPLICIT;
+	odp->per_transport_caps.rc_odp_caps = IB_ODP_SUPPORT_SEND |
+					      IB_ODP_SUPPORT_RECV |
+					      IB_ODP_SUPPORT_WRITE |
+					      IB_ODP_SUPPORT_READ;
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_ATOMIC))
+		odp->per_transport_caps.rc_odp_caps |= IB_ODP_SUPPORT_ATOMIC;
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_SRQ))
+		odp->per_transport_caps.rc_odp_caps |= IB_ODP_SUPPORT_SRQ_RECV;
+	if (dev->features & BIT(VIRTIO_VSTELLAR_F_UD))
+		odp->per_transport_caps.ud_odp_caps = IB_ODP_SUPPORT_SEND;
+}
+
 int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 			  struct ib_udata *udata)
 {
@@ -81,6 +106,8 @@ int vstellar_query_device(struct ib_device *ibdev, struct ib_device_attr *props,
 		props->max_fast_reg_page_list_len =
 			le32_to_cpu(dev->cfg.max_fast_reg_pages);
 	}
+	if (vstellar_odp_on(dev))
+		vstellar_query_odp(dev, props);
 	return 0;
 }
 

@@ -67,6 +67,10 @@ static unsigned int vstellar_features[] = {
 	VIRTIO_VSTELLAR_F_MCAST,
 	VIRTIO_VSTELLAR_F_RESIZE_SRQ,
 	VIRTIO_VSTELLAR_F_DMABUF,
+#if IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING) && PAGE_SHIFT == 12
+	/* the device's ODP pages are of 4 KiB, and so must the umem's be */
+	VIRTIO_VSTELLAR_F_ODP,
+#endif
 };
 
 /* ---------------------------------------------------------------- */
@@ -200,9 +204,33 @@ static_assert((int)VSTELLAR_EV_SRQ_LIMIT_REACHED ==
 static_assert((int)VSTELLAR_EV_QP_LAST_WQE_REACHED ==
 	      (int)IB_EVENT_QP_LAST_WQE_REACHED);
 
-static void vstellar_handle_event(struct vstellar_dev *dev,
-				  const struct vstellar_event *e)
+/*
+ * An event buffer: with F_ODP, the device writes 32-byte page faults and
+ * 16-byte other events into buffers of 32 bytes.
+ */
+union vstellar_event_buf {
+	struct vstellar_event ev;
+	struct vstellar_event_page_fault pf;
+};
+
+static unsigned int vstellar_event_buf_size(struct vstellar_dev *dev)
 {
+	return vstellar_odp_on(dev) ? sizeof(struct vstellar_event_page_fault) :
+				      sizeof(struct vstellar_event);
+}
+
+/* The bytes the device must have written for an event of @type. */
+static unsigned int vstellar_event_len(u16 type)
+{
+	return type == VSTELLAR_EV_PAGE_FAULT ?
+	       sizeof(struct vstellar_event_page_fault) :
+	       sizeof(struct vstellar_event);
+}
+
+static void vstellar_handle_event(struct vstellar_dev *dev,
+				  const union vstellar_event_buf *buf)
+{
+	const struct vstellar_event *e = &buf->ev;
 	u16 type = le16_to_cpu(e->type);
 	u32 obj = le32_to_cpu(e->object);
 	u32 uctx = le32_to_cpu(e->ucontext);
@@ -255,6 +283,10 @@ static void vstellar_handle_event(struct vstellar_dev *dev,
 	case VSTELLAR_EV_GID_CHANGE:
 		vstellar_dispatch_port_event(dev, type);
 		break;
+	case VSTELLAR_EV_PAGE_FAULT:
+		/* queued to the ODP work queue: faulting in may take long */
+		vstellar_odp_page_fault(dev, &buf->pf);
+		break;
 	default:
 		dev_warn_ratelimited(&dev->vdev->dev, "unknown event type %u\n",
 				     type);
@@ -265,7 +297,7 @@ static void vstellar_event_work(struct work_struct *work)
 {
 	struct vstellar_dev *dev =
 		container_of(work, struct vstellar_dev, event_work);
-	struct vstellar_event e;
+	union vstellar_event_buf e;
 	unsigned int len;
 	void *buf;
 
@@ -273,14 +305,18 @@ static void vstellar_event_work(struct work_struct *work)
 		spin_lock_irq(&dev->eventq_lock);
 		buf = virtqueue_get_buf(dev->eventq.vq, &len);
 		if (buf) {
-			memcpy(&e, buf, sizeof(e));
+			/* the length the device wrote, within the buffer */
+			len = min(len, dev->eventq.buf_size);
+			memset(&e, 0, sizeof(e));
+			memcpy(&e, buf, len);
 			vstellar_rxq_post(&dev->eventq, buf, GFP_ATOMIC);
 			virtqueue_kick(dev->eventq.vq);
 		}
 		spin_unlock_irq(&dev->eventq_lock);
 		if (!buf)
 			break;
-		if (len < sizeof(e)) {
+		if (len < sizeof(e.ev) ||
+		    len < vstellar_event_len(le16_to_cpu(e.ev.type))) {
 			dev_warn_ratelimited(&dev->vdev->dev,
 					     "short event (%u bytes)\n", len);
 			continue;
@@ -523,6 +559,13 @@ static const struct ib_device_ops vstellar_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vstellar_ucontext, ibucontext),
 };
 
+#if IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING)
+/* With F_ODP: the core offers ibv_advise_mr only to a device with it. */
+static const struct ib_device_ops vstellar_odp_ops = {
+	.advise_mr = vstellar_advise_mr,
+};
+#endif
+
 static int vstellar_find_vqs(struct vstellar_dev *dev)
 {
 	unsigned int nvqs = VSTELLAR_VQ_CQN0 + dev->num_cqnq, i;
@@ -589,7 +632,7 @@ static int vstellar_start_queues(struct vstellar_dev *dev)
 
 	err = vstellar_rxq_init(&dev->eventq, dev->eventq.vq,
 				VSTELLAR_EVENTQ_BUFS,
-				sizeof(struct vstellar_event));
+				vstellar_event_buf_size(dev));
 	if (err)
 		return err;
 	for (i = 0; i < dev->num_cqnq; i++) {
@@ -615,6 +658,10 @@ static void vstellar_setup_ibdev(struct vstellar_dev *dev)
 	strscpy(ibdev->node_desc, "vStellar virtio RDMA device",
 		sizeof(ibdev->node_desc));
 	ib_set_device_ops(ibdev, &vstellar_dev_ops);
+#if IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING)
+	if (vstellar_odp_on(dev))
+		ib_set_device_ops(ibdev, &vstellar_odp_ops);
+#endif
 }
 
 /* The driver's state, before the device is touched. */
@@ -630,6 +677,8 @@ static struct vstellar_dev *vstellar_alloc_dev(struct virtio_device *vdev)
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
+	xa_init(&dev->odp_mrs);
+	xa_init(&dev->odp_lkeys);
 	spin_lock_init(&dev->eventq_lock);
 	mutex_init(&dev->netdev_lock);
 	INIT_WORK(&dev->event_work, vstellar_event_work);
@@ -640,6 +689,7 @@ static struct vstellar_dev *vstellar_alloc_dev(struct virtio_device *vdev)
 
 static void vstellar_free_dev(struct vstellar_dev *dev)
 {
+	vstellar_odp_fini(dev);
 	kfree(dev->cqnq_lock);
 	kfree(dev->cqnq);
 	dev->vdev->priv = NULL;
@@ -800,6 +850,9 @@ static int vstellar_probe(struct virtio_device *vdev)
 	if (!dev)
 		return -ENOMEM;
 	err = vstellar_read_config(dev);
+	if (err)
+		goto err_free;
+	err = vstellar_odp_init(dev);
 	if (err)
 		goto err_free;
 	err = vstellar_start_device(dev);

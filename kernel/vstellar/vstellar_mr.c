@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * vStellar memory keys: MRs over user memory (REG_MR) and over dmabufs
+ * vStellar memory keys: MRs over user memory (REG_MR; on-demand ones with
+ * F_ODP, paged by vstellar_odp.c) and over dmabufs
  * (F_DMABUF: REG_MR, INVALIDATE_MR when the exporter moves the buffer),
  * the kernel's DMA MR (the local DMA lkey, no device object),
  * fast-registration MRs (F_MEM_MGT: ALLOC_MR, then REG_MR WQEs from the
@@ -18,22 +19,43 @@
 /* ---------------------------------------------------------------- */
 
 /*
- * A new user MR of this context, once the access flags (optional ones
- * dropped, as the core allows) and the length are ones the device takes.
+ * The access flags a user MR may have, optional ones dropped as the core
+ * allows: MW_BIND with F_MW, ON_DEMAND with F_ODP (and then no MW_BIND:
+ * the device binds no windows to an on-demand MR).
  */
-static struct vstellar_mr *vstellar_new_user_mr(struct vstellar_dev *dev,
-						struct ib_udata *udata,
-						int *access_flags, u64 length)
+static int vstellar_user_mr_access(struct vstellar_dev *dev, int *access_flags)
 {
-	struct vstellar_mr *mr;
+	int valid = VSTELLAR_ACCESS_VALID;
 
 	BUILD_BUG_ON(VSTELLAR_ACCESS_MW_BIND != IB_ACCESS_MW_BIND);
 	*access_flags &= ~IB_ACCESS_OPTIONAL;
-	if (*access_flags & ~(VSTELLAR_ACCESS_VALID |
-			      (dev->features & BIT(VIRTIO_VSTELLAR_F_MW) ?
-			       VSTELLAR_ACCESS_MW_BIND : 0)))
-		return ERR_PTR(-EOPNOTSUPP);
-	if (!length || length > le64_to_cpu(dev->attr.max_mr_size))
+	if (*access_flags & IB_ACCESS_ON_DEMAND) {
+		if (!vstellar_odp_on(dev))
+			return -EOPNOTSUPP;
+		valid |= IB_ACCESS_ON_DEMAND;
+	} else if (dev->features & BIT(VIRTIO_VSTELLAR_F_MW)) {
+		valid |= VSTELLAR_ACCESS_MW_BIND;
+	}
+	return *access_flags & ~valid ? -EOPNOTSUPP : 0;
+}
+
+/*
+ * A new user MR of this context, once the access flags and the length
+ * are ones the device takes (an implicit on-demand MR has no length).
+ */
+static struct vstellar_mr *vstellar_new_user_mr(struct vstellar_dev *dev,
+						struct ib_udata *udata,
+						int *access_flags, u64 length,
+						bool implicit)
+{
+	struct vstellar_mr *mr;
+	int err;
+
+	err = vstellar_user_mr_access(dev, access_flags);
+	if (err)
+		return ERR_PTR(err);
+	if (!implicit &&
+	    (!length || length > le64_to_cpu(dev->attr.max_mr_size)))
 		return ERR_PTR(-EINVAL);
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
@@ -71,6 +93,53 @@ static int vstellar_mr_register(struct vstellar_dev *dev, struct ib_pd *ibpd,
 	return 0;
 }
 
+/*
+ * An on-demand MR (F_ODP): REG_MR without pages; the device asks for them
+ * as it meets them (vstellar_odp.c). start 0 and length U64_MAX make an
+ * implicit MR, the whole address space, whose iovas are the addresses.
+ */
+static struct ib_mr *vstellar_reg_odp_mr(struct ib_pd *ibpd, u64 start,
+					 u64 length, u64 virt_addr,
+					 int access_flags,
+					 struct ib_udata *udata)
+{
+	struct vstellar_dev *dev = to_vdev(ibpd->device);
+	bool implicit = !start && length == U64_MAX;
+	struct vstellar_reg_mr_result res;
+	struct vstellar_mr *mr;
+	int err;
+
+	mr = vstellar_new_user_mr(dev, udata, &access_flags, length, implicit);
+	if (IS_ERR(mr))
+		return ERR_CAST(mr);
+	err = vstellar_odp_mr_init(mr, ibpd, start, length, virt_addr,
+				   access_flags);
+	if (err)
+		goto err_free;
+	err = vstellar_cmd_reg_odp_mr(dev, mr->ucontext, to_vpd(ibpd)->pdn,
+				      access_flags & VSTELLAR_ACCESS_VALID,
+				      implicit ? 0 : virt_addr,
+				      implicit ? VSTELLAR_ODP_IMPLICIT_LENGTH :
+						 length, &res);
+	if (err)
+		goto err_umem;
+	mr->mrn = res.mrn;
+	mr->ibmr.lkey = res.lkey;
+	mr->ibmr.rkey = res.rkey;
+	err = vstellar_odp_publish(mr);
+	if (err)
+		goto err_dereg;
+	return &mr->ibmr;
+
+err_dereg:
+	vstellar_cmd_dereg_mr(dev, mr->ucontext, mr->mrn);
+err_umem:
+	vstellar_odp_mr_release(mr);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
 struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				   u64 virt_addr, int access_flags,
 				   struct ib_udata *udata)
@@ -79,7 +148,10 @@ struct ib_mr *vstellar_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	struct vstellar_mr *mr;
 	int err;
 
-	mr = vstellar_new_user_mr(dev, udata, &access_flags, length);
+	if (access_flags & IB_ACCESS_ON_DEMAND)
+		return vstellar_reg_odp_mr(ibpd, start, length, virt_addr,
+					   access_flags, udata);
+	mr = vstellar_new_user_mr(dev, udata, &access_flags, length, false);
 	if (IS_ERR(mr))
 		return ERR_CAST(mr);
 	mr->umem = ib_umem_get(ibpd->device, start, length, access_flags);
@@ -156,9 +228,11 @@ struct ib_mr *vstellar_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset,
 	struct vstellar_mr *mr;
 	int err;
 
-	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_DMABUF)))
+	/* the exporter's pages are not the process's: nothing to fault in */
+	if (!(dev->features & BIT(VIRTIO_VSTELLAR_F_DMABUF)) ||
+	    (access_flags & IB_ACCESS_ON_DEMAND))
 		return ERR_PTR(-EOPNOTSUPP);
-	mr = vstellar_new_user_mr(dev, udata, &access_flags, length);
+	mr = vstellar_new_user_mr(dev, udata, &access_flags, length, false);
 	if (IS_ERR(mr))
 		return ERR_CAST(mr);
 	umem_dmabuf = ib_umem_dmabuf_get(ibpd->device, offset, length, fd,
@@ -193,6 +267,27 @@ err_free:
 	return ERR_PTR(err);
 }
 
+/*
+ * Faults and prefetches are done and no new ones start before DEREG_MR,
+ * so none maps pages into an MRN the device may give to another MR; the
+ * umems go after it, when the device uses none of their pages.
+ */
+static int vstellar_dereg_odp_mr(struct vstellar_mr *mr)
+{
+	int err;
+
+	vstellar_odp_retire(mr);
+	err = vstellar_cmd_dereg_mr(mr->dev, mr->ucontext, mr->mrn);
+	if (err) {
+		vstellar_odp_unretire(mr);
+		return err;
+	}
+	vstellar_odp_unpublish(mr);
+	vstellar_odp_mr_release(mr);
+	kfree(mr);
+	return 0;
+}
+
 int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 {
 	struct vstellar_mr *mr = to_vmr(ibmr);
@@ -202,6 +297,8 @@ int vstellar_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 		kfree(mr);
 		return 0;
 	}
+	if (mr->on_demand)
+		return vstellar_dereg_odp_mr(mr);
 	if (mr->umem && mr->umem->is_dmabuf) {
 		struct ib_umem_dmabuf *umem_dmabuf = to_ib_umem_dmabuf(mr->umem);
 		struct dma_resv *resv = umem_dmabuf->attach->dmabuf->resv;

@@ -112,6 +112,11 @@ int vstellar_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
+/*
+ * The access flags go to the kernel as they are: IBV_ACCESS_ON_DEMAND
+ * makes an on-demand MR, and with addr NULL and length SIZE_MAX an
+ * implicit one (ibv_cmd_reg_mr sends the length as UINT64_MAX).
+ */
 struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr,
 			       size_t length, uint64_t hca_va,
 			       int access)
@@ -132,6 +137,19 @@ struct ibv_mr *vstellar_reg_mr(struct ibv_pd *pd, void *addr,
 		return NULL;
 	}
 	return &vmr->ibv_mr;
+}
+
+/*
+ * ibv_advise_mr: prefetch ranges of on-demand MRs (IBV_ACCESS_ON_DEMAND,
+ * which ibv_reg_mr passes to the kernel as it is, implicit MRs too). The
+ * kernel maps the pages and hands them to the device (docs/driver.md,
+ * "On-demand paging").
+ */
+int vstellar_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice,
+		       uint32_t flags, struct ibv_sge *sg_list,
+		       uint32_t num_sge)
+{
+	return ibv_cmd_advise_mr(pd, advice, flags, sg_list, num_sge);
 }
 
 /*

@@ -73,6 +73,7 @@ static int vstellar_query_port(struct ibv_context *context, uint8_t port,
 static void vstellar_free_context(struct ibv_context *ibctx);
 
 static const struct verbs_context_ops vstellar_ctx_ops = {
+	.advise_mr = vstellar_advise_mr,
 	.alloc_mw = vstellar_alloc_mw,
 	.alloc_pd = vstellar_alloc_pd,
 	.bind_mw = vstellar_bind_mw,

@@ -287,6 +287,9 @@ struct ibv_mr *vstellar_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
 				      size_t length, uint64_t iova, int fd,
 				      int access);
 int vstellar_dereg_mr(struct verbs_mr *vmr);
+int vstellar_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice,
+		       uint32_t flags, struct ibv_sge *sg_list,
+		       uint32_t num_sge);
 struct ibv_mw *vstellar_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
 int vstellar_dealloc_mw(struct ibv_mw *mw);
 struct ibv_cq *vstellar_create_cq(struct ibv_context *context, int cqe,

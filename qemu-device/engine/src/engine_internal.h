@@ -24,8 +24,11 @@ namespace vstellar {
 
 // IB encoding of min_rnr_timer (and of an RNR NAK's timer field), in
 // microseconds.
-// The longest RNR wait a page fault asks for (resp_fault_nak): 1.28 ms.
+// The RNR wait a page fault asks for (resp_fault_nak): at first the QP's
+// RNR timer, at most kFaultRnrUs; growing to kFaultRnrMaxUs while the
+// fault lasts.
 inline constexpr uint32_t kFaultRnrUs = 1280;
+inline constexpr uint32_t kFaultRnrMaxUs = 20480;
 // How often a WQE waiting for on-demand pages looks again when no mapping
 // wakes it (req_start): the translator's own timeout ends the wait.
 inline constexpr uint64_t kFaultPollNs = 1'000'000;
@@ -216,6 +219,9 @@ class QpImpl final : public Qp {
   // The next WQE waits for pages of an on-demand MR (req_local_pages):
   // look again at this time, or when they are mapped (Engine::pages_mapped).
   uint64_t fault_retry_ns = 0;
+  // Responder: when the requests it refuses for missing on-demand pages
+  // began (resp_fault_nak); 0 once a request succeeds again.
+  uint64_t fault_since_ns = 0;
   // RTO backoff of the connection: timeouts of its oldest PSN in a row with
   // nothing acknowledged in between (a stalled or dead peer). Packets back
   // off only as far as this: under random loss, ACKs keep coming and a

@@ -115,6 +115,7 @@ uint16_t EngineCore::reply_path(QpImpl& qp, uint16_t req_path) {
 }
 
 void EngineCore::resp_mark(QpImpl& qp, uint32_t psn, uint32_t n) {
+  qp.fault_since_ns = 0;  // a request went through (resp_fault_nak)
   for (uint32_t k = 0; k < n; k++) {
     uint32_t x = psn + k;
     if (!seq_lt(x, qp.epsn) && x - qp.epsn < qp.window()) qp.set_rbit(x, true);
@@ -222,8 +223,15 @@ void EngineCore::resp_data(QpImpl& qp, const wire::Packet& p) {
     }
     bool fault = false;
     if (plen && !mem_write(mr->mem(), va, p.payload, plen, &fault)) {
-      if (fault) resp_fault_nak(qp, psn);
-      else resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+      if (fault) {
+        // Ask for the rest of the message too (as mlx5 faults a WRITE's
+        // whole length): its other packets need those pages next, and
+        // one fault round trip per packet would be one per page.
+        mem_probe(mr->mem(), va, e.msg_len - e.msg_off, true);
+        resp_fault_nak(qp, psn);
+      } else {
+        resp_nak(qp, wire::Syndrome::NAK_REM_OP, psn, WcStatus::SUCCESS);
+      }
       return;
     }
     if (r) {
@@ -663,12 +671,19 @@ void EngineCore::resp_nak(QpImpl& qp, wire::Syndrome s, uint32_t psn, WcStatus l
 // owner has been asked for them (MemoryTranslator::translate). The request
 // is refused as "receiver not ready", as mlx5 answers a responder page
 // fault: the requester resends after the RNR time, and nothing of the
-// connection is lost. The wait is the QP's RNR timer, but no longer than
-// a page fault takes to serve (min_rnr_timer 0 means 655 ms).
+// connection is lost. The wait starts at the QP's RNR timer, but no longer
+// than a fault takes a guest on a real CPU (min_rnr_timer 0 means 655
+// ms), and grows to half the time waited so far: a slow guest (emulated,
+// or on a loaded host) is not flooded with resends of whole messages
+// while it serves the fault.
 void EngineCore::resp_fault_nak(QpImpl& qp, uint32_t psn) {
   stats_.page_fault_naks++;
+  const uint64_t now = clock_.now_ns();
+  if (!qp.fault_since_ns) qp.fault_since_ns = now;
+  const uint32_t base = std::min(kRnrUs[qp.attr.min_rnr_timer & 31], kFaultRnrUs);
+  const uint64_t half_waited_us = (now - qp.fault_since_ns) / 2000;
   resp_nak(qp, wire::Syndrome::RNR_NAK, psn, WcStatus::SUCCESS,
-           std::min(kRnrUs[qp.attr.min_rnr_timer & 31], kFaultRnrUs));
+           uint32_t(std::clamp<uint64_t>(half_waited_us, base, kFaultRnrMaxUs)));
 }
 
 // Cumulative PSN plus a SACK bitmap over the PSNs that arrived since the last

@@ -26,7 +26,7 @@ uint16_t Commands::AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCh
     // Its faults name it by the handle the guest knows it by.
     DataPathEvents* ev = &dp_.events();
     odp->set_fault_handler([ev, h, uctx](uint64_t iova, uint32_t npages, bool write) {
-      ev->PostPageFault(h, uctx, iova, npages, write);
+      return ev->PostPageFault(h, uctx, iova, npages, write);
     });
     odp->set_fault_timeout_ns(sh_->odp_fault_timeout_ns);
   }

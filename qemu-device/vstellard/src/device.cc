@@ -247,7 +247,14 @@ bool Device::PushToQueue(uint32_t q, const void* data, uint32_t len) {
   for (;;) {
     Virtqueue::Chain c;
     Virtqueue::PopResult p = vq.Pop(&c);
-    if (p == Virtqueue::PopResult::kEmpty) return false;
+    if (p == Virtqueue::PopResult::kEmpty) {
+      // Out of buffers: what waits goes out when the driver adds some, and
+      // with EVENT_IDX the driver kicks for them only if asked to. Ask,
+      // then look once more (it may have added one meanwhile).
+      if (!vq.ArmKick()) return false;
+      p = vq.Pop(&c);
+      if (p == Virtqueue::PopResult::kEmpty) return false;
+    }
     if (p == Virtqueue::PopResult::kBroken) {
       vq.MarkBroken();
       return false;
@@ -274,9 +281,9 @@ void Device::PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32
   QueueEvent(e, sizeof(vstellar_event));
 }
 
-// One fault per MR waits in the queue at a time (merged as other events
-// are): an access still missing pages when it is retried reports again.
-void Device::PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) {
+// Faults of the same pages waiting in the queue are merged; the
+// translator asks for pages once per kAskAgainNs, so there are few.
+bool Device::PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) {
   vstellar_event_page_fault e{};
   e.type = htole16(VSTELLAR_EV_PAGE_FAULT);
   e.flags = htole16(write ? VSTELLAR_FAULT_WRITE : 0);
@@ -284,32 +291,35 @@ void Device::PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint3
   e.ucontext = htole32(ucontext);
   e.num_pages = htole32(npages);
   e.iova = htole64(iova);
-  QueueEvent(e, sizeof(e));
+  return QueueEvent(e, sizeof(e));
 }
 
-void Device::QueueEvent(const vstellar_event_page_fault& e, uint32_t len) {
+bool Device::QueueEvent(const vstellar_event_page_fault& e, uint32_t len) {
   const uint16_t type = le16toh(e.type);
   const uint32_t object = le32toh(e.object), ucontext = le32toh(e.ucontext);
-  if (!events_waiting_.emplace(type, object, ucontext).second) {
+  const uint64_t iova = type == VSTELLAR_EV_PAGE_FAULT ? le64toh(e.iova) : 0;
+  if (!events_waiting_.emplace(type, object, ucontext, iova).second) {
     events_merged_++;
-    return;
+    return true;
   }
   // Six kinds of event can name a QP; the slack covers objects just destroyed.
   const size_t backlog = 64 + 8 * (obj_.qps.size() + obj_.cqs.size() + obj_.srqs.size());
   if (events_.size() >= backlog && type != VSTELLAR_EV_DEVICE_FATAL) {
-    events_waiting_.erase({type, object, ucontext});
+    events_waiting_.erase({type, object, ucontext, iova});
     events_dropped_++;
-    return;
+    return false;
   }
   events_.push_back({e, len});
   FlushEvents();
+  return true;
 }
 
 void Device::FlushEvents() {
   while (!events_.empty()) {
     const vstellar_event_page_fault& e = events_.front().e;
     if (!PushToQueue(VSTELLAR_VQ_EVENT, &e, events_.front().len)) return;
-    events_waiting_.erase({le16toh(e.type), le32toh(e.object), le32toh(e.ucontext)});
+    events_waiting_.erase({le16toh(e.type), le32toh(e.object), le32toh(e.ucontext),
+                           le16toh(e.type) == VSTELLAR_EV_PAGE_FAULT ? le64toh(e.iova) : 0});
     events_.pop_front();
     events_n_++;
   }

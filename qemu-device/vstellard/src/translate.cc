@@ -212,30 +212,44 @@ uintptr_t OdpTranslator::Entry(uint64_t page) const {
   return it == chunks_.end() ? 0 : it->second->page[page % kChunkPages];
 }
 
-// Reports pages [iova's page, end) missing. False once the first of them
-// has waited longer than the timeout: the access fails, and the next one
-// starts a new wait (the guest may have mapped it meanwhile, or may yet).
+// Reports pages [iova's page, end) missing: asks the guest for them (up to
+// 1 MiB), unless it was asked for the first of them within kAskAgainNs.
+// False once that page has waited longer than the timeout: the access
+// fails, and the next one starts a new wait (the guest may have mapped it
+// meanwhile, or may yet).
 bool OdpTranslator::Fault(uint64_t iova, uint64_t end, bool write) {
   const uint64_t page = iova / kPage;
   const uint64_t now = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                     std::chrono::steady_clock::now().time_since_epoch())
                                     .count());
-  auto [it, fresh] = waiting_.try_emplace(page, now);
-  if (!fresh && now - it->second > timeout_ns_) {
+  auto it = waiting_.find(page);
+  if (it != waiting_.end() && now - it->second.since_ns > timeout_ns_) {
     waiting_.erase(it);
     timeouts_++;
     return false;
   }
-  // Faults nobody answered and nobody asked again about: forgotten in
-  // bulk rather than kept forever.
-  if (waiting_.size() > 4096) {
-    waiting_.clear();
-    waiting_.emplace(page, now);
-  }
+  // Faults nobody answered and nobody met again: forgotten in bulk rather
+  // than kept forever.
+  if (waiting_.size() > 8192) waiting_.clear();
   // At most 1 MiB per fault: the driver maps in steps, and each mapping
   // wakes the waiters, whose next look asks for the rest.
-  const uint64_t npages = std::min<uint64_t>((end - page * kPage + kPage - 1) / kPage, 256);
-  if (on_fault_) on_fault_(page * kPage, uint32_t(std::max<uint64_t>(npages, 1)), write);
+  const uint64_t last = page + std::clamp<uint64_t>((end - page * kPage + kPage - 1) / kPage, 1, 256);
+  auto asked = [&](uint64_t p) {
+    auto w = waiting_.find(p);
+    return w != waiting_.end() && now - w->second.asked_ns < kAskAgainNs;
+  };
+  // Asked for already (one packet of a message asks for its page, the
+  // next for the rest of the message): from the first page not asked.
+  if (asked(page) && asked(last - 1)) return true;
+  uint64_t first = page;
+  while (first < last && asked(first)) first++;
+  // Not marked asked when the event could not be queued: the next look
+  // asks again.
+  if (on_fault_ && !on_fault_(first * kPage, uint32_t(last - first), write)) return true;
+  for (uint64_t p = first; p < last; p++) {
+    auto [w, fresh] = waiting_.try_emplace(p, Waiting{now, now});
+    if (!fresh) w->second.asked_ns = now;
+  }
   return true;
 }
 

@@ -25,8 +25,9 @@ class DataPathEvents {
   virtual ~DataPathEvents() = default;
   // An async event for the guest's event queue.
   virtual void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) = 0;
-  // A page fault of on-demand MR `mrn` (struct vstellar_event_page_fault).
-  virtual void PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) = 0;
+  // A page fault of on-demand MR `mrn` (struct vstellar_event_page_fault);
+  // false if it could not be queued (the backlog is full): ask again later.
+  virtual bool PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) = 0;
   // A CQ notification for CQ notification queue `cq_queue`.
   virtual void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) = 0;
   // The device is fatal: its doorbells are not read any more.

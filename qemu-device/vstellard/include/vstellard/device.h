@@ -107,8 +107,8 @@ class Device : private DataPathEvents {
   uint64_t RecheckDataPath() { return dp_.Recheck() ? dp_.counters().missed_kicks : 0; }
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
-  void PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override;
-  void QueueEvent(const vstellar_event_page_fault& e, uint32_t len);
+  bool PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override;
+  bool QueueEvent(const vstellar_event_page_fault& e, uint32_t len);
 
   // ---- moving to another worker thread (Worker::Place) ----
   // The device's objects in its worker's engine (Engine::detach).
@@ -178,7 +178,9 @@ class Device : private DataPathEvents {
     uint32_t len;
   };
   std::deque<QueuedEvent> events_;
-  std::set<std::tuple<uint16_t, uint32_t, uint32_t>> events_waiting_;  // (type, object, ucontext)
+  // (type, object, ucontext, iova): a page fault is the same event as
+  // another only for the same pages.
+  std::set<std::tuple<uint16_t, uint32_t, uint32_t, uint64_t>> events_waiting_;
   uint64_t events_merged_ = 0;
   // Notifications the guest has not taken from its CQ notification queues
   // yet, at most one per CQ (a CQ already waiting is not queued again: the

@@ -141,14 +141,21 @@ class AtcTranslator final : public vstellar::MemoryTranslator {
 class OdpTranslator final : public vstellar::MemoryTranslator {
  public:
   // The device's way to tell the guest: first missing page (aligned),
-  // pages the access needs from there, whether it writes.
-  using FaultFn = std::function<void(uint64_t iova, uint32_t npages, bool write)>;
+  // pages the access needs from there, whether it writes. False if the
+  // event could not be queued.
+  using FaultFn = std::function<bool(uint64_t iova, uint32_t npages, bool write)>;
   static constexpr uint64_t kPage = 4096;
   static constexpr uint64_t kChunkPages = 512;
   // Chunks an implicit MR may have mapped at once (4 GiB of address
   // space; the table is charged for them at registration).
   static constexpr uint64_t kMaxImplicitChunks = 2048;
-  static constexpr uint64_t kDefaultFaultTimeoutNs = 2'000'000'000;
+  static constexpr uint64_t kDefaultFaultTimeoutNs = 5'000'000'000;
+  // A page the guest was asked for is not asked for again before this:
+  // every packet of a message that waits for it meets it, and one event
+  // per packet would bury the guest in duplicates (an emulated guest takes
+  // tens of milliseconds per fault). Asking again covers a driver that
+  // mapped only part of what it was asked for.
+  static constexpr uint64_t kAskAgainNs = 250'000'000;
 
   OdpTranslator(Pvdma& pv, uint64_t iova, uint64_t length);
   // Table chunks this MR may ever need (what registration charges).
@@ -181,7 +188,11 @@ class OdpTranslator final : public vstellar::MemoryTranslator {
   uint64_t max_chunks_;
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by iova / 2 MiB
   std::vector<std::shared_ptr<const void>> holds_;  // regions mapped pages point into
-  std::unordered_map<uint64_t, uint64_t> waiting_;  // missing page -> first fault (ns)
+  // Missing pages the guest was asked for: since when, and when last.
+  struct Waiting {
+    uint64_t since_ns, asked_ns;
+  };
+  std::unordered_map<uint64_t, Waiting> waiting_;
   FaultFn on_fault_;
   uint64_t timeout_ns_ = kDefaultFaultTimeoutNs;
   uint64_t mapped_ = 0, timeouts_ = 0;

@@ -27,9 +27,10 @@ struct RecordedEvents : DataPathEvents {
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override {
     events.push_back(type);
   }
-  void PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override {
+  bool PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override {
     events.push_back(VSTELLAR_EV_PAGE_FAULT);
     faults.push_back({mrn, iova, npages, write});
+    return true;
   }
   void NotifyCq(uint32_t cq_queue, const vstellar_cq_notify& n) override { notifies++; }
   bool DeviceFatal() const override { return fatal; }
