@@ -1073,9 +1073,9 @@ VSTELLAR_ABI_SIZE(vstellar_event, 16);
  * Minor 7, F_ODP: an access met pages of an on-demand MR that are not
  * mapped (or mapped read-only, for a write). The driver answers with
  * MAP_MR_PAGES, or with nothing if the process has no such memory: the
- * access then fails after the device's fault timeout. Faults of one MR
- * are merged while one waits in the queue; an access still missing pages
- * when it is retried reports again.
+ * access then fails after the device's fault timeout. The device asks for
+ * a page once, and again only after a while without an answer; faults of
+ * the same pages waiting in the queue merge.
  */
 #define VSTELLAR_FAULT_WRITE		(1u << 0)
 struct vstellar_event_page_fault {

@@ -56,7 +56,7 @@ int Usage(const char* argv0, int rc) {
                "  --atc-entries N        ATC size in 4 KiB entries (default 16384 = 64 MiB)\n"
                "  --atc-miss-ns N        emulated round trip of an ATC miss (default 0)\n"
                "  --odp-fault-timeout MS how long an access to an on-demand MR waits for the\n"
-               "                         guest to map a missing page before it fails (2000)\n"
+               "                         guest to map a missing page before it fails (5000)\n"
                "  --ip ADDR              the address (IPv4 or IPv6) of the --socket devices and,\n"
                "                         without --device, the one the engine is bound to\n"
                "                         (default 127.0.0.1)\n"

@@ -25,7 +25,7 @@ struct DaemonOptions {
   size_t atc_entries = 16384;  // 4 KiB frames: 64 MiB of reach
   uint64_t atc_miss_ns = 0;    // emulated ATS round trip on a miss
   // How long an access waits for the guest to map an on-demand page.
-  uint64_t odp_fault_timeout_ms = 2000;
+  uint64_t odp_fault_timeout_ms = 5000;
   vstellar::IpAddr ip = vstellar::IpAddr(0x7f000001);
   // More vhost-user sockets (vstellard --device PATH,ip=A[,ip=B...]), each
   // with the addresses (IPv4, IPv6) a device attached through it may hold,
