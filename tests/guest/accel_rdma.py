@@ -17,26 +17,21 @@ must fail: a file that is not a dmabuf, an fd that is not open, a range
 past the buffer's end, and NCCL's probe for DMA-BUF support (which wants
 any error but EOPNOTSUPP). Each step prints "accel-<step> ok" or raises.
 
-The two sides talk over TCP (one JSON line each way per step).
+The two sides talk over TCP (one JSON line each way per step; rdma_pair.py).
 """
 import errno
 import fcntl
-import json
 import mmap
 import os
-import socket
 import struct
 import sys
 
 import pyverbs.enums as e
-from pyverbs.addr import AHAttr, GID, GlobalRoute
-from pyverbs.cq import CQ
 from pyverbs.device import Context
-from pyverbs.mr import MR, DmaBufMR
+from pyverbs.mr import DmaBufMR
 from pyverbs.pd import PD
-from pyverbs.pyverbs_error import PyverbsRDMAError
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from pyverbs.wr import SGE, SendWR
+
+from rdma_pair import REMOTE, Conn, dial, lines, must_fail, pattern, send, serve
 
 # include/vstellar/vstellar-accel-abi.h
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -52,14 +47,6 @@ IOC_MOVE = _ioc(_IOC_READ | _IOC_WRITE, 0x43, 24)
 
 BUF = 4 << 20          # the accelerator buffer
 MSG = 1 << 20          # one WRITE / READ
-REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
-          e.IBV_ACCESS_REMOTE_READ)
-
-
-def pattern(n, seed):
-    return bytes((i * 7 + seed) & 0xFF for i in range(256)) * (n // 256)
-
-
 class Accel:
     def __init__(self, path="/dev/vstellar-accel0"):
         self.fd = os.open(path, os.O_RDWR)
@@ -81,77 +68,16 @@ class Accel:
         return self._buf(IOC_MOVE, dmabuf)
 
 
-class Conn:
-    """One RC QP on DEV, its CQ, and a staging MR in RAM."""
-
-    def __init__(self, ctx, pd, gidx):
-        self.ctx, self.pd, self.gidx = ctx, pd, gidx
-        self.cq = CQ(ctx, 32)
-        cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
-        self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap))
-        self.mr = MR(pd, MSG, e.IBV_ACCESS_LOCAL_WRITE)
-
-    def me(self):
-        return {"qpn": self.qp.qp_num, "gid": str(self.ctx.query_gid(1, self.gidx))}
-
-    def connect(self, peer):
-        attr = QPAttr(port_num=1, path_mtu=e.IBV_MTU_1024)
-        attr.qp_access_flags = REMOTE
-        attr.max_dest_rd_atomic = 4
-        attr.max_rd_atomic = 4
-        attr.min_rnr_timer = 12
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.dest_qp_num = peer["qpn"]
-        attr.rq_psn = attr.sq_psn = 0
-        gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=self.gidx)
-        attr.ah_attr = AHAttr(port_num=1, is_global=1, gr=gr)
-        self.qp.to_rts(attr)
-
-    def rdma(self, opcode, addr, rkey, length=MSG):
-        """One signalled WRITE or READ; returns the completion status."""
-        wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(self.mr.buf, length, self.mr.lkey)])
-        wr.set_wr_rdma(rkey, addr)
-        self.qp.post_send(wr)
-        for _ in range(2000000):
-            n, wcs = self.cq.poll()
-            if n:
-                return wcs[0].status
-        raise TimeoutError("no completion")
-
-
-def lines(sock):
-    f = sock.makefile("r")
-    for line in f:
-        yield json.loads(line)
-
-
-def send(sock, obj):
-    sock.sendall((json.dumps(obj) + "\n").encode())
-
-
-def must_fail(what, want_errno, fn):
-    try:
-        fn()
-    except PyverbsRDMAError as err:
-        if err.error_code != want_errno:
-            raise AssertionError(f"{what}: errno {err.error_code}, want {want_errno}") from err
-        return
-    raise AssertionError(f"{what}: registered")
-
-
 def target(dev, gidx, port):
     ctx = Context(name=dev)
     pd = PD(ctx)
     accel = Accel()
-    conns = [Conn(ctx, pd, gidx) for _ in range(3)]
+    conns = [Conn(ctx, pd, gidx, MSG) for _ in range(3)]
     buf = accel.alloc(BUF)
     cpu = mmap.mmap(buf, BUF)
     mr = DmaBufMR(pd, BUF, REMOTE, dmabuf=buf, offset=0)
     print(f"accel-buffer offset {accel.offset(buf):#x} rkey {mr.rkey:#x}", flush=True)
-    srv = socket.create_server(("0.0.0.0", port))
-    sock, _ = srv.accept()
+    sock = serve(port)
     peer = lines(sock)
     send(sock, {"conns": [c.me() for c in conns], "rkey": mr.rkey, "addr": 0})
     hello = next(peer)
@@ -216,17 +142,8 @@ def target(dev, gidx, port):
 def initiator(dev, gidx, peer_ip, port):
     ctx = Context(name=dev)
     pd = PD(ctx)
-    conns = [Conn(ctx, pd, gidx) for _ in range(3)]
-    for _ in range(600):
-        try:
-            sock = socket.create_connection((peer_ip, port), timeout=1)
-            break
-        except OSError:
-            import time
-            time.sleep(0.1)
-    else:
-        raise ConnectionError("target never listened")
-    sock.settimeout(None)
+    conns = [Conn(ctx, pd, gidx, MSG) for _ in range(3)]
+    sock = dial(peer_ip, port)
     peer = lines(sock)
     hello = next(peer)
     send(sock, {"conns": [c.me() for c in conns]})
