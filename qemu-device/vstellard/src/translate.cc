@@ -215,16 +215,19 @@ uintptr_t OdpTranslator::Entry(uint64_t page) const {
 // Reports pages [iova's page, end) missing: asks the guest for them (up to
 // 1 MiB), unless it was asked for the first of them within kAskAgainNs.
 // False once that page has waited longer than the timeout: the access
-// fails, and the next one starts a new wait (the guest may have mapped it
-// meanwhile, or may yet).
+// fails (Waiting::failed), until the page is mapped or one more timeout
+// has passed.
 bool OdpTranslator::Fault(uint64_t iova, uint64_t end, bool write) {
   const uint64_t page = iova / kPage;
   const uint64_t now = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                     std::chrono::steady_clock::now().time_since_epoch())
                                     .count());
   auto it = waiting_.find(page);
-  if (it != waiting_.end() && now - it->second.since_ns > timeout_ns_) {
-    waiting_.erase(it);
+  if (it != waiting_.end() && it->second.failed) {
+    if (now - it->second.since_ns <= 2 * timeout_ns_) return false;
+    waiting_.erase(it);  // a new wait
+  } else if (it != waiting_.end() && now - it->second.since_ns > timeout_ns_) {
+    it->second.failed = true;
     timeouts_++;
     return false;
   }
@@ -247,7 +250,7 @@ bool OdpTranslator::Fault(uint64_t iova, uint64_t end, bool write) {
   // asks again.
   if (on_fault_ && !on_fault_(first * kPage, uint32_t(last - first), write)) return true;
   for (uint64_t p = first; p < last; p++) {
-    auto [w, fresh] = waiting_.try_emplace(p, Waiting{now, now});
+    auto [w, fresh] = waiting_.try_emplace(p, Waiting{now, now, false});
     if (!fresh) w->second.asked_ns = now;
   }
   return true;

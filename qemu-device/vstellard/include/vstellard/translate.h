@@ -189,8 +189,13 @@ class OdpTranslator final : public vstellar::MemoryTranslator {
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by iova / 2 MiB
   std::vector<std::shared_ptr<const void>> holds_;  // regions mapped pages point into
   // Missing pages the guest was asked for: since when, and when last.
+  // A page that waited past the timeout fails every access for one more
+  // timeout (so that each packet of a message fails alike, not only the
+  // few that happen to look at the right moment), then may be asked for
+  // afresh.
   struct Waiting {
     uint64_t since_ns, asked_ns;
+    bool failed = false;
   };
   std::unordered_map<uint64_t, Waiting> waiting_;
   FaultFn on_fault_;
