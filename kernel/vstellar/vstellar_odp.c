@@ -457,6 +457,27 @@ static int vstellar_odp_map(struct vstellar_mr *mr, u64 start, u64 end,
 /* ---------------------------------------------------------------- */
 
 /*
+ * After a fault: the pages the process already has in the 2 MiB blocks
+ * around it, without faulting any in (so no memory is allocated and holes
+ * in the address space are skipped), as the kernel's own fault-around
+ * does. The device asks only for what one request needs, and a READ
+ * request covers a few pages: pages taken back by an invalidation (say
+ * khugepaged collapsing them into a huge page) would otherwise come back
+ * a few pages per round trip. Best effort: errors are ignored.
+ */
+static void vstellar_odp_fault_around(struct vstellar_mr *mr, u64 start,
+				      u64 end, u64 lo, u64 hi)
+{
+	u64 a = max(ALIGN_DOWN(start, SZ_2M), lo);
+	u64 b = min(ALIGN(end, SZ_2M), hi);
+
+	if (a < start)
+		vstellar_odp_map(mr, a, start, VSTELLAR_ODP_WRITE);
+	if (end < b)
+		vstellar_odp_map(mr, end, b, VSTELLAR_ODP_WRITE);
+}
+
+/*
  * A fault's pages, clipped to the MR and to one command. A writable MR is
  * mapped writable (as mlx5 does) unless the memory is read-only for the
  * process: then a read still gets its pages. When the process has no
@@ -484,6 +505,8 @@ static void vstellar_odp_fault_work(struct work_struct *work)
 			err = vstellar_odp_map(mr, start, end,
 					       VSTELLAR_ODP_FAULT);
 	}
+	if (!err)
+		vstellar_odp_fault_around(mr, start, end, lo, hi);
 	if (err)
 		dev_dbg_ratelimited(&mr->dev->vdev->dev,
 				    "MR %u: fault at iova %#llx (%u pages%s) not served: %d\n",

@@ -31,7 +31,7 @@ from pyverbs.device import Context
 from pyverbs.mr import DmaBufMR
 from pyverbs.pd import PD
 
-from rdma_pair import REMOTE, Conn, dial, lines, must_fail, pattern, send, serve
+from rdma_pair import REMOTE, Conn, initiator_side, lines, must_fail, pattern, send, serve
 
 # include/vstellar/vstellar-accel-abi.h
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -142,14 +142,7 @@ def target(dev, gidx, port):
 def initiator(dev, gidx, peer_ip, port):
     ctx = Context(name=dev)
     pd = PD(ctx)
-    conns = [Conn(ctx, pd, gidx, MSG) for _ in range(3)]
-    sock = dial(peer_ip, port)
-    peer = lines(sock)
-    hello = next(peer)
-    send(sock, {"conns": [c.me() for c in conns]})
-    for c, p in zip(conns, hello["conns"]):
-        c.connect(p)
-    assert next(peer)["step"] == "connected"
+    conns, peer, hello, sock = initiator_side(ctx, pd, gidx, peer_ip, port, 3, MSG)
     rkey = hello["rkey"]
 
     c = conns[0]

@@ -30,7 +30,7 @@ from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.wr import SGE
 
-from rdma_pair import REMOTE, Conn, dial, lines, pattern, send, serve
+from rdma_pair import REMOTE, Conn, initiator_side, lines, pattern, send, serve
 
 BUF = 16 << 20
 MSG = 1 << 20
@@ -132,14 +132,7 @@ def target(dev, gidx, port):
 def initiator(dev, gidx, peer_ip, port):
     ctx = Context(name=dev)
     pd = PD(ctx)
-    conns = [Conn(ctx, pd, gidx, MSG) for _ in range(4)]
-    sock = dial(peer_ip, port)
-    peer = lines(sock)
-    hello = next(peer)
-    send(sock, {"conns": [c.me() for c in conns]})
-    for c, p in zip(conns, hello["conns"]):
-        c.connect(p)
-    assert next(peer)["step"] == "connected"
+    conns, peer, hello, sock = initiator_side(ctx, pd, gidx, peer_ip, port, 4, MSG)
     rkey, base = hello["rkey"], hello["addr"]
 
     c = conns[0]

@@ -94,6 +94,21 @@ def dial(peer_ip, port):
     raise ConnectionError("target never listened")
 
 
+def initiator_side(ctx, pd, gidx, peer_ip, port, nconns, size):
+    """The initiator's start: nconns connections, each to its counterpart
+    the target offered in its first line. Returns (conns, the target's
+    line stream, its first line, the socket)."""
+    conns = [Conn(ctx, pd, gidx, size) for _ in range(nconns)]
+    sock = dial(peer_ip, port)
+    peer = lines(sock)
+    hello = next(peer)
+    send(sock, {"conns": [c.me() for c in conns]})
+    for c, p in zip(conns, hello["conns"]):
+        c.connect(p)
+    assert next(peer)["step"] == "connected"
+    return conns, peer, hello, sock
+
+
 def must_fail(what, want_errno, fn):
     try:
         fn()

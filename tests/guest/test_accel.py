@@ -188,7 +188,8 @@ class AccelTest(unittest.TestCase):
             self.assertEqual(status, 0, f"guest{i}:\n" + "\n".join(console[-80:]) +
                              "\n--- vstellard ---\n" + self.daemons[i]["log"][-3000:])
             for failed in ("accel_rdma-failed", "odp_rdma-failed"):
-                self.assertNotIn(failed, out, f"guest{i}:\n" + "\n".join(out[-60:]))
+                self.assertNotIn(failed, out, f"guest{i}:\n" + "\n".join(out[-60:]) +
+                                 "\n" + vg.daemon_report(self.daemons))
 
     def test_accelerator_by_itself(self):
         out = self.results[0][1]

@@ -26,14 +26,19 @@ struct OdpMr {
   uint32_t mrn = 0, key = 0;
 };
 
-OdpMr RegOdp(Guest& g, uint64_t iova, uint64_t len, uint32_t access = VSTELLAR_ACCESS_VALID,
-             uint16_t* status = nullptr) {
+vstellar_cmd_reg_mr OdpRegBody(const Guest& g, uint64_t iova, uint64_t len, uint32_t access) {
   vstellar_cmd_reg_mr c{};
   c.pdn = g.pd;
   c.access_flags = access | VSTELLAR_ACCESS_ON_DEMAND;
   c.iova = iova;
   c.length = len;
   c.page_shift = 12;
+  return c;
+}
+
+OdpMr RegOdp(Guest& g, uint64_t iova, uint64_t len, uint32_t access = VSTELLAR_ACCESS_VALID,
+             uint16_t* status = nullptr) {
+  const vstellar_cmd_reg_mr c = OdpRegBody(g, iova, len, access);
   CmdResult r = g.Cmd(VSTELLAR_CMD_REG_MR, &c, sizeof(c), sizeof(vstellar_resp_reg_mr));
   if (status) *status = r.status();
   OdpMr m;
@@ -88,6 +93,14 @@ struct FaultServer {
   }
 };
 
+// An RC QP on each guest, connected to each other.
+std::pair<GQp, GQp> ConnectedQps(Guest& A, Guest& B) {
+  GQp qa = A.CreateQp(), qb = B.CreateQp();
+  A.Connect(qa, qb.qpn);
+  B.Connect(qb, qa.qpn);
+  return {qa, qb};
+}
+
 // Polls `poller`'s CQ while serving faults.
 std::optional<vstellar_cqe> PollServing(Guest& poller, std::vector<FaultServer*> servers, int timeout_ms = 10000) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -113,9 +126,7 @@ TEST_F(DataPath, OdpMrFaultsInPagesOnFirstTouchAndAgainAfterUnmap) {
   const OdpMr m = RegOdp(B, kOdpIova, kOdpLen);
   ASSERT_NE(m.key, 0u);
   FaultServer srv{B, m.mrn, kOdpIova, kBacking};
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
 
   Fill(A.Buf(0), 3 * kPage, 11);
   auto wr = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
@@ -186,9 +197,7 @@ TEST_F(DataPath, OdpReceiveBuffersAndLocalBuffersWaitForTheirPages) {
   const OdpMr ma = RegOdp(A, kOdpIova, kOdpLen);
   FaultServer sb{B, mb.mrn, kOdpIova, kBacking};
   FaultServer sa{A, ma.mrn, kOdpIova, kBacking};
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
 
   // A sends from its on-demand buffer into B's on-demand receive buffer.
   // A's pages hold whatever "the process" wrote there before it was mapped.
@@ -233,9 +242,7 @@ TEST_F(DataPath, OdpReadOnlyPageIsNeverWrittenAndFaultsForWriting) {
   for (uint64_t i = 0; i < 16; i++) ro.push_back(kMoved);  // every page: one shared read-only page
   std::memset(B.f.mem() + kMoved, 0, kPage);
   ASSERT_EQ(MapPages(B, m.mrn, kOdpIova, ro), 0);
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
   // Reading needs no fault.
   auto rd = Wqe(VSTELLAR_WR_RDMA_READ, 1);
   rd.u.rdma.remote_addr = kOdpIova + 5 * kPage;
@@ -273,9 +280,7 @@ TEST_F(DataPath, OdpImplicitMrCoversTheWholeAddressSpace) {
   ASSERT_NE(m.key, 0u);
   const uint64_t where = 0x7ffe12340000;
   FaultServer srv{B, m.mrn, where, kBacking};
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
   Fill(A.Buf(0), 2 * kPage, 77);
   auto wr = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
   wr.u.rdma.remote_addr = where + 0x100;
@@ -300,9 +305,7 @@ TEST_F(DataPath, OdpFaultNobodyAnswersFailsThatRequestAfterTheTimeout) {
   const OdpMr ma = RegOdp(A, kOdpIova, kOdpLen);
   FaultServer sb{B, mb.mrn, kOdpIova, kBacking};
   sb.answer = false;
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
   auto wr = Wqe(VSTELLAR_WR_RDMA_WRITE, 1);
   wr.u.rdma.remote_addr = kOdpIova;
   wr.u.rdma.rkey = mb.key;
@@ -313,9 +316,7 @@ TEST_F(DataPath, OdpFaultNobodyAnswersFailsThatRequestAfterTheTimeout) {
   EXPECT_GE(sb.writes, 1);
 
   // Its own buffer, never mapped: a local protection error.
-  GQp qa2 = A.CreateQp(), qb2 = B.CreateQp();
-  A.Connect(qa2, qb2.qpn);
-  B.Connect(qb2, qa2.qpn);
+  auto [qa2, qb2] = ConnectedQps(A, B);
   auto w2 = Wqe(VSTELLAR_WR_RDMA_WRITE, 2);
   w2.u.rdma.remote_addr = kMrGpa;
   w2.u.rdma.rkey = B.rkey;
@@ -325,9 +326,7 @@ TEST_F(DataPath, OdpFaultNobodyAnswersFailsThatRequestAfterTheTimeout) {
   EXPECT_EQ(c->status, uint8_t(vstellar::WcStatus::LOC_PROT_ERR));
 
   // Others are served.
-  GQp qa3 = A.CreateQp(), qb3 = B.CreateQp();
-  A.Connect(qa3, qb3.qpn);
-  B.Connect(qb3, qa3.qpn);
+  auto [qa3, qb3] = ConnectedQps(A, B);
   Fill(A.Buf(0), kPage, 5);
   auto w3 = Wqe(VSTELLAR_WR_RDMA_WRITE, 3);
   w3.u.rdma.remote_addr = kMrGpa + 0x1000;
@@ -362,9 +361,7 @@ TEST_F(DataPath, OdpUnmapRacingIncomingWritesLeavesNoStaleWrite) {
   std::memset(B.f.mem() + kBacking, 0, kLen);
   std::memset(B.f.mem() + kMoved, 0, kLen);
   FaultServer srv{B, m.mrn, kOdpIova, kMoved};
-  GQp qa = A.CreateQp(), qb = B.CreateQp();
-  A.Connect(qa, qb.qpn);
-  B.Connect(qb, qa.qpn);
+  auto [qa, qb] = ConnectedQps(A, B);
   for (uint32_t i = 0; i < 32; i++) Fill(A.Buf(i * kChunk), kChunk, uint8_t(i + 1));
   for (uint32_t i = 0; i < kWrites; i++) {
     auto w = Wqe(VSTELLAR_WR_RDMA_WRITE, i);
@@ -434,12 +431,7 @@ TEST_F(DataPath, OdpCommandsRefuseBadInput) {
   EXPECT_EQ(st, VSTELLAR_STATUS_BAD_FIELD);
   // With pages: not an on-demand registration.
   {
-    vstellar_cmd_reg_mr c{};
-    c.pdn = B.pd;
-    c.access_flags = VSTELLAR_ACCESS_VALID | VSTELLAR_ACCESS_ON_DEMAND;
-    c.iova = kOdpIova;
-    c.length = kPage;
-    c.page_shift = 12;
+    vstellar_cmd_reg_mr c = OdpRegBody(B, kOdpIova, kPage, VSTELLAR_ACCESS_VALID);
     c.num_pages = 1;
     auto body = WithPages(&c, sizeof(c), {kBacking});
     EXPECT_EQ(B.Cmd(VSTELLAR_CMD_REG_MR, body.data(), body.size(), 16).status(), VSTELLAR_STATUS_BAD_FIELD);
