@@ -22,6 +22,7 @@ inline vstellar::EngineConfig FuzzEngineConfig() {
 
 struct NoEvents : DataPathEvents {
   void PostEvent(uint16_t, uint32_t, uint32_t, uint32_t) override {}
+  bool PostPageFault(uint32_t, uint32_t, uint64_t, uint32_t, bool) override { return true; }
   void NotifyCq(uint32_t, const vstellar_cq_notify&) override {}
   bool DeviceFatal() const override { return false; }
 };
