@@ -113,7 +113,7 @@ TEST_F(VhostUser, HeaderChecks) {
 
 TEST_F(VhostUser, FeaturesMustBeOffered) {
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features() | Bit(VIRTIO_VSTELLAR_F_MULTI_CQNQ))).ok());
-  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetProtocolFeatures, Bit(1))).ok());
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetProtocolFeatures, Bit(2))).ok());  // RARP: never offered
   uint32_t short_payload = 0;
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetFeatures, short_payload)).ok());
   EXPECT_TRUE(s.Handle(MsgOf(Request::kSetFeatures, Bit(kFeatureVersion1))).ok());
@@ -200,7 +200,7 @@ TEST_F(VhostUser, VringSetupChecks) {
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringAddr, bad)).ok());
   bad = a;
   bad.index = 0;
-  bad.flags = 1;  // dirty log
+  bad.flags = 2;  // only VHOST_VRING_F_LOG (1) exists
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringAddr, bad)).ok());
   EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringBase, VringState{0, 0x10000})).ok());
   EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringBase, VringState{0, 77})).ok());
@@ -367,3 +367,46 @@ TEST(VhostUserTransport, ReadsHeaderPayloadAndFds) {
 }
 
 }  // namespace
+
+// Live migration's requests (docs/virtio-vstellar.md, "Live migration"):
+// the dirty log's base is answered (QEMU waits for it with LOG_SHMFD), a
+// running ring takes its own addresses again with the log flag but cannot
+// move, RESET_DEVICE and the state requests need their protocol features.
+TEST_F(VhostUser, MigrationRequests) {
+  Handshake();
+  Memory();
+  Ring(0);
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetVringEnable, VringState{0, 1})).ok());
+  Message lb = MsgOf(Request::kSetLogBase, LogBase{4096, 0});
+  lb.fds.push_back(Memfd("vhost-log", 4096));
+  Outcome o = s.Handle(std::move(lb));
+  ASSERT_TRUE(o.ok()) << o.error;
+  ASSERT_TRUE(o.reply);
+  EXPECT_EQ(ReplyU64(o), 0u);
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetLogBase, LogBase{4096, 0})).ok()) << "no fd";
+  Message huge = MsgOf(Request::kSetLogBase, LogBase{uint64_t{1} << 40, 0});
+  huge.fds.push_back(Memfd("vhost-log", 4096));
+  EXPECT_FALSE(s.Handle(std::move(huge)).ok());
+  const uint64_t base = 0x7f0000000000ull + 0x10000ull;
+  EXPECT_TRUE(s.Handle(MsgOf(Request::kSetVringAddr, VringAddr{0, kVringFlagLog, base, base + 0x8000, base + 0x4000,
+                                                                0x18000}))
+                  .ok());
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringAddr, VringAddr{0, kVringFlagLog, base + 0x1000, base + 0x8000,
+                                                                 base + 0x4000, 0x18000}))
+                   .ok())
+      << "a running ring moved";
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kSetVringAddr, VringAddr{0, 2, base, base + 0x8000, base + 0x4000, 0})).ok());
+  EXPECT_FALSE(s.Handle(Msg(Request::kSetLogFd)).ok());
+  // No device lends the state transfer here: DEVICE_STATE is not offered.
+  EXPECT_FALSE(s.offered_protocol_features() & Bit(kProtocolDeviceState));
+  EXPECT_FALSE(s.Handle(MsgOf(Request::kCheckDeviceState, uint64_t{0})).ok());
+  EXPECT_TRUE(s.Handle(Msg(Request::kResetDevice)).ok());
+}
+
+TEST_F(VhostUser, ResetDeviceNeedsItsProtocolFeature) {
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetFeatures, s.offered_features())).ok());
+  ASSERT_TRUE(s.Handle(MsgOf(Request::kSetProtocolFeatures, Bit(kProtocolReplyAck))).ok());
+  ASSERT_TRUE(s.Handle(Msg(Request::kSetOwner)).ok());
+  EXPECT_FALSE(s.Handle(Msg(Request::kResetDevice)).ok());
+  EXPECT_FALSE(s.stop_is_not_reset());
+}

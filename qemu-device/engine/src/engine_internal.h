@@ -611,8 +611,13 @@ class EngineCore {
   // move.cc: numbers of this engine's shard whose objects live in another
   // engine now (not handed out here), and numbers of other shards whose
   // objects died here (Engine::take_returned_ids).
+  int closed_set(const EngineObjects& objs);
   int detach(const EngineObjects& objs, Detached* out);
   int attach(Detached* objs);
+  // save_restore.cc: one owner's objects as bytes and back (live migration).
+  int save(const EngineObjects& objs, const Engine::SaveMem& save_mem, std::vector<uint8_t>* out);
+  int restore(const uint8_t* data, size_t len, const Engine::RestoreMem& restore_mem, uint64_t qp_owner,
+              EngineObjects* out, std::string* err);
   std::unordered_set<uint32_t> lent_qpns_, lent_keys_;
   ReturnedIds returned_;
   bool own_shard(uint32_t n) const { return n % cfg_.qpn_shards == cfg_.qpn_shard; }

@@ -106,6 +106,7 @@ class PacketMac {
 // move it.
 class ReplayWindow {
  public:
+  friend class EngineCore;  // save and restore (save_restore.cc)
   static constexpr uint64_t kBits = 1024;
   // Whether counter `c` is new, and if so, it is seen from now on.
   bool Admit(uint64_t c);

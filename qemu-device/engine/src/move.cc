@@ -43,10 +43,12 @@ bool names_qp(AsyncEventType t) {
 
 }  // namespace
 
-int EngineCore::detach(const EngineObjects& o, Detached* out) {
-  // Every object must be this engine's, and the set closed under "uses":
-  // moving a QP without its CQ (or leaving an MR behind whose PD moves)
-  // would leave one engine with a pointer into the other.
+// Every object must be this engine's, and the set closed under "uses":
+// moving a QP without its CQ (or leaving an MR behind whose PD moves)
+// would leave one engine with a pointer into the other. EINVAL if not,
+// EBUSY if a QP is in a multicast group (its membership is this engine's
+// link's). detach() and save() take only such sets.
+int EngineCore::closed_set(const EngineObjects& o) {
   std::unordered_set<const void*> in;
   for (Pd* p : o.pds) {
     if (std::none_of(pds_.begin(), pds_.end(), [&](auto& x) { return x.get() == p; })) return EINVAL;
@@ -92,6 +94,11 @@ int EngineCore::detach(const EngineObjects& o, Detached* out) {
     for (QpImpl* q : members)
       if (has(in, q)) return EBUSY;
 
+  return 0;
+}
+
+int EngineCore::detach(const EngineObjects& o, Detached* out) {
+  if (int e = closed_set(o)) return e;
   auto d = Detached(new DetachedObjects);
   d->window_pkts = cfg_.window_pkts;
   d->num_paths = cfg_.num_paths;

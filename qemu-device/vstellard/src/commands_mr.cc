@@ -22,14 +22,7 @@ uint16_t Commands::AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCh
                          std::vector<uint8_t>* resp, std::shared_ptr<OdpTranslator> odp) {
   if (!mr) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();
-  if (odp) {
-    // Its faults name it by the handle the guest knows it by.
-    DataPathEvents* ev = &dp_.events();
-    odp->set_fault_handler([ev, h, uctx](uint64_t iova, uint32_t npages, bool write) {
-      return ev->PostPageFault(h, uctx, iova, npages, write);
-    });
-    odp->set_fault_timeout_ns(sh_->odp_fault_timeout_ns);
-  }
+  if (odp) WireOdp(h, uctx, odp);
   obj_.mrs[h] = MrObj{uctx, mr, pdn, std::move(charge), std::move(odp)};
   vstellar_resp_reg_mr r{};
   r.mrn = htole32(h);
@@ -37,6 +30,15 @@ uint16_t Commands::AddMr(uint32_t uctx, uint32_t pdn, vstellar::Mr* mr, MemoryCh
   r.rkey = htole32(mr->rkey());
   Put(resp, r);
   return VSTELLAR_STATUS_OK;
+}
+
+void Commands::WireOdp(uint32_t h, uint32_t uctx, const std::shared_ptr<OdpTranslator>& odp) {
+  // Its faults name it by the handle the guest knows it by.
+  DataPathEvents* ev = &dp_.events();
+  odp->set_fault_handler([ev, h, uctx](uint64_t iova, uint32_t npages, bool write) {
+    return ev->PostPageFault(h, uctx, iova, npages, write);
+  });
+  odp->set_fault_timeout_ns(sh_->odp_fault_timeout_ns);
 }
 
 template <>

@@ -130,14 +130,23 @@ uint8_t* DataPath::DbPage(uint32_t uctx) {
   uint8_t* p = pvdma_.Map(r->gpa + off, &contig);
   if (!p || contig < VSTELLAR_DB_PAGE_SIZE) return nullptr;
   u.page = p;
+  u.page_gpa = r->gpa + off;
   return p;
+}
+
+// A store of the device's into a doorbell page (which QEMU migrates as
+// guest memory): marked in the dirty log like every other write.
+void DataPath::StoreDb(uint32_t uctx, uint8_t* p, uint32_t v) {
+  StoreLe32(p, v);
+  const UContext& u = obj_.uctx.at(uctx);
+  pvdma_.dirty_log()->Mark(u.page_gpa + uint64_t(p - u.page), 4);
 }
 
 void DataPath::ResetDbSlot(uint32_t uctx, uint32_t slot) {
   if (slot < VSTELLAR_DB_FIRST_SLOT || slot >= VSTELLAR_DB_SLOTS_PER_PAGE) return;
   if (uint8_t* p = DbPage(uctx)) {
-    StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot, 0);
-    StoreLe32(p + VSTELLAR_DB_SLOT_SIZE * slot + 4, 0);
+    StoreDb(uctx, p + VSTELLAR_DB_SLOT_SIZE * slot, 0);
+    StoreDb(uctx, p + VSTELLAR_DB_SLOT_SIZE * slot + 4, 0);
   }
 }
 
@@ -147,7 +156,7 @@ void DataPath::ForgetDbPages() {
 
 void DataPath::SetNeedKick(uint32_t v) {
   for (auto& [h, u] : obj_.uctx)
-    if (uint8_t* p = DbPage(h)) StoreLe32(p + offsetof(vstellar_db_page_hdr, need_kick), v);
+    if (uint8_t* p = DbPage(h)) StoreDb(h, p + offsetof(vstellar_db_page_hdr, need_kick), v);
 }
 
 // One pass over the user QPs' and SRQs' doorbell records, within this
@@ -809,7 +818,7 @@ uint16_t DataPath::ResizeCq(uint32_t cqh, const CqObj& geom, uint32_t* moved) {
   cq.ring_offset = geom.ring_offset;
   cq.log_cqe = geom.log_cqe;
   cq.pi = n;
-  StoreLe32(slot + offsetof(vstellar_db_cq, ci), 0);
+  StoreDb(cq.owner, slot + offsetof(vstellar_db_cq, ci), 0);
   n_.cq_resizes++;
   *moved = n;
   return VSTELLAR_STATUS_OK;

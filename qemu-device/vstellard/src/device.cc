@@ -17,11 +17,12 @@ Device::Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::Ip
       sh_(&shared),
       pvdma_(shared.pin),
       state_(shared.device_config, addresses),
-      session_(state_),
+      session_(state_, pvdma_.dirty_log()),
       qs_(VSTELLAR_MAX_VQS, Virtqueue(pvdma_)),
       dp_(id, shared, state_, session_, pvdma_, obj_, *this),
       cmds_(shared, state_, session_, pvdma_, obj_, dp_),
       control_left_(shared.control_budget) {
+  session_.set_state_transfer(this);
   pvdma_.set_require_sealed(shared.require_sealed_memory);
   pvdma_.set_budgets(obj_.budget, shared.memory);
   // A node GUID of its own: EUI-64 (locally administered) from the last
@@ -87,12 +88,21 @@ Outcome Device::HandleMessage(Message&& m) {
       break;
     case Request::kSetVringKick:
       if (index < qs_.size()) qs_[index].Restart();
+      if (index == VSTELLAR_VQ_CONTROL) Thaw();
       break;
     case Request::kGetVringBase:
       if (index < qs_.size()) qs_[index].Restart();
-      // The control queue stopping is the device's reset (virtio reset or
-      // driver unload): its objects go away with it.
-      if (index == VSTELLAR_VQ_CONTROL) ResetState();
+      // The control queue stopping: a frontend that resets the device with
+      // RESET_DEVICE stops it here (a VM paused or migrating keeps its
+      // objects); for one that does not, this is the device's reset (virtio
+      // reset or driver unload) and its objects go away with it.
+      if (index == VSTELLAR_VQ_CONTROL) {
+        if (session_.stop_is_not_reset()) Freeze();
+        else ResetState();
+      }
+      break;
+    case Request::kResetDevice:
+      ResetState();
       break;
     case Request::kResetOwner:
       ResetState();
@@ -122,6 +132,8 @@ void Device::OnKick(uint32_t q) {
     while (read(v.kick.get(), &n, sizeof(n)) == sizeof(n)) {
     }
   }
+  // A stopped device serves nothing (a kick may have been on its way).
+  if (frozen_) return;
   if (q == VSTELLAR_VQ_CONTROL) {
     control_pending_ = true;
     ProcessControl();
@@ -147,6 +159,7 @@ void Device::Fatal(const std::string& why) {
 // At most control_left_ requests per turn: the rest stays in the ring,
 // control_pending_ set, for the next turn (no kick is needed for it).
 void Device::ProcessControl() {
+  if (frozen_) return;  // stopped: what is pending waits for the rings to start
   Virtqueue& vq = qs_[VSTELLAR_VQ_CONTROL];
   if (control_left_ == 0) return;  // pending: the next turn continues
   control_pending_ = false;
@@ -390,6 +403,13 @@ bool Device::OwnsEvent(const vstellar::AsyncEvent& e) const {
 // ------------------------------------------------------------------ reset, stats
 
 void Device::ResetState() {
+  // Objects held out of the engine (a stopped device) go back in to be
+  // destroyed there.
+  if (frozen_objs_ && sh_->engine && sh_->engine->attach(&frozen_objs_) == 0) frozen_objs_.reset();
+  frozen_objs_.reset();
+  frozen_ = false;
+  freeze_error_.clear();
+  transfer_.Cancel();
   cmds_.DestroyAll();
   if (!sh_->engine) return;
   events_.clear();
@@ -437,6 +457,7 @@ std::vector<uint32_t> Device::Qpns() const {
 
 std::string Device::Unmovable() const {
   if (fatal_) return "fatal";
+  if (frozen_) return "stopped (its VM is paused or migrating)";
   if (sh_->translation == TranslationMode::kAtc) return "its MRs translate through its worker's ATC";
   if (!obj_.mcast.empty()) return "its QPs are in multicast groups";
   return {};

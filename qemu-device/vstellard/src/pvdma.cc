@@ -293,6 +293,7 @@ bool Pvdma::Write(uint64_t gpa, const void* src, uint64_t len) {
     if (!p) return false;
     const uint64_t n = std::min(c, len);
     std::memcpy(p, s, n);
+    log_->Mark(gpa, n);
     s += n;
     gpa += n;
     len -= n;

@@ -122,6 +122,7 @@ std::shared_ptr<EmttTranslator> EmttTranslator::Create(Pvdma& pv, MrLayout l, ui
   t->end_ = l.iova + l.length;
   t->shift_ = l.page_shift;
   t->owner_ = pv.id();
+  t->log_ = pv.dirty_log();
   t->host_.reserve(l.pages.size());
   const uint64_t ps = uint64_t{1} << l.page_shift;
   for (uint64_t p : l.pages) {
@@ -141,11 +142,12 @@ std::shared_ptr<EmttTranslator> EmttTranslator::Create(Pvdma& pv, MrLayout l, ui
     if (std::find(t->holds_.begin(), t->holds_.end(), hold) == t->holds_.end())
       t->holds_.push_back(std::move(hold));
   }
+  t->layout_ = std::move(l);
   return t;
 }
 
-vstellar::TranslateResult EmttTranslator::translate(uint64_t iova, uint64_t len, bool, vstellar::HostSpan* out,
-                                                    size_t max_out) {
+vstellar::TranslateResult EmttTranslator::translate(uint64_t iova, uint64_t len, bool for_write,
+                                                    vstellar::HostSpan* out, size_t max_out) {
   vstellar::TranslateResult r;
   if (iova < start_ || iova > end_ || len > end_ - iova) return r;  // ok = false
   r.ok = true;
@@ -155,6 +157,7 @@ vstellar::TranslateResult EmttTranslator::translate(uint64_t iova, uint64_t len,
     const uint64_t idx = (a - base_) >> shift_, off = (a - base_) & (ps - 1);
     const uint64_t n = std::min(left, ps - off);
     if (!Emit(r, out, max_out, host_[idx] + off, n)) break;
+    if (for_write) log_->MarkBefore(layout_.pages[idx] + off, n);
     a += n;
     left -= n;
   }
@@ -166,6 +169,7 @@ std::shared_ptr<AtcTranslator> AtcTranslator::Create(Pvdma& pv, Atc& atc, MrLayo
   auto t = std::make_shared<AtcTranslator>();
   t->pv_ = &pv;
   t->atc_ = &atc;
+  t->log_ = pv.dirty_log();
   t->base_ = l.base();
   t->start_ = l.iova;
   t->end_ = l.iova + l.length;
@@ -174,8 +178,8 @@ std::shared_ptr<AtcTranslator> AtcTranslator::Create(Pvdma& pv, Atc& atc, MrLayo
   return t;
 }
 
-vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, bool, vstellar::HostSpan* out,
-                                                   size_t max_out) {
+vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, bool for_write,
+                                                   vstellar::HostSpan* out, size_t max_out) {
   vstellar::TranslateResult r;
   if (iova < start_ || iova > end_ || len > end_ - iova) return r;
   const uint64_t ps = uint64_t{1} << shift_;
@@ -190,6 +194,7 @@ vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, 
       return r;
     }
     if (!Emit(r, out, max_out, h, n)) break;
+    if (for_write) log_->MarkBefore(gpa, n);
     a += n;
     left -= n;
   }
@@ -198,7 +203,8 @@ vstellar::TranslateResult AtcTranslator::translate(uint64_t iova, uint64_t len, 
 }
 
 OdpTranslator::OdpTranslator(Pvdma& pv, uint64_t iova, uint64_t length)
-    : pv_(pv), start_(iova), end_(iova + length < iova ? UINT64_MAX : iova + length),
+    : pv_(pv), log_(pv.dirty_log()), start_(iova), end_(iova + length < iova ? UINT64_MAX : iova + length),
+      length_(length),
       max_chunks_(MaxChunks(iova, length)) {}
 
 uint64_t OdpTranslator::MaxChunks(uint64_t iova, uint64_t length) {
@@ -270,6 +276,8 @@ vstellar::TranslateResult OdpTranslator::translate(uint64_t iova, uint64_t len, 
     }
     const uint64_t off = a % kPage, n = std::min(left, kPage - off);
     if (!Emit(r, out, max_out, reinterpret_cast<uint8_t*>(e & ~uintptr_t(1)) + off, n)) break;
+    if (for_write && log_->active())
+      log_->MarkBefore(chunks_.at(a / kPage / kChunkPages)->gpa[a / kPage % kChunkPages] + off, n);
     a += n;
     left -= n;
   }
@@ -311,6 +319,7 @@ uint16_t OdpTranslator::Map(uint64_t iova, const std::vector<uint64_t>& pages) {
       mapped_++;
     }
     slot = host[i];
+    c->gpa[p % kChunkPages] = pages[i] & ~uint64_t(kPage - 1);
     waiting_.erase(p);
   }
   return VSTELLAR_STATUS_OK;
@@ -349,8 +358,20 @@ void OdpTranslator::Unmap(uint64_t iova, uint64_t length) {
   }
 }
 
-vstellar::TranslateResult GpaTranslator::translate(uint64_t iova, uint64_t len, bool, vstellar::HostSpan* out,
-                                                   size_t max_out) {
+vstellar::TranslateResult RestoredTranslator::translate(uint64_t iova, uint64_t len, bool for_write,
+                                                        vstellar::HostSpan* out, size_t max_out) {
+  if (!real_ && !failed_) {
+    uint16_t status = VSTELLAR_STATUS_OK;
+    if (mode_ == TranslationMode::kEmtt || !atc_) real_ = EmttTranslator::Create(pv_, layout_, &status);
+    else real_ = AtcTranslator::Create(pv_, *atc_, layout_, &status);
+    failed_ = !real_;
+  }
+  if (!real_) return vstellar::TranslateResult{};
+  return real_->translate(iova, len, for_write, out, max_out);
+}
+
+vstellar::TranslateResult GpaTranslator::translate(uint64_t iova, uint64_t len, bool for_write,
+                                                   vstellar::HostSpan* out, size_t max_out) {
   vstellar::TranslateResult r;
   if (!pv_.Contains(iova, len)) return r;
   while (r.covered < len && r.count < max_out) {
@@ -359,6 +380,7 @@ vstellar::TranslateResult GpaTranslator::translate(uint64_t iova, uint64_t len, 
     if (!p || contig == 0) return r;
     const uint64_t n = std::min(contig, len - r.covered);
     out[r.count++] = {p, size_t(n)};
+    if (for_write) pv_.dirty_log()->MarkBefore(iova + r.covered, n);
     r.covered += n;
   }
   r.ok = true;

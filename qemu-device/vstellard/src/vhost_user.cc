@@ -55,6 +55,9 @@ bool HasReply(Request r) {
     case Request::kGetVringBase:
     case Request::kGetQueueNum:
     case Request::kGetConfig:
+    case Request::kSetLogBase:  // answered when LOG_SHMFD is negotiated (always, here)
+    case Request::kSetDeviceStateFd:
+    case Request::kCheckDeviceState:
       return true;
     default:
       return false;
@@ -64,15 +67,19 @@ bool HasReply(Request r) {
 }  // namespace
 
 
-Session::Session(DeviceState& state) : state_(state), vrings_(state.device().max_queues) {}
+Session::Session(DeviceState& state, std::shared_ptr<DirtyLog> log)
+    : state_(state), log_(std::move(log)), vrings_(state.device().max_queues) {}
 
 uint64_t Session::offered_features() const {
-  return (state_.device().device_features & 0xffffff) | Bit(kFeatureIndirectDesc) | Bit(kFeatureEventIdx) |
-         Bit(kFeatureProtocolFeatures) | Bit(kFeatureVersion1) | Bit(kFeatureRingReset);
+  return (state_.device().device_features & 0xffffff) | Bit(kFeatureLogAll) | Bit(kFeatureIndirectDesc) |
+         Bit(kFeatureEventIdx) | Bit(kFeatureProtocolFeatures) | Bit(kFeatureVersion1) | Bit(kFeatureRingReset);
 }
 
 uint64_t Session::offered_protocol_features() const {
-  return Bit(kProtocolMq) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig);
+  uint64_t f = Bit(kProtocolMq) | Bit(kProtocolLogShmfd) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig) |
+               Bit(kProtocolResetDevice);
+  if (state_transfer_) f |= Bit(kProtocolDeviceState);
+  return f;
 }
 
 bool Session::CheckVringIndex(uint32_t index, std::string* err) const {
@@ -159,8 +166,22 @@ Outcome Session::HandleOne(Message& m) {
       return SetConfig(m);
 
     case Request::kSetLogBase:
+      if (!HasOwner(h, &err)) return Fail(err);
+      return SetLogBase(m);
     case Request::kSetLogFd:
-      return Outcome{std::nullopt, "dirty logging (migration) is not supported"};
+      // An eventfd to signal log updates with; QEMU never sends it and the
+      // log works without it.
+      return Fail("SET_LOG_FD is not supported (the log needs no notification)");
+
+    case Request::kResetDevice:
+      if (!Empty(m, "RESET_DEVICE", &err)) return Fail(err);
+      if (!(acked_protocol_ & Bit(kProtocolResetDevice)))
+        return Fail("RESET_DEVICE without the RESET_DEVICE protocol feature");
+      return Outcome{};  // the device resets its objects (Device::HandleMessage)
+
+    case Request::kSetDeviceStateFd:
+    case Request::kCheckDeviceState:
+      return DeviceStateRequest(m);
 
     default:
       return Outcome{std::nullopt, "unsupported request " + std::to_string(h.request)};
@@ -207,6 +228,7 @@ Outcome Session::HandleFeatures(const Message& m) {
       if (f & ~offered_features()) return Fail("SET_FEATURES acks features never offered");
       state_.set_acked_features(f);
       features_set_ = true;
+      log_->SetLogging(HasBit(f, kFeatureLogAll));
       return Outcome{};
     default:  // kSetProtocolFeatures
       if (!NoFds(m, &err) || !Payload(m, &f, &err)) return Fail(err);
@@ -342,6 +364,39 @@ Outcome Session::SetMemTable(Message& m) {
   return Outcome{};
 }
 
+// SET_LOG_BASE (with LOG_SHMFD): the dirty bitmap, in a file shared with
+// QEMU, which waits for the answer before it relies on the log.
+Outcome Session::SetLogBase(Message& m) {
+  LogBase b;
+  std::string err;
+  if (!Payload(m, &b, &err)) return Fail(err);
+  if (m.fds.size() != 1) return Fail("SET_LOG_BASE: " + std::to_string(m.fds.size()) + " fds, expected 1");
+  if (!log_->Map(std::move(m.fds[0]), b.mmap_size, b.mmap_offset, &err)) return Fail(err);
+  return Outcome{ReplyU64(m.hdr, 0), {}};
+}
+
+// SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE: the device's state in and
+// out for migration, through the DeviceStateTransfer the device lends.
+Outcome Session::DeviceStateRequest(Message& m) {
+  std::string err;
+  if (!HasOwner(m.hdr, &err)) return Fail(err);
+  if (!state_transfer_ || !(acked_protocol_ & Bit(kProtocolDeviceState)))
+    return Fail("device state transfer without the DEVICE_STATE protocol feature");
+  if (static_cast<Request>(m.hdr.request) == Request::kCheckDeviceState) {
+    if (!Empty(m, "CHECK_DEVICE_STATE", &err)) return Fail(err);
+    return Outcome{ReplyU64(m.hdr, state_transfer_->CheckStateTransfer() ? 0 : 1), {}};
+  }
+  DeviceStateFd d;
+  if (!Payload(m, &d, &err)) return Fail(err);
+  if (m.fds.size() != 1) return Fail("SET_DEVICE_STATE_FD: " + std::to_string(m.fds.size()) + " fds, expected 1");
+  if (d.direction > kStateLoad) return Fail("SET_DEVICE_STATE_FD: direction " + std::to_string(d.direction));
+  // Only the stopped phase exists (the device's rings are stopped).
+  if (d.phase != 0) return Fail("SET_DEVICE_STATE_FD: phase " + std::to_string(d.phase) + " (only 0, stopped)");
+  const bool ok = state_transfer_->BeginStateTransfer(d.direction == kStateSave, std::move(m.fds[0]));
+  // Bit 8: no fd of ours comes back; the low byte: 0 accepted, else refused.
+  return Outcome{ReplyU64(m.hdr, kVringNoFd | (ok ? 0 : 1)), {}};
+}
+
 const MemRegion* Session::DoorbellRegion() const {
   const uint32_t id = le32toh(state_.config().db_region_id);
   const MemRegion* found = nullptr;
@@ -361,8 +416,16 @@ Outcome Session::SetVringAddr(const VringAddr& a) {
   if (!CheckVringIndex(a.index, &err)) return Fail(err);
   Vring& v = vrings_[a.index];
   const std::string where = "SET_VRING_ADDR " + std::to_string(a.index) + ": ";
-  if (a.flags != 0) return Fail(where + "flags (dirty logging) not supported");
+  // VHOST_VRING_F_LOG: log the used ring's writes at log_guest_addr. The
+  // device marks every write by its guest-physical address (DirtyLog), the
+  // used ring's included, so the flag needs nothing more here.
+  if (a.flags & ~kVringFlagLog) return Fail(where + "unknown flags " + std::to_string(a.flags));
   if (v.num == 0) return Fail(where + "before SET_VRING_NUM");
+  // QEMU turns logging on and off on running rings by sending their
+  // addresses again with the flag changed: nothing moves then.
+  if (v.running() && v.addr_set && a.desc_user_addr == v.desc && a.avail_user_addr == v.avail &&
+      a.used_user_addr == v.used)
+    return Outcome{};
   // The device reads the ring where it was: moving it under the running
   // device would make it read and write wherever the old addresses now are.
   if (v.running()) return Fail(where + "on a running vring (stop it with GET_VRING_BASE first)");

@@ -2,6 +2,7 @@
 #include "vstellard/frontend.h"
 
 #include <endian.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -185,8 +186,9 @@ bool Frontend::Send(Request r, const void* payload, size_t n, std::string* err, 
   return true;
 }
 
-bool Frontend::Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err) {
-  if (!Send(r, payload, n, err)) return false;
+bool Frontend::Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err,
+                   const std::vector<int>& fds) {
+  if (!Send(r, payload, n, err, fds)) return false;
   Message m;
   if (!ReadMessage(sock_, &m, err)) {
     if (err->empty()) *err = "connection closed by vstellard";
@@ -234,6 +236,20 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
               : o_.mem_size <= 0xfe000000ull ? 0xfe000000ull
                                              : (o_.mem_size + (1ull << 30) - 1) & ~((1ull << 30) - 1);
   }
+  return Handshake(path, err, mem_table);
+}
+
+void Frontend::Disconnect() {
+  if (sock_ >= 0) close(sock_);
+  sock_ = -1;
+}
+
+bool Frontend::Reconnect(const std::string& path, std::string* err) {
+  Disconnect();
+  return Handshake(path, err, true);
+}
+
+bool Frontend::Handshake(const std::string& path, std::string* err, bool mem_table) {
   sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -249,7 +265,8 @@ bool Frontend::Connect(const std::string& path, std::string* err, bool mem_table
   features_ = offered & (Bit(kFeatureVersion1) | Bit(kFeatureProtocolFeatures) | Bit(kFeatureIndirectDesc) |
                          0xffffff | (o_.event_idx ? Bit(kFeatureEventIdx) : 0));
   if (!Get(Request::kGetProtocolFeatures, nullptr, 0, &r, err)) return false;
-  const uint64_t proto = Bit(kProtocolMq) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig);
+  uint64_t proto = Bit(kProtocolMq) | Bit(kProtocolReplyAck) | Bit(kProtocolConfig);
+  if (o_.migratable) proto |= Bit(kProtocolLogShmfd) | Bit(kProtocolResetDevice) | Bit(kProtocolDeviceState);
   if (!Send(Request::kSetProtocolFeatures, &proto, 8, err)) return false;
   if (!Send(Request::kSetFeatures, &features_, 8, err)) return false;
   if (!Send(Request::kSetOwner, nullptr, 0, err, {}, true)) return false;
@@ -302,6 +319,84 @@ bool Frontend::StartQueue(uint32_t q, uint32_t num, std::string* err) {
   if (!Send(Request::kSetVringKick, &u, 8, err, {s.kick}, true)) return false;
   st.num = 1;
   return Send(Request::kSetVringEnable, &st, sizeof(st), err, {}, true);
+}
+
+bool Frontend::StopQueues(std::string* err) {
+  bases_.assign(qs_.size(), 0);
+  for (uint32_t q = 0; q < qs_.size(); q++) {
+    VringState st{q, 0};
+    std::vector<uint8_t> r;
+    if (!Get(Request::kGetVringBase, &st, sizeof(st), &r, err)) return false;
+    if (r.size() != sizeof(st)) {
+      *err = "GET_VRING_BASE: short reply";
+      return false;
+    }
+    std::memcpy(&st, r.data(), sizeof(st));
+    bases_[q] = uint16_t(st.num);
+  }
+  return true;
+}
+
+bool Frontend::ResumeQueues(std::string* err) {
+  for (uint32_t q = 0; q < qs_.size(); q++) {
+    Queue& s = qs_[q];
+    const uint64_t base = RingGpa(q);
+    VringState st{q, s.num};
+    if (!Send(Request::kSetVringNum, &st, sizeof(st), err, {}, true)) return false;
+    st.num = q < bases_.size() ? bases_[q] : 0;
+    if (!Send(Request::kSetVringBase, &st, sizeof(st), err, {}, true)) return false;
+    VringAddr a{q, 0, kVaBase + base, kVaBase + base + 0x2000, kVaBase + base + 0x1000, 0};
+    if (!Send(Request::kSetVringAddr, &a, sizeof(a), err, {}, true)) return false;
+    uint64_t u = q;
+    if (!Send(Request::kSetVringCall, &u, 8, err, {s.call}, true)) return false;
+    if (!Send(Request::kSetVringKick, &u, 8, err, {s.kick}, true)) return false;
+    st.num = 1;
+    if (!Send(Request::kSetVringEnable, &st, sizeof(st), err, {}, true)) return false;
+  }
+  return true;
+}
+
+bool Frontend::TransferState(bool save, std::vector<uint8_t>* bytes, std::string* err) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    *err = std::string("pipe: ") + std::strerror(errno);
+    return false;
+  }
+  const DeviceStateFd d{save ? kStateSave : kStateLoad, 0};
+  std::vector<uint8_t> r;
+  const bool sent = Get(Request::kSetDeviceStateFd, &d, sizeof(d), &r, err, {save ? p[1] : p[0]});
+  close(save ? p[1] : p[0]);
+  const int mine = save ? p[0] : p[1];
+  uint64_t v = 1;
+  if (sent && r.size() == 8) std::memcpy(&v, r.data(), 8);
+  if (!sent || (v & 0xff) != 0) {
+    close(mine);
+    if (sent) *err = "SET_DEVICE_STATE_FD refused";
+    return false;
+  }
+  // As QEMU: read to EOF, or write it all and close; then ask.
+  if (save) {
+    bytes->clear();
+    uint8_t buf[65536];
+    ssize_t n;
+    while ((n = read(mine, buf, sizeof(buf))) > 0) bytes->insert(bytes->end(), buf, buf + n);
+  } else {
+    size_t done = 0;
+    while (done < bytes->size()) {
+      const ssize_t n = write(mine, bytes->data() + done, bytes->size() - done);
+      if (n <= 0) break;
+      done += size_t(n);
+    }
+  }
+  close(mine);
+  if (!Get(Request::kCheckDeviceState, nullptr, 0, &r, err)) return false;
+  v = 1;
+  if (r.size() == 8) std::memcpy(&v, r.data(), 8);
+  if (v != 0) {
+    *err = "CHECK_DEVICE_STATE: the device refused";
+    return false;
+  }
+  return true;
 }
 
 bool Frontend::StartQueues(std::string* err) {

@@ -27,6 +27,7 @@ class Cq {
   uint32_t refs = 0;  // QPs using it
 
  private:
+  friend class EngineCore;  // save and restore (save_restore.cc)
   uint32_t cqn_;
   std::vector<Wc> ring_;
   uint64_t head_ = 0, tail_ = 0;

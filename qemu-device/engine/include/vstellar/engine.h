@@ -346,6 +346,36 @@ class Engine {
   // paths, integrity), or a number taken here (a configuration error);
   // *objs keeps the objects then (attach them where they came from).
   int attach(Detached* objs);
+  // ---- live migration: objects out of this process and into another
+  // (save_restore.cc) ----
+  // save() writes the whole state of one owner's objects (a closed set,
+  // as detach() takes) as bytes, without changing them: PDs, MRs and
+  // windows, CQs with the completions not yet polled, SRQs with their
+  // WQEs, QPs whole (attributes, send and receive queues, PSNs, packets in
+  // flight and their timers, the receive bitmap, held READ and atomic
+  // requests, the atomic replay cache, READs done, ACK, UC, datagram and
+  // RoCE state, integrity keys and counters) and the async events not yet
+  // taken. A translator (an MR's, or a REG_MR work request's) is the
+  // owner's: save_mem writes what the owner needs to build it again
+  // (false: it cannot, and save fails with ENOTSUP). EINVAL / EBUSY as
+  // detach().
+  using SaveMem = std::function<bool(MemoryTranslator& mem, std::vector<uint8_t>* out)>;
+  using RestoreMem = std::function<std::shared_ptr<MemoryTranslator>(const uint8_t* p, size_t n)>;
+  int save(const EngineObjects& objs, const SaveMem& save_mem, std::vector<uint8_t>* out);
+  // restore() makes those objects here, with the QPNs and keys they had
+  // (PD, CQ and SRQ numbers are this engine's own), in *out in save()'s
+  // order; every QP's owner becomes qp_owner. The state arrives from
+  // another host: every count is bounded and every field and invariant
+  // checked before anything is made. EPROTO: the bytes are not a state
+  // (*err says what is wrong); EINVAL: an engine of another shape (window,
+  // paths, integrity, MTU); EEXIST: a QPN or key in use here. Nothing is
+  // made then. Timers are due at once (the packets in flight went to the
+  // old host's network: they are resent as after an outage), the path
+  // choice and congestion window start afresh (the paths are another
+  // host's now), and the retry clock starts now.
+  int restore(const uint8_t* data, size_t len, const RestoreMem& restore_mem, uint64_t qp_owner,
+              EngineObjects* out, std::string* err);
+
   // QPNs and key indices of another engine's shard whose objects died
   // here: the caller hands them to their home engine (qpn or index %
   // qpn_shards), whose ids_returned() may hand them out again.

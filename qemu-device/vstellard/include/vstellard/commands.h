@@ -37,6 +37,11 @@ class Commands {
 
   // Destroys every object of every context (device reset).
   void DestroyAll();
+  // The GSI QP answers QP 1 for exactly the GIDs the device holds.
+  void SyncGsiGids();
+  // An on-demand MR's faults reach the guest naming MR `h` of context
+  // `uctx`, and time out after --odp-fault-timeout.
+  void WireOdp(uint32_t h, uint32_t uctx, const std::shared_ptr<OdpTranslator>& odp);
 
  private:
   // Handlers get the owning context, the body (page list included) and its
@@ -61,7 +66,6 @@ class Commands {
   void ReleaseGid(const vstellar::Gid& g);
   uint16_t QpSource(const vstellar_av& av, const vstellar::IpAddr& peer, vstellar::IpAddr* out);
   uint16_t McastCommand(uint32_t uctx, const uint8_t* b, bool attach);
-  void SyncGsiGids();
   uint16_t AllocSlot(uint32_t uctx, uint32_t* slot);
   void FreeSlot(uint32_t uctx, uint32_t slot);
   // CREATE_QP's steps (commands_qp.cc).

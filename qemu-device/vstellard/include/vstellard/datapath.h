@@ -81,6 +81,7 @@ class DataPath {
   // Doorbell pages: the host pointer of a context's page (mapped on first
   // use), a slot's record back to zero, the cached pointers dropped after
   // a new memory table.
+  void StoreDb(uint32_t uctx, uint8_t* p, uint32_t v);
   uint8_t* DbPage(uint32_t uctx);
   void ResetDbSlot(uint32_t uctx, uint32_t slot);
   void ForgetDbPages();

@@ -38,6 +38,7 @@
 #include "vstellard/device_state.h"
 #include "vstellard/shared_by_devices.h"
 #include "vstellard/objects.h"
+#include "vstellard/state_transfer.h"
 #include "vstellard/pvdma.h"
 #include "vstellard/vhost_user.h"
 #include "vstellard/virtqueue.h"
@@ -66,7 +67,7 @@ struct DeviceStats {
   bool closed = false;        // the frontend went away: these are its last counters
 };
 
-class Device : private DataPathEvents {
+class Device : private DataPathEvents, private DeviceStateTransfer {
  public:
   // `addresses`: what the device may hold as GIDs (DeviceState::addresses).
   Device(unsigned id, DeviceShared& shared, const std::vector<vstellar::IpAddr>& addresses);
@@ -82,8 +83,12 @@ class Device : private DataPathEvents {
   // The frontend's kick (or a poll) of queue q.
   void OnKick(uint32_t q);
   // One turn of the daemon's loop begins: the device's control budget
-  // (DeviceShared::control_budget) is full again.
-  void BeginTurn() { control_left_ = sh_->control_budget; }
+  // (DeviceShared::control_budget) is full again, and every write of the
+  // last turn is done (the dirty log sets their bits once more).
+  void BeginTurn() {
+    control_left_ = sh_->control_budget;
+    pvdma_.dirty_log()->Flush();
+  }
   // Whether the control queue had more requests than the turn's budget;
   // the daemon then calls ContinueControl() next turn instead of sleeping.
   bool ControlPending() const { return control_pending_; }
@@ -100,11 +105,16 @@ class Device : private DataPathEvents {
   bool HasQps() const { return !obj_.qps.empty(); }
   // Data path: whether this device polls its doorbell pages now; the
   // daemon calls PollDataPath() on every loop turn while this is true.
-  bool Polling() const { return dp_.polling(); }
-  void PollDataPath() { dp_.Poll(); }
+  bool Polling() const { return dp_.polling() && !frozen_; }
+  // Stopped by the frontend (a VM paused or migrating; device_migration.cc):
+  // its engine objects are out of the engine until its rings start again.
+  bool frozen() const { return frozen_; }
+  void PollDataPath() {
+    if (!frozen_) dp_.Poll();
+  }
   // The look after going idle: the missed kicks so far if it found work
   // (the daemon logs them), else 0.
-  uint64_t RecheckDataPath() { return dp_.Recheck() ? dp_.counters().missed_kicks : 0; }
+  uint64_t RecheckDataPath() { return !frozen_ && dp_.Recheck() ? dp_.counters().missed_kicks : 0; }
   // Queues an async event (delivered when the event queue has a buffer).
   void PostEvent(uint16_t type, uint32_t object, uint32_t ucontext, uint32_t info) override;
   bool PostPageFault(uint32_t mrn, uint32_t ucontext, uint64_t iova, uint32_t npages, bool write) override;
@@ -142,6 +152,13 @@ class Device : private DataPathEvents {
   bool DeviceFatal() const override { return fatal_; }
 
   Outcome HandleMessage(Message&& m);
+  // Live migration (device_migration.cc).
+  void Freeze();
+  void Thaw();
+  bool SaveState(std::vector<uint8_t>* out, std::string* err);
+  bool LoadState(const std::vector<uint8_t>& bytes, std::string* err);
+  bool BeginStateTransfer(bool save, Fd fd) override;
+  bool CheckStateTransfer() override;
   void ProcessControl();
   uint16_t ExecuteCommand(const std::vector<uint8_t>& req, std::vector<uint8_t>* resp);
   void FlushEvents();
@@ -161,6 +178,13 @@ class Device : private DataPathEvents {
   Commands cmds_;
   bool fatal_ = false;
   std::string fatal_why_;
+  // Live migration: stopped, with the engine objects held out of the
+  // engine (why not, if they could not be); the state on its way.
+  bool frozen_ = false;
+  vstellar::Detached frozen_objs_;
+  std::string freeze_error_;
+  StateTransfer transfer_;
+  bool transfer_save_ = false, transfer_ok_ = false;
   uint32_t control_left_ = 0;     // commands this turn may still execute
   bool control_pending_ = false;  // the control queue may hold more
 

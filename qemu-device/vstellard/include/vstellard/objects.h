@@ -32,6 +32,7 @@ struct RingGeom {
 struct UContext {
   uint32_t db_page = 0;
   uint8_t* page = nullptr;  // host pointer to its doorbell page (cached)
+  uint64_t page_gpa = 0;    // and its guest-physical address (dirty log)
   std::vector<bool> slots;  // VSTELLAR_DB_SLOTS_PER_PAGE
 };
 

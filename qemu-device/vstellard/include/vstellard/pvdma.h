@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "vstellard/dirty_log.h"
 #include "vstellard/memory_budget.h"
 #include "vstellard/memory_region.h"
 
@@ -128,8 +129,14 @@ class Pvdma {
   bool Contains(uint64_t gpa, uint64_t len, bool ram_only = true) const;
 
   // Copies across blocks. False if any byte is outside guest memory.
+  // Write marks what it wrote in the dirty log.
   bool Read(uint64_t gpa, void* dst, uint64_t len);
   bool Write(uint64_t gpa, const void* src, uint64_t len);
+
+  // The device's dirty log (live migration): Write marks it; whoever writes
+  // through a pointer from Map() (translators, the doorbell page) marks it
+  // themselves, translators holding it beyond this Pvdma.
+  const std::shared_ptr<DirtyLog>& dirty_log() const { return log_; }
 
   // QEMU virtual address (what vring addresses are) to guest-physical.
   bool QemuVaToGpa(uint64_t va, uint64_t len, uint64_t* gpa) const;
@@ -173,6 +180,7 @@ class Pvdma {
   uint64_t id_;
   uint64_t generation_ = 0;
   std::shared_ptr<PinCounters> pins_ = std::make_shared<PinCounters>();
+  std::shared_ptr<DirtyLog> log_ = std::make_shared<DirtyLog>();
   std::shared_ptr<MemoryBudget> device_budget_, daemon_budget_;
   std::vector<std::shared_ptr<Region>> regions_;
   Region* last_ = nullptr;  // one-entry lookup cache

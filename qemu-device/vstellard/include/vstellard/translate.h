@@ -99,11 +99,15 @@ class EmttTranslator final : public vstellar::MemoryTranslator {
   vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
                                       vstellar::HostSpan* out, size_t max_out) override;
   uint64_t owner() const { return owner_; }
+  // Where the MR is in guest memory (what a migrating device saves).
+  const MrLayout& layout() const { return layout_; }
 
  private:
+  MrLayout layout_;
   uint64_t base_ = 0, start_ = 0, end_ = 0;
   uint32_t shift_ = 12;
   uint64_t owner_ = 0;
+  std::shared_ptr<DirtyLog> log_;
   std::vector<uint8_t*> host_;  // final translation of each page
   // The regions host_ points into: kept mapped while this MR lives, even
   // if a new memory table drops them.
@@ -116,10 +120,12 @@ class AtcTranslator final : public vstellar::MemoryTranslator {
   static std::shared_ptr<AtcTranslator> Create(Pvdma& pv, Atc& atc, MrLayout layout, uint16_t* status);
   vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write,
                                       vstellar::HostSpan* out, size_t max_out) override;
+  MrLayout layout() const { return MrLayout{start_, end_ - start_, shift_, pages_}; }
 
  private:
   Pvdma* pv_ = nullptr;
   Atc* atc_ = nullptr;
+  std::shared_ptr<DirtyLog> log_;
   uint64_t base_ = 0, start_ = 0, end_ = 0;
   uint32_t shift_ = 12;
   std::vector<uint64_t> pages_;
@@ -174,17 +180,23 @@ class OdpTranslator final : public vstellar::MemoryTranslator {
   void Unmap(uint64_t iova, uint64_t length);
   uint64_t mapped_pages() const { return mapped_; }
   uint64_t fault_timeouts() const { return timeouts_; }
+  // The range registered (length VSTELLAR_ODP_IMPLICIT_LENGTH: implicit).
+  uint64_t iova() const { return start_; }
+  uint64_t length() const { return length_; }
 
  private:
   struct Chunk {
     uintptr_t page[kChunkPages] = {};  // host pointer | 1 if writable; 0: missing
+    uint64_t gpa[kChunkPages] = {};    // its guest-physical address (dirty log, migration)
     uint32_t used = 0;
   };
   uintptr_t Entry(uint64_t page) const;
   bool Fault(uint64_t iova, uint64_t end, bool write);
 
   Pvdma& pv_;
+  std::shared_ptr<DirtyLog> log_;
   uint64_t start_, end_;  // [start_, end_) of the MR; end_ saturates for implicit MRs
+  uint64_t length_;       // as registered
   uint64_t max_chunks_;
   std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by iova / 2 MiB
   std::vector<std::shared_ptr<const void>> holds_;  // regions mapped pages point into
@@ -201,6 +213,31 @@ class OdpTranslator final : public vstellar::MemoryTranslator {
   FaultFn on_fault_;
   uint64_t timeout_ns_ = kDefaultFaultTimeoutNs;
   uint64_t mapped_ = 0, timeouts_ = 0;
+};
+
+// An MR that arrived with a migrated device (device_migration.cc): its
+// layout came in the state, and its translation (eMTT's final host
+// pointers, or the ATC's checks) is built on its first access, when the
+// destination has the guest's memory table, so the destination pins
+// lazily again instead of pinning every MR before the guest resumes. If
+// the layout no longer fits guest memory, every access fails (a
+// protection error for that MR's users, nothing else).
+class RestoredTranslator final : public vstellar::MemoryTranslator {
+ public:
+  RestoredTranslator(Pvdma& pv, Atc* atc, TranslationMode mode, MrLayout layout)
+      : pv_(pv), atc_(atc), mode_(mode), layout_(std::move(layout)) {}
+  vstellar::TranslateResult translate(uint64_t iova, uint64_t len, bool for_write, vstellar::HostSpan* out,
+                                      size_t max_out) override;
+  const MrLayout& layout() const { return layout_; }
+  bool built() const { return real_ != nullptr; }
+
+ private:
+  Pvdma& pv_;
+  Atc* atc_;
+  TranslationMode mode_;
+  MrLayout layout_;
+  std::shared_ptr<vstellar::MemoryTranslator> real_;
+  bool failed_ = false;
 };
 
 // Guest-physical addresses as they are, for the kernel's local DMA lkey

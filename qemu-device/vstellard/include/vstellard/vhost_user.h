@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include <vstellar/virtio_vstellar.h>
 
 #include "vstellard/device_state.h"
+#include "vstellard/dirty_log.h"
 #include "vstellard/memory_region.h"
 
 namespace vstellard {
@@ -47,6 +49,9 @@ enum class Request : uint32_t {
   kSetVringEnable = 18,
   kGetConfig = 24,
   kSetConfig = 25,
+  kResetDevice = 34,
+  kSetDeviceStateFd = 42,  // QEMU 8.2's; vStellar's QEMU 7.2 has it backported
+  kCheckDeviceState = 43,
 };
 
 constexpr uint32_t kFlagVersionMask = 0x3;
@@ -55,6 +60,7 @@ constexpr uint32_t kFlagReply = 1u << 2;
 constexpr uint32_t kFlagNeedReply = 1u << 3;
 
 // Virtio/vhost feature bits this server knows.
+constexpr int kFeatureLogAll = 26;  // VHOST_F_LOG_ALL: dirty logging (migration)
 constexpr int kFeatureIndirectDesc = 28;
 constexpr int kFeatureEventIdx = 29;
 constexpr int kFeatureProtocolFeatures = 30;  // VHOST_USER_F_PROTOCOL_FEATURES
@@ -62,8 +68,17 @@ constexpr int kFeatureVersion1 = 32;
 constexpr int kFeatureRingReset = 40;
 // Protocol feature bits.
 constexpr int kProtocolMq = 0;
+constexpr int kProtocolLogShmfd = 1;
 constexpr int kProtocolReplyAck = 3;
 constexpr int kProtocolConfig = 9;
+// With both of these, only RESET_DEVICE resets the device; GET_VRING_BASE
+// of the control queue is a stop (a VM paused or migrating keeps its
+// objects): Session::stop_is_not_reset.
+constexpr int kProtocolResetDevice = 13;
+constexpr int kProtocolDeviceState = 19;
+
+constexpr uint32_t kVringFlagLog = 1;  // VHOST_VRING_F_LOG
+constexpr uint32_t kStateSave = 0, kStateLoad = 1;  // SET_DEVICE_STATE_FD directions
 
 constexpr uint64_t kVringIndexMask = 0xff;
 constexpr uint64_t kVringNoFd = 1u << 8;
@@ -95,6 +110,14 @@ struct MemRegionDesc {
   uint64_t memory_size;
   uint64_t userspace_addr;
   uint64_t mmap_offset;
+};
+struct LogBase {  // SET_LOG_BASE
+  uint64_t mmap_size;
+  uint64_t mmap_offset;
+};
+struct DeviceStateFd {  // SET_DEVICE_STATE_FD
+  uint32_t direction;  // kStateSave, kStateLoad
+  uint32_t phase;      // 0: the device is stopped
 };
 struct ConfigHeader {
   uint32_t offset;
@@ -129,6 +152,17 @@ struct Vring {
   bool running() const { return started || enabled; }
 };
 
+// What the device does with SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE
+// (Device implements it): Begin takes the fd to write the state into
+// (save) or read it from (load); Check says whether it all went well (for a
+// load: whether the device took the state).
+class DeviceStateTransfer {
+ public:
+  virtual ~DeviceStateTransfer() = default;
+  virtual bool BeginStateTransfer(bool save, Fd fd) = 0;
+  virtual bool CheckStateTransfer() = 0;
+};
+
 struct Outcome {
   std::optional<std::vector<uint8_t>> reply;  // whole reply message
   std::string error;                          // non-empty: end the session
@@ -139,7 +173,20 @@ struct Outcome {
 // state (features, config space) that the Device owns and lends it.
 class Session : public DeviceTransport {
  public:
-  explicit Session(DeviceState& state);
+  // `log`: the device's dirty log, which SET_LOG_BASE maps and
+  // SET_FEATURES (VHOST_F_LOG_ALL) turns on.
+  Session(DeviceState& state, std::shared_ptr<DirtyLog> log = std::make_shared<DirtyLog>());
+  // Offers DEVICE_STATE and passes its requests to `t` (the device).
+  void set_state_transfer(DeviceStateTransfer* t) { state_transfer_ = t; }
+  // Whether GET_VRING_BASE of the control queue only stops the device:
+  // the frontend resets it with RESET_DEVICE and migrates its state
+  // (vStellar's QEMU acks both). QEMU 7.2 as Debian ships it acks
+  // RESET_DEVICE whenever a backend offers it but never sends it for this
+  // device, so RESET_DEVICE alone does not say that the frontend will.
+  bool stop_is_not_reset() const {
+    const uint64_t both = (uint64_t{1} << kProtocolResetDevice) | (uint64_t{1} << kProtocolDeviceState);
+    return (acked_protocol_ & both) == both;
+  }
 
   // Handles one message: validates it, applies it, returns the reply (if
   // the request has one) or an error after which the caller closes the
@@ -179,11 +226,15 @@ class Session : public DeviceTransport {
   Outcome SetMemTable(Message& m);
   Outcome SetVringAddr(const VringAddr& a);
   Outcome SetVringFd(Message& m, Fd Vring::*which);
+  Outcome SetLogBase(Message& m);
+  Outcome DeviceStateRequest(Message& m);
   Outcome GetConfig(const Message& m);
   Outcome SetConfig(const Message& m);
   bool CheckVringIndex(uint32_t index, std::string* err) const;
 
   DeviceState& state_;
+  std::shared_ptr<DirtyLog> log_;
+  DeviceStateTransfer* state_transfer_ = nullptr;
   bool owner_ = false;
   bool features_set_ = false;
   uint64_t acked_protocol_ = 0;

@@ -34,6 +34,10 @@ struct FrontendOptions {
   uint32_t ring_num = 64;
   uint32_t cq_queues = 1;
   bool event_idx = false;     // negotiate VIRTIO_RING_F_EVENT_IDX
+  // Negotiate what QEMU's live migration needs (LOG_SHMFD, RESET_DEVICE,
+  // DEVICE_STATE): GET_VRING_BASE then stops the device instead of
+  // resetting it.
+  bool migratable = false;
 };
 
 struct CmdResult {
@@ -95,6 +99,20 @@ class Frontend {
   // Connects and negotiates; then SET_MEM_TABLE (acked) unless told not to.
   bool Connect(const std::string& socket, std::string* err, bool mem_table = true);
   bool SendMemTable(std::string* err);
+  // A new connection for the same guest (its memory and rings kept), as
+  // the destination QEMU of a migration makes: handshake and memory table.
+  bool Reconnect(const std::string& socket, std::string* err);
+  // Closes the connection (as a QEMU that exits after migrating away).
+  void Disconnect();
+  uint64_t features() const { return features_; }
+  // Live migration, as QEMU does it: GET_VRING_BASE of every queue (the
+  // device stops; the bases are kept), and later the same queues started
+  // again from those bases (here or on a new connection).
+  bool StopQueues(std::string* err);
+  bool ResumeQueues(std::string* err);
+  // The device's state out (save) or in, through a pipe
+  // (SET_DEVICE_STATE_FD, then CHECK_DEVICE_STATE).
+  bool TransferState(bool save, std::vector<uint8_t>* bytes, std::string* err);
   // Puts another device's doorbell region into this one's memory table
   // (first, before our own), as QEMU does for two devices in one guest.
   void AddDoorbellOf(const Frontend& other) { others_.push_back(&other); }
@@ -112,7 +130,8 @@ class Frontend {
   bool Send(Request r, const void* payload, size_t n, std::string* err, const std::vector<int>& fds = {},
             bool ack = false);
   // A request with a reply (GET_*): the reply's payload.
-  bool Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err);
+  bool Get(Request r, const void* payload, size_t n, std::vector<uint8_t>* reply, std::string* err,
+           const std::vector<int>& fds = {});
   // Whether vstellard still has this connection open.
   bool Alive();
 
@@ -165,6 +184,8 @@ class Frontend {
     int kick = -1, call = -1;
   };
   uint64_t RingGpa(uint32_t q) const { return 0x10000ull * (q + 1); }
+  bool Handshake(const std::string& socket, std::string* err, bool mem_table);
+  std::vector<uint16_t> bases_;  // StopQueues' GET_VRING_BASE answers
   FrontendOptions o_;
   int sock_ = -1, ram_fd_ = -1, db_fd_ = -1;
   uint8_t* mem_ = nullptr;
