@@ -195,6 +195,26 @@ TEST_F(Migration, StoppedDeviceGoesOnWhenItsRingsStartAgain) {
   EXPECT_EQ(ca->status, 0);
 }
 
+// A stop longer than the peer's retry limit (retry_cnt 7, timeout 14:
+// 8 x 67 ms): the stopped device told its peer it pauses (PAUSED), so the
+// peer's WRITE waits instead of failing, and goes through when the device
+// says it runs again (RESUMED).
+TEST_F(Migration, PeerWaitsThroughALongStop) {
+  SetUpPair();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  std::string err;
+  ASSERT_TRUE(fa_->StopQueues(&err)) << err;
+  Write(B, qb_, A, 0, 40000, 3, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE(B.Poll(0)) << "the peer gave up or completed against a stopped device";
+  ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
+  auto cb = B.Poll(10000);
+  ASSERT_TRUE(cb);
+  EXPECT_EQ(cb->status, 0);
+  EXPECT_EQ(std::memcmp(A.Buf(0), B.Buf(0), 40000), 0);
+}
+
 // What a destination refuses, with the device untouched: a state that is
 // not one, one cut short or changed, one for a device already in use.
 TEST_F(Migration, BadStatesAreRefusedAndChangeNothing) {

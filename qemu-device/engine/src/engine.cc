@@ -317,6 +317,13 @@ void EngineCore::receive(const uint8_t* data, size_t len, const Endpoint& from, 
     case wire::Op::ACK:
     case wire::Op::READ_RESP:
     case wire::Op::ATOMIC_RESP:
+      // The peer's notices about itself (live migration) come to a QP that
+      // only receives too.
+      if (p.base.op == wire::Op::ACK &&
+          (p.ack.syndrome == wire::Syndrome::PAUSED || p.ack.syndrome == wire::Syndrome::RESUMED)) {
+        comp_peer_notice(*qp, p.ack.syndrome, now);
+        return;
+      }
       if (!sends(qp->state_)) {
         stats_.bad_state++;
         return;

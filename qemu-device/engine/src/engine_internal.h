@@ -32,6 +32,9 @@ inline constexpr uint32_t kFaultRnrMaxUs = 20480;
 // How often a WQE waiting for on-demand pages looks again when no mapping
 // wakes it (req_start): the translator's own timeout ends the wait.
 inline constexpr uint64_t kFaultPollNs = 1'000'000;
+// The longest a peer's PAUSED notice holds a connection's retry clock: a
+// migration that never ends does not keep a dead connection forever.
+inline constexpr uint64_t kPeerPauseMaxNs = 30'000'000'000;
 inline constexpr uint32_t kRnrUs[32] = {655360, 10,    20,    30,    40,    60,     80,     120,
                                         160,    240,   320,   480,   640,   960,    1280,   1920,
                                         2560,   3840,  5120,  7680,  10240, 15360,  20480,  30720,
@@ -222,6 +225,10 @@ class QpImpl final : public Qp {
   // Responder: when the requests it refuses for missing on-demand pages
   // began (resp_fault_nak); 0 once a request succeeds again.
   uint64_t fault_since_ns = 0;
+  // The peer said it is paused (Syndrome::PAUSED, a live migration) at
+  // this time: its silence does not count against the retry limit until it
+  // says it runs again, or kPeerPauseMaxNs have passed.
+  uint64_t peer_paused_ns = 0;
   // RTO backoff of the connection: timeouts of its oldest PSN in a row with
   // nothing acknowledged in between (a stalled or dead peer). Packets back
   // off only as far as this: under random loss, ACKs keep coming and a
@@ -612,6 +619,10 @@ class EngineCore {
   // engine now (not handed out here), and numbers of other shards whose
   // objects died here (Engine::take_returned_ids).
   int closed_set(const EngineObjects& objs);
+  // Live migration's notices (Syndrome::PAUSED, RESUMED): sent by a QP to
+  // its peer, taken by the peer.
+  void notify_peer(QpImpl& qp, wire::Syndrome what);
+  void comp_peer_notice(QpImpl& qp, wire::Syndrome what, uint64_t now);
   int detach(const EngineObjects& objs, Detached* out);
   int attach(Detached* objs);
   // save_restore.cc: one owner's objects as bytes and back (live migration).

@@ -60,6 +60,7 @@ uint64_t EngineCore::rto(const QpImpl& qp, unsigned retries) const {
 // delivers, ACKs keep coming and nothing fails.
 bool EngineCore::retry_exceeded(const QpImpl& qp, uint64_t now) const {
   if (qp.attr.timeout == 0) return false;
+  if (qp.peer_paused_ns && now - qp.peer_paused_ns < kPeerPauseMaxNs) return false;  // migrating
   const uint64_t limit = (uint64_t(qp.attr.retry_cnt) + 1) * (4096ull << qp.attr.timeout);
   return now - qp.last_progress_ns >= limit;
 }

@@ -160,7 +160,9 @@ void EngineCore::roce_xmit(QpImpl& qp, const uint8_t* hdr, size_t hlen, const Ho
           break;
         }
         case wire::Syndrome::HELD:
-          return;  // never in order (the responder holds nothing here); RoCE has no such notice
+        case wire::Syndrome::PAUSED:
+        case wire::Syndrome::RESUMED:
+          return;  // RoCE has no such notices (and no HELD: nothing is held here)
       }
       break;
     }

@@ -859,6 +859,67 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
   return 0;
 }
 
+// ------------------------------------------------------------ peer notices
+
+void EngineCore::notify_peer(QpImpl& qp, wire::Syndrome what) {
+  wire::AckExt a;
+  a.cum_psn = qp.epsn;
+  a.syndrome = what;
+  wire::Base b;
+  b.op = wire::Op::ACK;
+  b.dst_qpn = qp.attr.dest_qp_num;
+  b.src_qpn = qp.qpn_;
+  b.psn = qp.epsn;
+  b.ts = now_us();
+  uint8_t hdr[wire::kMaxHeaderLen];
+  // A datagram may be lost: three, over different paths.
+  for (uint16_t k = 0; k < 3; k++) {
+    b.path = uint16_t((qp.last_path + k * (cfg_.num_paths / 3 + 1)) % cfg_.num_paths);
+    const size_t hl = wire::encode(b, a, hdr);
+    xmit(qp, b.path, hdr, hl, nullptr, 0, 0, false);
+  }
+}
+
+void Engine::notify_peers(const EngineObjects& objs, bool resumed) {
+  for (Qp* q0 : objs.qps) {
+    QpImpl& q = impl(*q0);
+    const bool connected = q.state_ == QpState::RTR || q.state_ == QpState::RTS || q.state_ == QpState::SQD;
+    if (q.type_ == QpType::RC && connected && !q.roce)
+      core_->notify_peer(q, resumed ? wire::Syndrome::RESUMED : wire::Syndrome::PAUSED);
+  }
+}
+
+// A notice from the peer about itself. PAUSED holds the retry clock (see
+// retry_exceeded). RESUMED: the peer runs again, perhaps on another host,
+// and has not seen what was sent during the pause: everything outstanding
+// is due now, from a fresh start of the backoff, the retry clock and the
+// path choice (the paths to a new host are others).
+void EngineCore::comp_peer_notice(QpImpl& qp, wire::Syndrome what, uint64_t now) {
+  if (qp.state_ == QpState::RESET || qp.state_ == QpState::INIT) {
+    stats_.bad_state++;
+    return;
+  }
+  if (what == wire::Syndrome::PAUSED) {
+    if (!qp.peer_paused_ns) qp.peer_paused_ns = now;
+    return;
+  }
+  qp.peer_paused_ns = 0;
+  qp.last_progress_ns = now;
+  qp.backoff = 0;
+  if (qp.type_ == QpType::RC && !qp.roce) {
+    qp.paths = PathSelector(cfg_.path_algo, cfg_.num_paths,
+                            cfg_.seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(qp.qpn_) << 17), cfg_.single_path,
+                            cfg_.path_burst);
+    qp.paths.set_probe_hold(4 * cfg_.rto_ns);
+  }
+  if (!qp.recs.empty() && sends(qp.state_))
+    for (uint32_t psn = qp.snd_una; seq_lt(psn, qp.snd_nxt); psn++) {
+      const PktRec& r = qp.rec(psn);
+      if (!r.acked && !r.lost) qp.timers.push(RetxTimer{now, psn, r.tx_seq, false});
+    }
+  activate(qp);
+}
+
 int Engine::save(const EngineObjects& objs, const SaveMem& save_mem, std::vector<uint8_t>* out) {
   return core_->save(objs, save_mem, out);
 }

@@ -160,7 +160,7 @@ ParseError parse_impl(const uint8_t* buf, size_t len, Packet& out, bool header_o
       uint8_t syn = r.u8();
       e.ce_count = r.u16(); e.echo_ts = r.u32(); e.echo_path = r.u16(); e.rx_count = r.u16();
       e.nak_psn = r.u32(); e.rnr_us = r.u32();
-      if (syn > uint8_t(Syndrome::HELD)) return ParseError::BAD_OPCODE;
+      if (syn > uint8_t(Syndrome::RESUMED)) return ParseError::BAD_OPCODE;
       e.syndrome = Syndrome(syn);
       if (e.sack_words > kMaxSackWords) return ParseError::BAD_LENGTH;
       hl += 8u * e.sack_words;

@@ -149,6 +149,9 @@ void Device::Freeze() {
   if (!sh_->engine) return;
   vstellar::EngineObjects objs = EngineObjects();
   if (objs.pds.empty() && objs.cqs.empty()) return;
+  // Its peers hold their retry clocks until it runs again (here or at a
+  // migration's destination).
+  sh_->engine->notify_peers(objs, /*resumed=*/false);
   if (int e = sh_->engine->detach(objs, &frozen_objs_)) {
     // It runs on while the VM is stopped (and cannot migrate).
     freeze_error_ = e == EBUSY ? "a QP is in a multicast group" : std::string("detach: ") + std::strerror(e);
@@ -165,6 +168,8 @@ void Device::Thaw() {
       return;
     }
     frozen_objs_.reset();
+    // Its peers resend what they have outstanding, to wherever it is now.
+    sh_->engine->notify_peers(EngineObjects(), /*resumed=*/true);
   }
   dp_.OnKick();  // doorbells rung while stopped
 }

@@ -376,6 +376,16 @@ class Engine {
   int restore(const uint8_t* data, size_t len, const RestoreMem& restore_mem, uint64_t qp_owner,
               EngineObjects* out, std::string* err);
 
+  // Tells the peer of every connected RC QP of objs that the QP stops
+  // for a while (resumed false: its device stops, a live migration
+  // begins) or runs again (true: here, or at the destination, where its
+  // peers may not have heard from it for the whole migration). The peer of
+  // a paused QP does not count the pause against its retry limit (up to
+  // 30 s); on RESUMED it resends what is outstanding at once. Three
+  // copies each, over different paths. Peers in plain RoCE v2 mode are
+  // told nothing (RoCE has no such notice).
+  void notify_peers(const EngineObjects& objs, bool resumed);
+
   // QPNs and key indices of another engine's shard whose objects died
   // here: the caller hands them to their home engine (qpn or index %
   // qpn_shards), whose ids_returned() may hand them out again.

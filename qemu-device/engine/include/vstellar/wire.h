@@ -70,6 +70,14 @@ enum class Syndrome : uint8_t {
   // echo_path) arrived and waits for cum_psn, which has not. The requester
   // uses it to find a lost request without a timeout (comp_held).
   HELD = 5,
+  // Not a NAK: notices about the sending QP itself (live migration,
+  // Engine::notify_peers). PAUSED: it stops for a while (its device is
+  // stopped; it may come back from another host); its peer holds its
+  // retry clock instead of failing the connection. RESUMED: it runs again
+  // (perhaps at a new place): its peer resends what is outstanding now,
+  // with its paths and backoff afresh.
+  PAUSED = 6,
+  RESUMED = 7,
 };
 
 struct Base {
