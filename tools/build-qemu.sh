@@ -6,9 +6,10 @@
 # Two cache levels, because our files change often and QEMU's never do:
 #  - $VSTELLAR_CACHE/qemutree-<base>: the unpacked, configured QEMU tree and
 #    its build directory, keyed by what makes a cold build (source version,
-#    configure flags, hook.sh, this script). It is reused: a change to our
-#    device files or to include/vstellar/ rebuilds only what includes them
-#    (about a minute instead of five on 2 cores).
+#    configure flags, hook.sh and the patches it applies, this script). It
+#    is reused: a change to our device files or to include/vstellar/
+#    rebuilds only what includes them (about a minute instead of five on 2
+#    cores).
 #  - $VSTELLAR_CACHE/qemu-<key>: the finished binary and its firmware
 #    directory, keyed by every input, so a result never changes under a
 #    recorded build/guest.env.
@@ -32,7 +33,9 @@ cache_begin qemu build/qemu-system-x86_64 "$QEMU_SRC_VERSION" "${configure_flags
 	"$overlay" "$abi_headers"
 out=$CACHE_ENTRY
 bin=$out/build/qemu-system-x86_64
-tree=$VSTELLAR_CACHE/qemutree-$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay/hook.sh" "$0")
+# hook.sh runs once per tree and applies patches/: both key it.
+tree=$VSTELLAR_CACHE/qemutree-$(key_of "$QEMU_SRC_VERSION" "${configure_flags[*]}" "$overlay/hook.sh" \
+	"$overlay/patches" "$0")
 
 # The shared tree: one build at a time (fd 8; cache_begin holds fd 9).
 exec 8> "$tree.lock"

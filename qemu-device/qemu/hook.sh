@@ -5,6 +5,25 @@
 # include/vstellar/ into the tree first, and keys the build by it.)
 set -eu
 
+# Our few changes to QEMU's own files, as patches (patches/*.patch, in
+# order). Each is applied once and skipped when it already is (the tree
+# may be reused); one that does not apply stops the build, and is tried
+# first (--dry-run) so that it leaves no file half-patched.
+# tools/build-qemu.sh keys the tree by patches/: a changed patch makes a
+# fresh tree.
+for p in patches/*.patch; do
+	[ -e "$p" ] || continue
+	if patch -p1 --dry-run --reverse --force --silent < "$p" > /dev/null 2>&1; then
+		continue
+	fi
+	if ! patch -p1 --dry-run --forward --batch --silent < "$p" > /dev/null 2>&1; then
+		echo "hook.sh: $p does not apply to this QEMU:" >&2
+		patch -p1 --dry-run --forward --batch < "$p" >&2 || true
+		exit 1
+	fi
+	patch -p1 --forward --batch --silent --no-backup-if-mismatch < "$p"
+done
+
 # Kconfig symbol and meson sources, appended once (the tree may be reused).
 if ! grep -q '^config VHOST_USER_VSTELLAR$' hw/virtio/Kconfig; then
 	cat >> hw/virtio/Kconfig <<'KCONFIG'

@@ -100,7 +100,7 @@ class Migration : public DataPath {
     }
     FAIL() << "the daemon did not close device " << a_id_;
   }
-  GQp qa_, qb_;
+  GQp qa_, qb_, qa2_, qb2_;
   unsigned a_id_ = 0;
 };
 
@@ -119,6 +119,9 @@ TEST_F(Migration, MigratedDeviceKeepsItsQpsRunning) {
   EXPECT_EQ(c->status, 0);
   EXPECT_EQ(std::memcmp(A.Buf(0), B.Buf(0), 20000), 0);
 
+  // A second pair of QPs, not yet connected: the state holds two QPs.
+  qa2_ = A.CreateQp();
+  qb2_ = B.CreateQp();
   std::string err;
   ASSERT_TRUE(fa_->StopQueues(&err)) << err;
   // While A is stopped: B writes into A's memory and sends to it (A had a
@@ -161,6 +164,15 @@ TEST_F(Migration, MigratedDeviceKeepsItsQpsRunning) {
   EXPECT_EQ(std::memcmp(A.Buf(70000), B.Buf(70000), 9000), 0);
   EXPECT_FALSE(A.Poll(100)) << "a completion twice";
   EXPECT_FALSE(B.Poll(0)) << "a completion twice";
+  // The second QP pair, made before the stop, works too (a state of
+  // several QPs).
+  A.Connect(qa2_, qb2_.qpn);
+  B.Connect(qb2_, qa2_.qpn);
+  Write(A, qa2_, B, 8192, 5000, 12, 77);
+  auto c2 = A.Poll();
+  ASSERT_TRUE(c2);
+  EXPECT_EQ(c2->wr_id, 77u);
+  EXPECT_EQ(c2->status, 0);
   // And on.
   for (uint64_t i = 0; i < 20; i++) {
     Write(A, qa_, B, 4096 * (i % 8), 4096, uint8_t(10 + i), 100 + i);

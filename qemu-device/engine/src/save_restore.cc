@@ -463,7 +463,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
   StateReader r(data, len);
   const uint64_t now = clock_.now_ns();
   auto bad = [&](const std::string& what) {
-    *err = "engine state: " + what;
+    *err = "engine state: " + what + " (at byte " + std::to_string(r.offset()) + " of " + std::to_string(len) + ")";
     return EPROTO;
   };
   uint64_t magic = 0;
@@ -586,7 +586,8 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
   }
 
   if (!r.Count(&n, kMaxObjects)) return bad("QPs");
-  for (uint32_t i = 0; i < n; i++) {
+  const uint32_t nqps = n;  // n counts the lists inside each QP below
+  for (uint32_t i = 0; i < nqps; i++) {
     auto qp = std::make_unique<QpImpl>();
     QpImpl& q = *qp;
     uint32_t pd = 0, scq = 0, rcq = 0, srq = 0;

@@ -535,8 +535,14 @@ class Guest:
     """One QEMU guest running one command."""
 
     def __init__(self, art, name, command, netns=None, index=0, mem=1024,
-                 modules=(), qemu_args=(), timeout=600, echo=None, addr=None, qmp=False):
+                 modules=(), qemu_args=(), timeout=600, echo=None, addr=None, qmp=False,
+                 incoming=None):
         self.art, self.name, self.command = art, name, command
+        # A migration's destination: QEMU waits (-incoming URI, -S) for the
+        # guest's state instead of booting, and stays paused after it until
+        # told to go on (QMP cont); its console carries on the command's
+        # output from where the source left it.
+        self.incoming = incoming
         self.addr = addr  # eth0's "A.B.C.D/LEN"; default 10.77.0.<index+1>/24
         self.netns, self.index, self.mem = netns, index, mem
         self.modules, self.qemu_args, self.timeout = list(modules), list(qemu_args), timeout
@@ -589,6 +595,8 @@ class Guest:
                      "-device", f"virtio-net-pci,netdev=n0,mac={mac},romfile="]
         if self.qmp_path:
             argv += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
+        if self.incoming:
+            argv += ["-incoming", self.incoming, "-S"]
         argv += ["-append", " ".join(append)] + self.qemu_args
         if self.netns:
             argv = ["ip", "netns", "exec", self.netns] + argv
@@ -603,7 +611,7 @@ class Guest:
         return self
 
     def _read(self):
-        inside = False
+        inside = bool(self.incoming)
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.console.append(line)

@@ -51,7 +51,9 @@ class StateWriter {
 
 class StateReader {
  public:
-  StateReader(const uint8_t* p, size_t n) : p_(p), end_(p + n) {}
+  StateReader(const uint8_t* p, size_t n) : start_(p), p_(p), end_(p + n) {}
+  // Bytes read so far (where a parse failed, for its error message).
+  size_t offset() const { return size_t(p_ - start_); }
   bool ok() const { return ok_; }
   bool done() const { return ok_ && p_ == end_; }
   size_t left() const { return size_t(end_ - p_); }
@@ -112,6 +114,7 @@ class StateReader {
     *v = T(x);
     return true;
   }
+  const uint8_t* start_;
   const uint8_t* p_;
   const uint8_t* end_;
   bool ok_ = true;

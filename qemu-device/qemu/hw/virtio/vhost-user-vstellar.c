@@ -13,9 +13,12 @@
  */
 
 #include "qemu/osdep.h"
+#include <poll.h>
 #include "qapi/error.h"
 #include "qemu/error-report.h"
 #include "qemu/memfd.h"
+#include "qemu/timer.h"
+#include "qemu/units.h"
 #include "hw/boards.h"
 #include "hw/core/cpu.h"
 #include "sysemu/tcg.h"
@@ -24,10 +27,29 @@
 #include "hw/virtio/virtio-bus.h"
 #include "hw/virtio/vhost-user-vstellar.h"
 #include "exec/cpu-common.h"
+#include "migration/blocker.h"
+#include "migration/qemu-file-types.h"
+#include "migration/vmstate.h"
+#include "standard-headers/linux/vhost_types.h"
 #include "standard-headers/linux/virtio_ids.h"
 
 #define REALIZE_CONNECTION_RETRIES 3
 #define VSTELLAR_QUEUE_SIZE 256
+
+/*
+ * The backend's state in the migration stream: at most this much (far
+ * above any device, whose engine state is a few KiB per QP; vstellard
+ * refuses more too), in chunks of at most VSTELLAR_STATE_CHUNK bytes.
+ */
+#define VSTELLAR_STATE_MAX (256 * MiB)
+#define VSTELLAR_STATE_CHUNK (1 * MiB)
+/*
+ * How long a state transfer through the pipe may take. vstellard gives
+ * up on its side after 30 s; this only keeps a backend that neither
+ * writes nor closes its end from holding QEMU (and the VM, stopped for
+ * the switch-over) forever.
+ */
+#define VSTELLAR_STATE_TIMEOUT_MS 60000
 
 /* Features passed through between the guest and the backend */
 static const int feature_bits[] = {
@@ -268,6 +290,428 @@ static void vu_vstellar_set_status(VirtIODevice *vdev, uint8_t status)
     }
 }
 
+/*
+ * The device's reset: the guest's (status 0) and a system reset.
+ * virtio_reset() has stopped the rings already (set_status(0), which
+ * sends GET_VRING_BASE). That stop is all a VM stop does too (`stop`,
+ * migration), and vstellard keeps the device's RDMA objects across it;
+ * only RESET_DEVICE drops them. So the guest's reset must reach the
+ * backend as RESET_DEVICE.
+ * Only when negotiated: without VHOST_USER_PROTOCOL_F_RESET_DEVICE,
+ * QEMU 7.2's vhost_reset_device sends RESET_OWNER, which ends the session
+ * of a vstellard that does not know it; such a vstellard resets the device
+ * at GET_VRING_BASE instead (and cannot migrate).
+ */
+static void vu_vstellar_reset(VirtIODevice *vdev)
+{
+    VHostUserVstellar *s = VHOST_USER_VSTELLAR(vdev);
+    struct vhost_dev *hdev = &s->vhost_dev;
+    int ret;
+
+    if (!s->connected || !vhost_user_has_reset_device(hdev)) {
+        return;
+    }
+    ret = hdev->vhost_ops->vhost_reset_device(hdev);
+    if (ret < 0) {
+        /* The socket is gone; the disconnect path reports the loss. */
+        error_report("vhost-user-vstellar: RESET_DEVICE failed: %s",
+                     strerror(-ret));
+    }
+}
+
+static void vu_vstellar_del_blocker(VHostUserVstellar *s)
+{
+    if (s->migration_blocker) {
+        migrate_del_blocker(s->migration_blocker);
+        error_free(s->migration_blocker);
+        s->migration_blocker = NULL;
+    }
+}
+
+/*
+ * Migration needs the backend: its state comes through
+ * SET_DEVICE_STATE_FD (VHOST_USER_PROTOCOL_F_DEVICE_STATE), and what it
+ * writes into guest memory while RAM is copied must reach the dirty log
+ * (VHOST_F_LOG_ALL, with the log shared through LOG_SHMFD). vhost and
+ * vhost-user block migration without the last two already, but in words
+ * that name neither the device nor the remedy; an older vstellard lacks
+ * all three. Without a backend there is no state to send at all.
+ * Called at every connection and disconnection; the newest blocker is the
+ * one `migrate` reports, so this message is the one users see.
+ * Returns -1 with @errp set only if the device must not run this way
+ * (--only-migratable); a migration already running cannot take a new
+ * blocker, and then the device's save fails with the same reason instead.
+ */
+static int vu_vstellar_update_blocker(VHostUserVstellar *s, Error **errp)
+{
+    struct vhost_dev *hdev = &s->vhost_dev;
+    const char *chr = s->chardev.chr ? s->chardev.chr->label : "?";
+    g_autoptr(GString) lacks = g_string_new(NULL);
+    Error *local_err = NULL;
+    int ret;
+
+    vu_vstellar_del_blocker(s);
+    if (!s->connected) {
+        error_setg(&s->migration_blocker, "vhost-user-vstellar (chardev "
+                   "'%s'): cannot migrate while no backend (vstellard) is "
+                   "connected: the device's state is in the backend", chr);
+    } else {
+        if (!(hdev->features & (1ULL << VHOST_F_LOG_ALL))) {
+            g_string_append(lacks, ", VHOST_F_LOG_ALL (dirty logging)");
+        }
+        if (!hdev->vhost_ops->vhost_requires_shm_log ||
+            !hdev->vhost_ops->vhost_requires_shm_log(hdev)) {
+            g_string_append(lacks, ", VHOST_USER_PROTOCOL_F_LOG_SHMFD");
+        }
+        if (!vhost_user_has_device_state(hdev)) {
+            g_string_append(lacks, ", VHOST_USER_PROTOCOL_F_DEVICE_STATE "
+                            "(device state transfer)");
+        }
+        if (lacks->len) {
+            error_setg(&s->migration_blocker, "vhost-user-vstellar (chardev "
+                       "'%s'): cannot migrate: its backend (vstellard) "
+                       "lacks %s; run a vstellard that supports live "
+                       "migration", chr, lacks->str + 2);
+        }
+    }
+    if (!s->migration_blocker) {
+        return 0;
+    }
+    ret = migrate_add_blocker(s->migration_blocker, &local_err);
+    if (ret == 0) {
+        return 0;
+    }
+    error_free(s->migration_blocker);
+    s->migration_blocker = NULL;
+    if (ret == -EBUSY) {
+        warn_report_err(local_err);
+        return 0;
+    }
+    error_propagate(errp, local_err);
+    return -1;
+}
+
+/* Wait until @fd can be read (@events POLLIN) or written (POLLOUT). */
+static int vu_vstellar_state_poll(int fd, short events, int64_t deadline_ms,
+                                  Error **errp)
+{
+    struct pollfd pfd = { .fd = fd, .events = events };
+    int64_t left;
+    int ret;
+
+    for (;;) {
+        left = deadline_ms - qemu_clock_get_ms(QEMU_CLOCK_REALTIME);
+        if (left <= 0) {
+            error_setg(errp, "the backend did not finish the state "
+                       "transfer within %d s", VSTELLAR_STATE_TIMEOUT_MS / 1000);
+            return -ETIMEDOUT;
+        }
+        ret = poll(&pfd, 1, MIN(left, INT_MAX));
+        if (ret > 0) {
+            return 0;
+        }
+        if (ret < 0 && errno != EINTR) {
+            error_setg_errno(errp, errno, "poll on the state pipe");
+            return -errno;
+        }
+    }
+}
+
+/*
+ * Source: the backend's state into the stream, as upstream QEMU's
+ * vhost_save_backend_state() writes it: chunks of (be32 length, bytes),
+ * then a chunk of length 0.
+ *
+ * When this runs, the VM is stopped and so are the backend's rings: in
+ * QEMU 7.2's migration_completion() the migration thread, holding the
+ * BQL, calls vm_stop_force_state(RUN_STATE_FINISH_MIGRATE) (the vmstate
+ * change handler virtio_vmstate_change() -> set_status() ->
+ * vu_vstellar_stop() -> vhost_dev_stop(): GET_VRING_BASE on every ring,
+ * the last dirty log sync) and only then
+ * qemu_savevm_state_complete_precopy(), which saves RAM's last dirty
+ * pages and then the devices' vmstate, ours included. The backend, its
+ * rings stopped, has written its last byte into guest memory.
+ * If anything fails the migration fails, and migration_iteration_finish()
+ * restarts the VM (vm_start() -> vhost_dev_start()): the backend kept its
+ * state and runs on.
+ */
+static int vu_vstellar_save_backend_state(VHostUserVstellar *s, QEMUFile *f,
+                                          Error **errp)
+{
+    struct vhost_dev *hdev = &s->vhost_dev;
+    g_autofree uint8_t *buf = NULL;
+    int64_t deadline;
+    uint64_t total = 0;
+    int fds[2], read_fd, reply_fd = -1;
+    ssize_t n;
+    int ret;
+
+    if (!s->connected) {
+        error_setg(errp, "no backend (vstellard) is connected");
+        return -ENOTCONN;
+    }
+    if (!vhost_user_has_device_state(hdev)) {
+        error_setg(errp, "the backend (vstellard) cannot save its state: it "
+                   "lacks VHOST_USER_PROTOCOL_F_DEVICE_STATE");
+        return -ENOTSUP;
+    }
+    if (s->started_vu || vhost_dev_is_started(hdev)) {
+        /* Cannot happen (see above); a running device has no fixed state */
+        error_setg(errp, "the device's rings are still running");
+        return -EBUSY;
+    }
+
+    if (!g_unix_open_pipe(fds, FD_CLOEXEC, NULL)) {
+        error_setg_errno(errp, errno, "cannot make the state pipe");
+        return -errno;
+    }
+    ret = vhost_user_set_device_state_fd(hdev,
+                                         VHOST_TRANSFER_STATE_DIRECTION_SAVE,
+                                         VHOST_TRANSFER_STATE_PHASE_STOPPED,
+                                         fds[1], &reply_fd, errp);
+    /* Ours closed, the backend's end is the only writer: its close is EOF */
+    close(fds[1]);
+    if (ret < 0) {
+        close(fds[0]);
+        return ret;
+    }
+    read_fd = fds[0];
+    if (reply_fd >= 0) {
+        close(read_fd);
+        read_fd = reply_fd;
+    }
+    if (!g_unix_set_fd_nonblocking(read_fd, true, NULL)) {
+        error_setg_errno(errp, errno, "cannot set up the state pipe");
+        ret = -errno;
+        goto out;
+    }
+
+    buf = g_malloc(VSTELLAR_STATE_CHUNK);
+    deadline = qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
+               VSTELLAR_STATE_TIMEOUT_MS;
+    for (;;) {
+        n = read(read_fd, buf, VSTELLAR_STATE_CHUNK);
+        if (n == 0) {
+            break;
+        }
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno != EAGAIN) {
+                error_setg_errno(errp, errno, "reading the backend's state");
+                ret = -errno;
+                goto out;
+            }
+            ret = vu_vstellar_state_poll(read_fd, POLLIN, deadline, errp);
+            if (ret < 0) {
+                goto out;
+            }
+            continue;
+        }
+        total += n;
+        if (total > VSTELLAR_STATE_MAX) {
+            error_setg(errp, "the backend's state is larger than %d MiB",
+                       (int)(VSTELLAR_STATE_MAX / MiB));
+            ret = -EFBIG;
+            goto out;
+        }
+        qemu_put_be32(f, n);
+        qemu_put_buffer(f, buf, n);
+    }
+    qemu_put_be32(f, 0);
+    close(read_fd);
+    read_fd = -1;
+
+    /* Whether the backend wrote all of it (EOF alone does not say) */
+    ret = vhost_user_check_device_state(hdev, errp);
+    if (ret == 0) {
+        ret = qemu_file_get_error(f);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "writing the migration stream");
+        }
+    }
+out:
+    if (read_fd >= 0) {
+        close(read_fd);
+    }
+    return ret;
+}
+
+/*
+ * Destination: the state from the stream into the backend.
+ * This QEMU runs with -incoming: realize connected the backend (vhost
+ * session set up, config read, no memory table yet: the backend needs no
+ * guest memory to load), the system reset at startup sent RESET_DEVICE,
+ * and the VM has not run. The rings start at vm_start() after the
+ * migration (set_status() -> vu_vstellar_start()), here with the vring
+ * bases VMSTATE_VIRTIO_DEVICE loaded.
+ */
+static int vu_vstellar_load_backend_state(VHostUserVstellar *s, QEMUFile *f,
+                                          Error **errp)
+{
+    struct vhost_dev *hdev = &s->vhost_dev;
+    g_autofree uint8_t *buf = NULL;
+    int64_t deadline;
+    uint64_t total = 0;
+    int fds[2], write_fd, reply_fd = -1;
+    uint32_t len, piece, done;
+    ssize_t n;
+    int ret;
+
+    if (!s->connected) {
+        error_setg(errp, "no backend (vstellard) is connected here");
+        return -ENOTCONN;
+    }
+    if (!vhost_user_has_device_state(hdev)) {
+        error_setg(errp, "the backend (vstellard) here cannot load a "
+                   "device's state: it lacks "
+                   "VHOST_USER_PROTOCOL_F_DEVICE_STATE");
+        return -ENOTSUP;
+    }
+    if (s->started_vu || vhost_dev_is_started(hdev)) {
+        error_setg(errp, "the device's rings are already running here");
+        return -EBUSY;
+    }
+
+    if (!g_unix_open_pipe(fds, FD_CLOEXEC, NULL)) {
+        error_setg_errno(errp, errno, "cannot make the state pipe");
+        return -errno;
+    }
+    ret = vhost_user_set_device_state_fd(hdev,
+                                         VHOST_TRANSFER_STATE_DIRECTION_LOAD,
+                                         VHOST_TRANSFER_STATE_PHASE_STOPPED,
+                                         fds[0], &reply_fd, errp);
+    close(fds[0]);
+    if (ret < 0) {
+        close(fds[1]);
+        return ret;
+    }
+    write_fd = fds[1];
+    if (reply_fd >= 0) {
+        close(write_fd);
+        write_fd = reply_fd;
+    }
+    if (!g_unix_set_fd_nonblocking(write_fd, true, NULL)) {
+        error_setg_errno(errp, errno, "cannot set up the state pipe");
+        ret = -errno;
+        goto out;
+    }
+
+    buf = g_malloc(VSTELLAR_STATE_CHUNK);
+    deadline = qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
+               VSTELLAR_STATE_TIMEOUT_MS;
+    for (;;) {
+        len = qemu_get_be32(f);
+        ret = qemu_file_get_error(f);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "reading the migration stream");
+            goto out;
+        }
+        if (len == 0) {
+            break;
+        }
+        total += len;
+        if (total > VSTELLAR_STATE_MAX) {
+            error_setg(errp, "the backend's state in the stream is larger "
+                       "than %d MiB", (int)(VSTELLAR_STATE_MAX / MiB));
+            ret = -EFBIG;
+            goto out;
+        }
+        while (len) {
+            piece = MIN(len, VSTELLAR_STATE_CHUNK);
+            if (qemu_get_buffer(f, buf, piece) != piece) {
+                ret = qemu_file_get_error(f) ?: -EIO;
+                error_setg_errno(errp, -ret, "reading the migration stream");
+                goto out;
+            }
+            len -= piece;
+            for (done = 0; done < piece; done += n) {
+                n = write(write_fd, buf + done, piece - done);
+                if (n >= 0) {
+                    continue;
+                }
+                n = 0;
+                if (errno == EINTR) {
+                    continue;
+                }
+                if (errno != EAGAIN) {
+                    /* EPIPE: the backend stopped reading (refused it) */
+                    error_setg_errno(errp, errno, "sending the state to the "
+                                     "backend (see vstellard's log)");
+                    ret = -errno;
+                    goto out;
+                }
+                ret = vu_vstellar_state_poll(write_fd, POLLOUT, deadline,
+                                             errp);
+                if (ret < 0) {
+                    goto out;
+                }
+            }
+        }
+    }
+    /* EOF for the backend, which then checks and takes the state */
+    close(write_fd);
+    write_fd = -1;
+
+    ret = vhost_user_check_device_state(hdev, errp);
+    if (ret < 0) {
+        error_append_hint(errp, "vstellard's log says why\n");
+        goto out;
+    }
+
+    /*
+     * The config the driver sees may follow the loaded state (the node
+     * GUID comes with it): read it again. epoch and lost came from the
+     * source in the stream before this field, and patch_config keeps
+     * them: the state moved, it was not lost, so the driver must not see
+     * a new backend.
+     */
+    ret = vu_vstellar_fetch_config(s, errp);
+out:
+    if (write_fd >= 0) {
+        close(write_fd);
+    }
+    return ret;
+}
+
+static int vu_vstellar_put_backend(QEMUFile *f, void *pv, size_t size,
+                                   const VMStateField *field,
+                                   JSONWriter *vmdesc)
+{
+    Error *local_err = NULL;
+    int ret;
+
+    ret = vu_vstellar_save_backend_state(pv, f, &local_err);
+    if (ret < 0) {
+        error_prepend(&local_err, "vhost-user-vstellar: migration: saving "
+                      "the backend's state: ");
+        error_report_err(local_err);
+    }
+    return ret;
+}
+
+static int vu_vstellar_get_backend(QEMUFile *f, void *pv, size_t size,
+                                   const VMStateField *field)
+{
+    Error *local_err = NULL;
+    int ret;
+
+    ret = vu_vstellar_load_backend_state(pv, f, &local_err);
+    if (ret < 0) {
+        error_prepend(&local_err, "vhost-user-vstellar: migration: loading "
+                      "the backend's state: ");
+        error_report_err(local_err);
+    }
+    return ret;
+}
+
+static const VMStateInfo vu_vstellar_backend_info = {
+    .name = "vstellard-state",
+    .get = vu_vstellar_get_backend,
+    .put = vu_vstellar_put_backend,
+};
+
 static uint64_t vu_vstellar_get_features(VirtIODevice *vdev,
                                          uint64_t features, Error **errp)
 {
@@ -326,6 +770,7 @@ static void do_vhost_user_cleanup(VirtIODevice *vdev, VHostUserVstellar *s)
     s->vhost_vqs = NULL;
     virtio_cleanup(vdev);
     vhost_user_cleanup(&s->vhost_user);
+    vu_vstellar_del_blocker(s);
 }
 
 static int vu_vstellar_connect(DeviceState *dev, Error **errp)
@@ -358,8 +803,12 @@ static int vu_vstellar_connect(DeviceState *dev, Error **errp)
     if (ret == 0) {
         ret = vu_vstellar_send_db_region_id(s, errp);
     }
+    if (ret == 0) {
+        ret = vu_vstellar_update_blocker(s, errp);
+    }
     if (ret < 0) {
         s->connected = false;
+        vu_vstellar_del_blocker(s);
         vhost_dev_cleanup(vhost_dev);
         return ret;
     }
@@ -391,6 +840,8 @@ static void vu_vstellar_disconnect(DeviceState *dev)
 
     vu_vstellar_stop(vdev);
     vhost_dev_cleanup(&s->vhost_dev);
+    /* Cannot fail: only --only-migratable refuses, and it ignores this */
+    vu_vstellar_update_blocker(s, NULL);
 
     if (was_running && !s->lost) {
         vu_vstellar_backend_lost(s, "backend disconnected; device needs "
@@ -520,6 +971,16 @@ static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
         close(fd);
         return false;
     }
+    /*
+     * Migrated with guest RAM: the driver's and providers' doorbell
+     * records and the backend's alive and need_kick words must be where
+     * they were on the destination. (_from_fd does not register, unlike
+     * memory_region_init_ram.) The RAM block is named after the device's
+     * PCI address and the region's fixed name, never after db_region_id,
+     * which counts devices in this process (hot-plug order) and may
+     * differ on the destination; it stays between us and our backend.
+     */
+    vmstate_register_ram(&s->db_mr, DEVICE(s));
     return true;
 }
 
@@ -607,6 +1068,7 @@ static void vu_vstellar_device_unrealize(DeviceState *dev)
     qemu_chr_fe_set_handlers(&s->chardev, NULL, NULL, NULL, NULL, NULL, NULL,
                              false);
     vhost_dev_cleanup(&s->vhost_dev);
+    vmstate_unregister_ram(&s->db_mr, DEVICE(s));
     do_vhost_user_cleanup(vdev, s);
 }
 
@@ -617,9 +1079,35 @@ static struct vhost_dev *vu_vstellar_get_vhost(VirtIODevice *vdev)
     return &s->vhost_dev;
 }
 
+/*
+ * The stream (docs/virtio-vstellar.md, "Live migration (frontend)"): the
+ * properties both sides must agree on, the virtio state (status,
+ * features, queues with their last_avail_idx from GET_VRING_BASE, the PCI
+ * transport's config and MSI-X), what this frontend adds to the config
+ * space the guest sees, then vstellard's state. The doorbell region goes
+ * with RAM, before all of this.
+ */
 static const VMStateDescription vu_vstellar_vmstate = {
     .name = "vhost-user-vstellar",
-    .unmigratable = 1,
+    .version_id = 1,
+    .minimum_version_id = 1,
+    .fields = (VMStateField[]) {
+        VMSTATE_UINT32_EQUAL(cq_queues, VHostUserVstellar,
+                             "vhost-user-vstellar: cq-queues differs between "
+                             "the source and the destination"),
+        VMSTATE_UINT32_EQUAL(doorbell_pages, VHostUserVstellar,
+                             "vhost-user-vstellar: doorbell-pages differs "
+                             "between the source and the destination"),
+        VMSTATE_VIRTIO_DEVICE,
+        VMSTATE_UINT32(epoch, VHostUserVstellar),
+        VMSTATE_BOOL(lost, VHostUserVstellar),
+        {
+            .name = "backend",
+            .info = &vu_vstellar_backend_info,
+            .flags = VMS_SINGLE,
+        },
+        VMSTATE_END_OF_LIST()
+    },
 };
 
 static Property vu_vstellar_properties[] = {
@@ -643,6 +1131,7 @@ static void vu_vstellar_class_init(ObjectClass *klass, void *data)
     vdc->get_features = vu_vstellar_get_features;
     vdc->get_config = vu_vstellar_get_config;
     vdc->set_status = vu_vstellar_set_status;
+    vdc->reset = vu_vstellar_reset;
     vdc->guest_notifier_mask = vu_vstellar_guest_notifier_mask;
     vdc->guest_notifier_pending = vu_vstellar_guest_notifier_pending;
     vdc->get_vhost = vu_vstellar_get_vhost;

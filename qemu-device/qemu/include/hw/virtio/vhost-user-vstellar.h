@@ -59,6 +59,8 @@ struct VHostUserVstellar {
     bool started_vu;
     bool lost;
     uint32_t epoch;
+    /* why this device cannot migrate now, if it cannot (a blocker) */
+    Error *migration_blocker;
     /*< public >*/
 };
 

@@ -1,0 +1,171 @@
+"""Live migration of a guest whose RDMA keeps running (docs/running-guests.md,
+"Live migration").
+
+Three hosts (network namespaces, guest.TestNet with the daemons' fabric
+network): host 0 runs the peer guest and its vstellard; hosts 1 and 2 each
+run a vstellard that may serve the moving guest's address. The moving
+guest starts on host 1. To migrate it, a destination QEMU starts on the
+other host (-incoming, paused), the source QEMU migrates into it over a
+unix socket, and once QEMU reports the migration complete the guest's
+address moves with it, as a fabric would route it to its new host: it
+leaves the source host's fabric interface, joins the destination's, and
+the peer host forgets its ARP entry. Then the destination runs the guest
+on. The RDMA state goes in QEMU's migration stream (the device's
+vhost-user state transfer, docs/virtio-vstellar.md).
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from . import guest as vg
+
+
+def _ns(netns, *cmd):
+    r = subprocess.run(["ip", "netns", "exec", netns] + list(cmd), capture_output=True, text=True)
+    if r.returncode:
+        raise vg.GuestError(f"`{' '.join(cmd)}` in {netns}: {r.stderr.strip()}")
+
+
+def move_address(net, addr, src, dst, peers):
+    """The fabric now routes addr (A.B.C.D/LEN) to host dst: it leaves
+    host src's fabric interface for host dst's, and the peers forget where
+    it was."""
+    _ns(net.hosts[src], "ip", "addr", "del", addr, "dev", "fab")
+    _ns(net.hosts[dst], "ip", "addr", "add", addr, "dev", "fab")
+    for p in peers:
+        _ns(net.hosts[p], "ip", "neigh", "flush", "dev", "fab")
+
+
+def migrate(qmp, uri, timeout=300):
+    """Migrate the guest behind qmp to uri; returns query-migrate's last
+    answer (status "completed", "failed" or "cancelled")."""
+    qmp.execute("migrate", uri=uri)
+    deadline = time.monotonic() + timeout
+    while True:
+        info = qmp.execute("query-migrate")
+        if info.get("status") in ("completed", "failed", "cancelled"):
+            return info
+        if time.monotonic() > deadline:
+            qmp.execute("migrate_cancel")
+            raise vg.GuestError(f"migration did not finish within {timeout} s: {info}")
+        time.sleep(0.02)
+
+
+def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=None, vstellard_args=(),
+                  refusing_args=None, daemons_out=None, migrations_out=None):
+    """Boot two guests with vStellar (guest 0 the peer, guest 1 the one that
+    moves, from host 1), each running its command; once a line of guest
+    1's output starts with `trigger`, migrate guest 1 to each host of
+    `plan` in turn (hosts 1 and 2; host 3 runs a daemon with
+    `refusing_args`, which must refuse the state, so a migration there
+    fails and the guest runs on where it was), then wait for both commands.
+
+    Returns run_guests' list of (status, output, console); guest 1's output
+    is its whole command's, across its QEMUs. migrations_out receives one
+    dict per migration: its status, QEMU's downtime, setup and total time
+    (ms), and how long moving the address took.
+    """
+    if len(commands) != 2:
+        raise vg.GuestError("run_migration takes two commands: the peer's and the moving guest's")
+    art = vg.Artifacts()
+    modules = list(vg.VSTELLAR_MODULES)
+    ips = [vg.guest_ip(i) for i in range(2)]
+    addr = f"{ips[1]}/24"
+    tmp = tempfile.mkdtemp(prefix="vstellar-migration-")
+    with vg.Session() as s:
+        try:
+            hosts = 4 if refusing_args is not None else 3
+            s.net = vg.TestNet(hosts, fabric=True, fab_addrs=[[f"{ips[0]}/24"], [addr]] + [[]] * (hosts - 2))
+            s.net.create()
+            # One daemon per host; hosts 1 to 3 may all serve the moving
+            # guest's address (it is on the host it is on).
+            daemons = []
+            for h in range(hosts):
+                ip = ips[0] if h == 0 else ips[1]
+                args = list(vstellard_args) + (list(refusing_args) if h == 3 else [])
+                d = vg.Vstellard(art, f"host{h}", netns=s.net.hosts[h], ip=ip, args=args, devices=[[ip]])
+                d.guests = [0] if h == 0 else [1]
+                s.daemons.append(d)
+                daemons.append(d)
+                d.start()
+            guests = []
+            for i, cmd in enumerate(commands):
+                prologue = (f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} "
+                            f"VSTELLAR_PEER_IP={ips[1 - i]}\n")
+                g = vg.Guest(art, f"guest{i}", prologue + cmd, netns=s.net.hosts[i], index=i, mem=mem,
+                             modules=modules, qemu_args=daemons[i].qemu_args(mem), timeout=timeout,
+                             echo=echo, qmp=(i == 1))
+                s.guests.append(g)
+                guests.append(g)
+                g.start()
+            mover = guests[1]
+            incarnations = [mover]
+            deadline = time.monotonic() + timeout
+            while not any(line.startswith(trigger) for line in mover.output):
+                if mover.proc.poll() is not None or time.monotonic() > deadline:
+                    raise vg.GuestError(f"guest1 never printed {trigger!r}:\n" + "\n".join(mover.console[-40:]))
+                time.sleep(0.1)
+            host = 1
+            for r, dst in enumerate(plan):
+                uri = f"unix:{os.path.join(tmp, f'migrate{r}.sock')}"
+                new = vg.Guest(art, "guest1", prologue + commands[1], netns=s.net.hosts[dst], index=1, mem=mem,
+                               modules=modules, qemu_args=daemons[dst].qemu_args(mem), timeout=timeout,
+                               echo=echo, qmp=True, incoming=uri)
+                s.guests.append(new)
+                new.start()
+                # The return path: a destination that cannot load the state
+                # (its vstellard refuses it) tells the source, whose
+                # migration then fails and whose guest runs on; without
+                # it, the source would call the migration complete.
+                rp = [{"capability": "return-path", "state": True}]
+                new.connect().execute("migrate-set-capabilities", capabilities=rp)
+                mover.connect().execute("migrate-set-capabilities", capabilities=rp)
+                # QEMU 7.2 copies at 32 MiB/s by default: a 1 GiB guest
+                # would take half a minute; here the "network" is a socket.
+                mover.connect().execute("migrate-set-parameters", **{"max-bandwidth": 8 << 30})
+                info = migrate(mover.connect(), uri)
+                record = {"round": r, "from": host, "to": dst, "status": info.get("status"),
+                          "downtime_ms": info.get("downtime"), "total_ms": info.get("total-time"),
+                          "setup_ms": info.get("setup-time"), "ram": info.get("ram", {})}
+                if info.get("status") != "completed":
+                    # The guest runs on where it was; the destination goes.
+                    new.kill()
+                    record["error"] = info.get("error-desc")
+                    if migrations_out is not None:
+                        migrations_out.append(record)
+                    continue
+                t0 = time.monotonic()
+                move_address(s.net, addr, host, dst, peers=[0])
+                try:
+                    new.connect().execute("cont")
+                except (OSError, vg.GuestError) as e:
+                    new.kill()
+                    raise vg.GuestError(f"the destination QEMU did not go on ({e}):\n" +
+                                        "\n".join(new.console[-30:]) + "\n" + daemons[dst].text()[-2000:])
+                record["address_ms"] = round((time.monotonic() - t0) * 1000, 1)
+                # The source QEMU has handed the guest over: it may go.
+                mover.connect().execute("quit")
+                mover.wait()
+                mover = new
+                incarnations.append(new)
+                host = dst
+                if migrations_out is not None:
+                    migrations_out.append(record)
+            results = []
+            status = guests[0].wait()
+            results.append((status, list(guests[0].output), list(guests[0].console)))
+            status = mover.wait()
+            out, console = [], []
+            for g in incarnations:
+                out += g.output
+                console += g.console
+            results.append((status, out, console))
+            return results
+        finally:
+            for d in s.daemons:
+                d.stop()
+            if daemons_out is not None:
+                daemons_out.extend({"stats": d.stats, "log": d.log_text, "guests": d.guests} for d in s.daemons)
+            shutil.rmtree(tmp, ignore_errors=True)
