@@ -140,7 +140,7 @@ bool SaveTranslator(vstellar::MemoryTranslator& t, std::vector<uint8_t>* out) {
 
 // ------------------------------------------------------------ stop and start
 
-void Device::Freeze() {
+void Device::Freeze(bool tell_peers) {
   if (frozen_) return;
   pvdma_.dirty_log()->Flush();  // every write so far is done: QEMU takes the log next
   frozen_ = true;
@@ -151,7 +151,7 @@ void Device::Freeze() {
   if (objs.pds.empty() && objs.cqs.empty()) return;
   // Its peers hold their retry clocks until it runs again (here or at a
   // migration's destination).
-  sh_->engine->notify_peers(objs, /*resumed=*/false);
+  if (tell_peers) sh_->engine->notify_peers(objs, /*resumed=*/false);
   if (int e = sh_->engine->detach(objs, &frozen_objs_)) {
     // It runs on while the VM is stopped (and cannot migrate).
     freeze_error_ = e == EBUSY ? "a QP is in a multicast group" : std::string("detach: ") + std::strerror(e);
@@ -717,9 +717,10 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
   for (uint32_t q = 0; q < VSTELLAR_MAX_CQ_QUEUES; q++)
     for (const vstellar_cq_notify& n : L.notifies[q])
       if (cq_notify_waiting_.insert(le32toh(n.cqn)).second) cq_notifies_[q].push_back(n);
-  // Stopped until the guest's rings start here.
+  // Stopped until the guest's rings start here (its peers heard PAUSED
+  // from the source already; this host may not have its address yet).
   frozen_ = false;
-  Freeze();
+  Freeze(/*tell_peers=*/false);
   LogMigration(id_, "took the state of " + std::to_string(obj_.qps.size()) + " QPs, " +
                         std::to_string(obj_.mrs.size()) + " MRs, " + std::to_string(obj_.cqs.size()) + " CQs");
   return true;

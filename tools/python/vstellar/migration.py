@@ -125,7 +125,12 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 # QEMU 7.2 copies at 32 MiB/s by default: a 1 GiB guest
                 # would take half a minute; here the "network" is a socket.
                 mover.connect().execute("migrate-set-parameters", **{"max-bandwidth": 8 << 30})
-                info = migrate(mover.connect(), uri)
+                try:
+                    info = migrate(mover.connect(), uri)
+                except (OSError, vg.GuestError) as e:
+                    raise vg.GuestError(f"migration {r} failed ({e}); the source's console:\n" +
+                                        "\n".join(mover.console[-20:]) + "\nthe destination's:\n" +
+                                        "\n".join(new.console[-20:]))
                 record = {"round": r, "from": host, "to": dst, "status": info.get("status"),
                           "downtime_ms": info.get("downtime"), "total_ms": info.get("total-time"),
                           "setup_ms": info.get("setup-time"), "ram": info.get("ram", {})}

@@ -403,7 +403,8 @@ static int vu_vstellar_state_poll(int fd, short events, int64_t deadline_ms,
         left = deadline_ms - qemu_clock_get_ms(QEMU_CLOCK_REALTIME);
         if (left <= 0) {
             error_setg(errp, "the backend did not finish the state "
-                       "transfer within %d s", VSTELLAR_STATE_TIMEOUT_MS / 1000);
+                       "transfer within %d s",
+                       VSTELLAR_STATE_TIMEOUT_MS / 1000);
             return -ETIMEDOUT;
         }
         ret = poll(&pfd, 1, MIN(left, INT_MAX));

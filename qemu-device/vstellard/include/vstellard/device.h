@@ -153,7 +153,7 @@ class Device : private DataPathEvents, private DeviceStateTransfer {
 
   Outcome HandleMessage(Message&& m);
   // Live migration (device_migration.cc).
-  void Freeze();
+  void Freeze(bool tell_peers = true);
   void Thaw();
   bool SaveState(std::vector<uint8_t>* out, std::string* err);
   bool LoadState(const std::vector<uint8_t>& bytes, std::string* err);

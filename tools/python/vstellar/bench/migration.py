@@ -29,7 +29,10 @@ from vstellar import TOP, guest as vg, migration as vm, perftest as pt
 
 REPEATS = int(os.environ.get("VSTELLAR_BENCH_REPEATS", "3"))
 MEMS = [int(m) for m in os.environ.get("VSTELLAR_MIGRATION_MEMS", "1024,4096").split(",")]
-SECONDS = 40
+# The guests' programs run this long (they must outlast two migrations:
+# under TCG the first copy of a guest's RAM takes seconds per GiB).
+def seconds(mem):
+    return 40 + 40 * mem // 1024
 PORT = 18531
 GUEST_TESTS = os.path.join(TOP, "tests", "guest")
 
@@ -42,16 +45,17 @@ def scripts():
     return out
 
 
-def commands(traffic):
+def commands(traffic, mem):
+    t = seconds(mem)
     if not traffic:
-        idle = (pt.VSTELLAR_SETUP + f"for i in $(seq {SECONDS}); do echo migrate-progress idle $i; sleep 1; done\n"
+        idle = (pt.VSTELLAR_SETUP + f"for i in $(seq {t}); do echo migrate-progress idle $i; sleep 1; done\n"
                 "echo migrate-traffic ok idle\n")
-        return [pt.VSTELLAR_SETUP + f"sleep {SECONDS + 5}\n", idle]
+        return [pt.VSTELLAR_SETUP + f"sleep {t + 5}\n", idle]
     files = "".join(f"cat > /tmp/{n} <<'EOF'\n{t}EOF\n" for n, t in scripts().items())
     dev = pt.VSTELLAR_DEVICE
     return [pt.VSTELLAR_SETUP + files + f"python3 /tmp/migrate_rdma.py target {dev} $GIDX {PORT}\n",
             pt.VSTELLAR_SETUP + files +
-            f"python3 /tmp/migrate_rdma.py initiator {dev} $GIDX $VSTELLAR_PEER_IP {PORT} {SECONDS}\n"]
+            f"python3 /tmp/migrate_rdma.py initiator {dev} $GIDX $VSTELLAR_PEER_IP {PORT} {t}\n"]
 
 
 def rates(out):
@@ -62,7 +66,7 @@ def rates(out):
 
 def one(mem, traffic):
     migs = []
-    results = vm.run_migration(commands(traffic), "migrate-progress", plan=(2, 1), mem=mem, timeout=900,
+    results = vm.run_migration(commands(traffic, mem), "migrate-progress", plan=(2, 1), mem=mem, timeout=900,
                                migrations_out=migs)
     for i, (status, out, console) in enumerate(results):
         if status or not any(l.startswith("migrate-traffic ok") for l in results[1][1]):
