@@ -178,6 +178,8 @@ void EngineCore::comp_ack(QpImpl& qp, const wire::Packet& p, uint64_t now) {
         return;
       case wire::Syndrome::ACK:
       case wire::Syndrome::HELD: break;  // handled above
+      case wire::Syndrome::PAUSED:
+      case wire::Syndrome::RESUMED: break;  // taken before (EngineCore::comp_peer_notice)
     }
   }
   comp_retire(qp);

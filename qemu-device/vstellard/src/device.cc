@@ -404,9 +404,10 @@ bool Device::OwnsEvent(const vstellar::AsyncEvent& e) const {
 
 void Device::ResetState() {
   // Objects held out of the engine (a stopped device) go back in to be
-  // destroyed there.
-  if (frozen_objs_ && sh_->engine && sh_->engine->attach(&frozen_objs_) == 0) frozen_objs_.reset();
-  frozen_objs_.reset();
+  // destroyed there. Their numbers stay reserved while they are out, so
+  // this cannot fail; were it to, they must outlive the pointers the
+  // tables hold: kept (leaked), never freed under them.
+  if (frozen_objs_ && sh_->engine && sh_->engine->attach(&frozen_objs_) != 0) (void)frozen_objs_.release();
   frozen_ = false;
   freeze_error_.clear();
   transfer_.Cancel();

@@ -170,6 +170,9 @@ void Device::Thaw() {
     frozen_objs_.reset();
     // Its peers resend what they have outstanding, to wherever it is now.
     sh_->engine->notify_peers(EngineObjects(), /*resumed=*/true);
+    // Completions staged in the engine's CQs (a guest ring that was full,
+    // or a state loaded here) go to the guest now, not at the next one.
+    for (auto& [h, c] : obj_.cqs) dp_.DrainCq(h);
   }
   dp_.OnKick();  // doorbells rung while stopped
 }
