@@ -330,3 +330,14 @@ def roce_engine():
 
 
 roce_engine()
+
+
+# ---- engine_state: records off(2 BE) byte(1) editing a saved engine state; see fuzz_engine_state.cc ----
+def engine_state():
+    """The state as saved (the empty input) and the state cut in half; the
+    target builds the state itself, so the edits start from a valid one."""
+    write("engine_state", "intact", b"")
+    write("engine_state", "cut_half", bytes([0x80]))
+
+
+engine_state()

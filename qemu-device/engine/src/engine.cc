@@ -538,6 +538,7 @@ int Engine::set_gsi_gids(Qp* qp, const std::vector<Gid>& gids) {
   return core_->set_gsi_gids(impl(qp), gids);
 }
 size_t Engine::qp_footprint(const QpInitAttr& init) const { return core_->qp_footprint(init); }
+size_t Engine::footprint(const Qp* qp) const { return core_->qp_footprint(*impl(qp)); }
 size_t Engine::srq_footprint(const SrqInitAttr& init) const {
   return sizeof(SrqImpl) + size_t(init.max_wr) * sizeof(RecvWqe);
 }

@@ -340,6 +340,7 @@ class QpImpl final : public Qp {
 
 inline QpImpl& impl(Qp& qp) { return static_cast<QpImpl&>(qp); }
 inline QpImpl* impl(Qp* qp) { return static_cast<QpImpl*>(qp); }
+inline const QpImpl* impl(const Qp* qp) { return static_cast<const QpImpl*>(qp); }
 inline const QpImpl& impl(const Qp& qp) { return static_cast<const QpImpl&>(qp); }
 
 // Random numbers for identifiers a peer must not guess (QPNs): from the
@@ -461,6 +462,9 @@ class EngineCore {
   bool resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32_t held_us = 0);
   bool resp_read_early(QpImpl& qp, const wire::Packet& p, uint32_t held_us = 0);
   size_t qp_footprint(const QpInitAttr& init) const;
+  // A QP's now: its receive queue may have outgrown its SRQ (resize_srq
+  // made the SRQ smaller since the QP took its WQEs).
+  size_t qp_footprint(const QpImpl& q) const;
   void resp_reread(QpImpl& qp, const wire::Packet& p);
   bool resp_error_now(QpImpl& qp, uint32_t psn);
   bool resp_atomic(QpImpl& qp, const wire::Packet& p);
@@ -628,7 +632,7 @@ class EngineCore {
   // save_restore.cc: one owner's objects as bytes and back (live migration).
   int save(const EngineObjects& objs, const Engine::SaveMem& save_mem, std::vector<uint8_t>* out);
   int restore(const uint8_t* data, size_t len, const Engine::RestoreMem& restore_mem, uint64_t qp_owner,
-              EngineObjects* out, std::string* err);
+              EngineObjects* out, std::string* err, size_t max_bytes);
   std::unordered_set<uint32_t> lent_qpns_, lent_keys_;
   ReturnedIds returned_;
   bool own_shard(uint32_t n) const { return n % cfg_.qpn_shards == cfg_.qpn_shard; }

@@ -180,6 +180,11 @@ size_t EngineCore::qp_footprint(const QpInitAttr& init) const {
   return n;
 }
 
+size_t EngineCore::qp_footprint(const QpImpl& q) const {
+  const size_t rq = q.init.srq ? q.init.srq->max_wr() : q.init.cap.max_recv_wr;
+  return qp_footprint(q.init) + (q.rq.size() > rq ? (q.rq.size() - rq) * sizeof(RecvWqe) : 0);
+}
+
 int EngineCore::destroy_qp(QpImpl* qp) {
   if (!qp || find_qp(qp->qpn_) != qp) return EINVAL;
   qp->pd_->refs--;

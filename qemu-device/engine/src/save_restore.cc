@@ -9,20 +9,46 @@
 // (vstellar/state_stream.h). Objects name each other by their index in
 // these lists, never by number. Translators are the owner's: the state
 // carries what the owner's save_mem wrote for each, and restore_mem
-// builds it again.
+// builds it again. In order:
+//   header   u64 magic "ENGNLST1", u32 version 1, u32 window_pkts,
+//            u32 num_paths, u32 mtu, u8 integrity
+//   PDs      u32 count (nothing else: their numbers are the new engine's)
+//   CQs      capacity, the completions not yet polled, the overflow flag
+//   SRQs     PD index, max_wr, max_sge, limit, the WQEs posted
+//   MRs      PD index, range, access, key, state, fast-registration pages,
+//            windows bound, translator (u8 present, u64 length, bytes)
+//   windows  PD index, type, rkey, state, MR index (~0: unbound), range,
+//            access, the QPN of a type 2 binding
+//   QPs      QPN, state, type, PD/CQ/SRQ indices, capabilities, attributes,
+//            segment size; the send queue (positions, WQEs with their
+//            inline bytes and REG_MR translators); READs and atomics
+//            outstanding; PSNs, bytes in flight, RTT; one record per PSN
+//            in flight; the resend queue; READ re-requests; the receive
+//            queue; the expected PSN and arrival bitmap; the held READ and
+//            atomic requests (as wire headers); the atomic replay cache;
+//            the READs done; ACK, UC, datagram and RoCE v2 state; the
+//            integrity keys, counter and replay window
+//   events   type, and the object: a CQ's or SRQ's index, or a QPN
+// Times travel as ages (how long ago) and waits (how long from now).
 //
 // restore() trusts nothing: the bytes reach the destination through
 // QEMU's migration stream. Every count is bounded by the engine's limits,
 // every enum and bool checked, every index must name an object of the
-// state, and every invariant the engine relies on (queue positions within
-// their rings, PSN records in the window, packet records naming WQEs that
-// exist) holds, before anything is made here.
+// state, and every invariant the engine relies on holds (queue positions
+// within their rings, a WQE's packets numbered as req_start numbers them,
+// each packet record the one its WQE made, the answers a WQE counts what
+// its records say, an MR's bound windows those bound to it), before
+// anything is made here.
 //
 // What does not move: the path choice and the congestion window, which
 // belong to the paths of the old host, start afresh as at RTR; the retry
 // clock and RTO backoff start now (the outage was the migration, not the
-// peer); timers are due at once, so what was in flight goes out again
-// from here, as after any outage.
+// peer); the timers of the packets in flight are due at once (each then
+// waits for its RTO from when it was sent), so what went to the old host's
+// network goes out again from here, as after any outage; packets found
+// lost wait in the resend queue, and the bytes in flight are counted
+// again from the records. A QP that does not send (ERR) keeps nothing of
+// its packets: it leaves ERR only through RESET.
 #include <algorithm>
 #include <cerrno>
 #include <map>
@@ -52,6 +78,11 @@ bool valid_qp_type(uint8_t v) { return v >= uint8_t(QpType::GSI) && v <= uint8_t
 bool valid_mr_state(uint8_t v) { return v <= uint8_t(MrState::INVALID); }
 bool valid_event(uint8_t v) { return v <= uint8_t(AsyncEventType::QP_LAST_WQE_REACHED); }
 bool valid_op(uint8_t v) { return v >= uint8_t(wire::Op::SEND) && v <= uint8_t(wire::Op::SEND_INV); }
+
+// The kind of the packets a WQE of this opcode sends (req_progress).
+PktKind kind_of(WrOpcode op) {
+  return op == WrOpcode::RDMA_READ ? PktKind::READ : is_rd_atomic(op) ? PktKind::ATOMIC : PktKind::DATA;
+}
 
 // Times move as ages (how long ago) or waits (how long from now), never as
 // clock values: the destination's clock is another.
@@ -459,12 +490,24 @@ int EngineCore::save(const EngineObjects& o, const Engine::SaveMem& save_mem, st
 // ------------------------------------------------------------------- restore
 
 int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMem& restore_mem, uint64_t qp_owner,
-                        EngineObjects* out, std::string* err) {
+                        EngineObjects* out, std::string* err, size_t max_bytes) {
   StateReader r(data, len);
   const uint64_t now = clock_.now_ns();
   auto bad = [&](const std::string& what) {
     *err = "engine state: " + what + " (at byte " + std::to_string(r.offset()) + " of " + std::to_string(len) + ")";
     return EPROTO;
+  };
+  // The memory the objects will hold, counted before each is made: a few
+  // bytes of state can ask for a CQ or a QP of the largest size.
+  size_t used = 0;
+  auto fits = [&](size_t bytes) {
+    if (bytes > max_bytes - used) return false;
+    used += bytes;
+    return true;
+  };
+  auto too_big = [&] {
+    *err = "the objects would hold more than the " + std::to_string(max_bytes) + " bytes of memory left here";
+    return ENOMEM;
   };
   uint64_t magic = 0;
   uint32_t version = 0, window = 0, paths = 0, mtu = 0, n = 0;
@@ -502,6 +545,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
   for (uint32_t i = 0; i < n; i++) {
     uint32_t cap = 0, count = 0;
     if (!r.U32(&cap) || cap < 1 || cap > DeviceLimits::kMaxCqe || !r.Count(&count, cap)) return bad("CQ");
+    if (!fits(sizeof(Cq) + size_t(cap) * sizeof(Wc))) return too_big();
     auto c = std::make_unique<Cq>(next(handle), cap);
     for (uint32_t k = 0; k < count; k++)
       if (!get_wc(r, &c->ring_[k])) return bad("CQ completion");
@@ -520,6 +564,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     if (!r.ok() || !s->pd_ || s->max_wr_ < 1 || s->max_wr_ > DeviceLimits::kMaxQpWr ||
         s->max_sge_ > DeviceLimits::kMaxSge || s->limit_ >= s->max_wr_ || !r.Count(&posted, s->max_wr_))
       return bad("SRQ");
+    if (!fits(sizeof(SrqImpl) + size_t(s->max_wr_) * sizeof(RecvWqe))) return too_big();
     s->srqn_ = next(srqn);
     s->ring.resize(s->max_wr_);
     for (uint32_t k = 0; k < posted; k++)
@@ -535,6 +580,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     r.U32(&pd);
     Pd* p = pd_at(pd);
     if (!p) return bad("MR's PD");
+    if (!fits(sizeof(Mr))) return too_big();  // (its translator is the owner's to count)
     auto m = std::make_unique<Mr>(p, 0, 0);
     r.U64(&m->iova_), r.U64(&m->length_), r.U32(&m->access_), r.U32(&key);
     m->key_ = key;
@@ -562,6 +608,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     r.U32(&pd), r.U8(&type), r.U32(&rkey);
     Pd* p = pd_at(pd);
     if (!r.ok() || !p || (type != 1 && type != 2)) return bad("window");
+    if (!fits(sizeof(Mw))) return too_big();
     auto m = std::make_unique<Mw>(p, type, rkey);
     get_enum(r, &m->state_, valid_mr_state);
     r.U32(&mr);
@@ -584,9 +631,20 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     std::sort(idx.begin(), idx.end());
     if (std::adjacent_find(idx.begin(), idx.end()) != idx.end()) return bad("a key twice");
   }
+  // An MR counts the windows bound to it (it cannot go while they are).
+  {
+    std::map<const Mr*, uint32_t> bound;
+    for (auto& w : mws)
+      if (w->mr_) bound[w->mr_]++;
+    for (auto& m : mrs)
+      if (m->bound_windows_ != (bound.count(m.get()) ? bound[m.get()] : 0)) return bad("MR's windows");
+  }
 
   if (!r.Count(&n, kMaxObjects)) return bad("QPs");
   const uint32_t nqps = n;  // n counts the lists inside each QP below
+  // A QP's segment size is the engine's MTU, a path MTU of at most 4096
+  // (RoCE v2 peers), or 4096 before RTR; a WQE's and a packet's follow it.
+  const uint32_t max_seg = std::max<uint32_t>(cfg_.mtu, 4096);
   for (uint32_t i = 0; i < nqps; i++) {
     auto qp = std::make_unique<QpImpl>();
     QpImpl& q = *qp;
@@ -615,7 +673,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     r.Bool(&q.init.sq_sig_all);
     if (!r.ok() || c.max_send_wr < 1 || c.max_send_wr > DeviceLimits::kMaxQpWr ||
         (!q.srq && (c.max_recv_wr < 1 || c.max_recv_wr > DeviceLimits::kMaxQpWr)) ||
-        c.max_send_sge > DeviceLimits::kMaxSge || c.max_recv_sge > DeviceLimits::kMaxSge ||
+        c.max_send_sge > DeviceLimits::kMaxSge || (!q.srq && c.max_recv_sge > DeviceLimits::kMaxSge) ||
         c.max_inline_data > DeviceLimits::kMaxInline)
       return bad("QP capabilities");
     q.init.qp_type = q.type_;
@@ -635,12 +693,12 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     r.U32(&q.seg);
     if (!r.ok() || a.path_mtu < MTU_256 || a.path_mtu > MTU_4096 || a.max_rd_atomic > DeviceLimits::kMaxRdAtomic ||
         a.max_dest_rd_atomic > DeviceLimits::kMaxRdAtomic || a.min_rnr_timer > 31 || a.timeout > 31 ||
-        a.retry_cnt > 7 || a.rnr_retry > 7 || q.seg < 256 || q.seg > cfg_.mtu)
+        a.retry_cnt > 7 || a.rnr_retry > 7 || q.seg < 256 || q.seg > max_seg)
       return bad("QP attributes");
     const bool rc = q.type_ == QpType::RC;
+    if (!fits(qp_footprint(q.init))) return too_big();
     q.sq.resize(c.max_send_wr);
     q.inline_buf.resize(size_t(c.max_send_wr) * c.max_inline_data);
-    q.rq.resize(q.srq ? q.srq->max_wr() : c.max_recv_wr);
     if (rc) {
       q.recs.resize(cfg_.window_pkts);
       q.rbits.assign(cfg_.window_pkts / 64, 0);
@@ -667,24 +725,43 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
       r.U32(&s.bind.mw_rkey), r.U32(&s.bind.new_rkey), r.U32(&s.bind.mr_lkey), r.U64(&s.bind.addr);
       r.U64(&s.bind.length), r.U32(&s.bind.access), r.U8(&s.bind.mw_type), r.U32(&s.vendor_err), r.U16(&s.path);
       if (!r.ok() || s.nsge > c.max_send_sge || s.pkts_done > s.pkts_sent || s.pkts_sent > s.npkts ||
-          (s.is_inline && s.len > c.max_inline_data) || s.path >= cfg_.num_paths ||
-          (s.seg && (s.seg < 256 || s.seg > cfg_.mtu)))
+          (s.is_inline && s.len > c.max_inline_data) || s.path >= cfg_.num_paths || s.len > DeviceLimits::kMaxMsgSize)
         return bad("send WQE");
+      // Packets numbered (req_start): the requester sends packet k of the
+      // message from offset k * seg, which must lie within it.
+      if (s.npkts && (s.seg < 256 || s.seg > max_seg ||
+                      s.npkts != (is_atomic(s.op) ? 1 : std::max<uint64_t>(1, (s.len + s.seg - 1) / s.seg))))
+        return bad("send WQE's packets");
+      // (A QP without inline data has no buffer at all: nothing to read.)
       const size_t slot = size_t(k % q.sq.size()) * c.max_inline_data;
-      if (!r.Bytes(q.inline_buf.data() + slot, s.is_inline ? c.max_inline_data : 0)) return bad("inline data");
+      if (s.is_inline && c.max_inline_data && !r.Bytes(q.inline_buf.data() + slot, c.max_inline_data))
+        return bad("inline data");
     }
     r.U32(&q.rd_atomic_outstanding), r.U32(&q.next_rsn);
+    {
+      // The READs and atomics outstanding are the WQEs that count (they
+      // hold back the next ones at max_rd_atomic until they retire).
+      uint32_t counted = 0;
+      for (uint64_t k = q.sq_head; k < q.sq_tail; k++) counted += q.sq_at(k).rd_counted;
+      if (q.rd_atomic_outstanding != counted) return bad("READs and atomics outstanding");
+    }
     r.U32(&q.snd_una), r.U32(&q.snd_nxt), r.U32(&q.read_fence), r.U32(&q.cum_seen);
     uint64_t retry = 0, since = 0;
     r.U64(&q.inflight), r.U64(&q.srtt), r.U64(&q.rttvar), r.U64(&retry), r.U64(&since);
     r.Bool(&q.drained_reported);
     get_ep(r, &q.health_peer);
-    q.fault_retry_ns = retry ? now : 0;
+    // A WQE waiting for on-demand pages looks again now; only one that has
+    // not started waits (a poll time without it would be due for ever).
+    q.fault_retry_ns = retry && q.sq_next != q.sq_tail && !q.sq_at(q.sq_next).started ? now : 0;
     q.fault_since_ns = from_age(now, since);
     uint32_t live = 0;
     if (!r.ok() || q.rd_atomic_outstanding > DeviceLimits::kMaxRdAtomic ||
         !r.Count(&live, rc ? cfg_.window_pkts : 0) || (rc && live != q.snd_nxt - q.snd_una))
       return bad("PSN state");
+    // A QP that does not send (ERR) never looks at its packets again (it
+    // leaves ERR only through RESET, which forgets them), and the WQEs
+    // they name may have been flushed: they are read and dropped.
+    const bool sending = sends(q.state_);
     for (uint32_t k = 0; k < live; k++) {
       PktRec& p = q.rec(q.snd_una + k);
       uint64_t sent = 0, held = 0;
@@ -695,18 +772,69 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
       r.Bool(&p.acked), r.Bool(&p.lost), r.U16(&p.run), r.U16(&p.prev_path), r.U64(&sent), r.U64(&held);
       p.sent_ns = from_age(now, sent);
       p.held_ns = from_age(now, held);
-      if (!r.ok() || kind > uint8_t(PktKind::ATOMIC) || p.wqe < q.sq_head || p.wqe >= q.sq_tail ||
-          p.path >= cfg_.num_paths || p.prev_path >= cfg_.num_paths || p.len > cfg_.mtu)
+      if (!r.ok() || kind > uint8_t(PktKind::ATOMIC) || p.path >= cfg_.num_paths || p.prev_path >= cfg_.num_paths)
         return bad("packet record");
-      // Not answered yet: its timer is due now (it went to the old host's
-      // network, and its answer, if any, to the old host).
-      if (!p.acked) q.timers.push(RetxTimer{now, q.snd_una + k, p.tx_seq, false});
+      if (!sending) continue;
+      // The packet is the one req_progress made for its WQE: a resend
+      // rebuilds it from the WQE at this offset.
+      if (p.wqe < q.sq_head || p.wqe >= q.sq_tail) return bad("packet record's WQE");
+      const SendWqe& w = q.sq_at(p.wqe);
+      const uint32_t d = q.snd_una + k - w.first_psn;
+      const uint64_t off = uint64_t(d) * w.seg;
+      if (d >= w.pkts_sent || p.kind != kind_of(w.op) || is_local_op(w.op) || p.off != off ||
+          p.len != (p.kind == PktKind::ATOMIC ? 8 : std::min<uint64_t>(w.seg, w.len - off)))
+        return bad("packet record");
+    }
+    if (rc && !sending) q.snd_una = q.snd_nxt;
+    // Each WQE counts the answers its packets got (those before snd_una,
+    // and the records answered), and is done exactly when all are in:
+    // otherwise it would complete without an answer, or wait for ever for
+    // one already given.
+    if (sending && rc) {
+      std::vector<uint32_t> answered(q.sq_tail - q.sq_head);
+      for (uint32_t psn = q.snd_una; psn != q.snd_nxt; psn++)
+        if (q.rec(psn).acked) answered[q.rec(psn).wqe - q.sq_head]++;
+      for (uint64_t k = q.sq_head; k < q.sq_tail; k++) {
+        const SendWqe& w = q.sq_at(k);
+        if (!w.npkts) continue;
+        if (q.snd_nxt - w.first_psn < w.pkts_sent) return bad("send WQE's PSNs");
+        const uint32_t before = q.snd_una - w.first_psn <= q.snd_nxt - w.first_psn
+                                    ? std::min(w.pkts_sent, q.snd_una - w.first_psn)
+                                    : 0;
+        const uint32_t got = before + answered[k - q.sq_head];
+        if (w.pkts_done != got || w.done != (got == w.npkts)) return bad("send WQE's answers");
+      }
     }
     if (!r.Count(&n, rc ? cfg_.window_pkts : 0)) return bad("resend queue");
+    // The PSNs in flight (an RC QP that sends; at most window_pkts, as
+    // `live` was); UC counts PSNs without a window.
+    const uint32_t flying = rc ? q.snd_nxt - q.snd_una : 0;
+    std::vector<bool> queued(flying);
     for (uint32_t k = 0; k < n; k++) {
       uint32_t psn = 0;
-      if (!r.U32(&psn) || psn - q.snd_una >= live) return bad("resend queue");
-      q.resend.push_back(psn);
+      if (!r.U32(&psn)) return bad("resend queue");
+      // Entries behind the window are stale (answered before their resend
+      // went; req_resend skips them): they stay behind.
+      if (psn - q.snd_una < flying) {
+        q.resend.push_back(psn);
+        queued[psn - q.snd_una] = true;
+      }
+    }
+    // In flight: what the records say (not the count saved). A lost
+    // packet waits in the resend queue, without a timer (its resend arms
+    // one); the others' timers are due now: they went to the old host's
+    // network, and their answers, if any, to the old host.
+    q.inflight = 0;
+    for (uint32_t k = 0; k < flying; k++) {
+      const uint32_t psn = q.snd_una + k;
+      const PktRec& p = q.rec(psn);
+      if (p.acked) continue;
+      if (!p.lost) {
+        q.inflight += p.len;
+        q.timers.push(RetxTimer{now, psn, p.tx_seq, false});
+      } else if (!queued[k]) {
+        q.resend.push_back(psn);
+      }
     }
     if (!r.Count(&n, QpImpl::kMaxReadReruns)) return bad("READ reruns");
     for (uint32_t k = 0; k < n; k++) {
@@ -718,7 +846,14 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
       q.read_reruns.push_back(rr);
     }
     r.U64(&q.rq_head), r.U64(&q.rq_tail);
-    if (!r.ok() || q.rq_head > q.rq_tail || q.rq_tail - q.rq_head > q.rq.size()) return bad("receive queue");
+    if (!r.ok() || q.rq_head > q.rq_tail || q.rq_tail - q.rq_head > DeviceLimits::kMaxQpWr) return bad("receive queue");
+    // On an SRQ, the QP holds what it took, and the SRQ may have been made
+    // smaller since (resize_srq).
+    if (q.srq && q.rq_tail - q.rq_head > q.srq->max_wr() &&
+        !fits((q.rq_tail - q.rq_head - q.srq->max_wr()) * sizeof(RecvWqe)))
+      return too_big();
+    q.rq.resize(q.srq ? std::max<uint64_t>(q.srq->max_wr(), q.rq_tail - q.rq_head) : c.max_recv_wr);
+    if (q.rq_tail - q.rq_head > q.rq.size()) return bad("receive queue");
     for (uint64_t k = q.rq_head; k < q.rq_tail; k++)
       if (!get_recv(r, &q.rq_at(k))) return bad("receive WQE");
     r.U32(&q.epsn);
@@ -743,7 +878,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     for (uint32_t k = 0; k < n; k++) {
       QpImpl::ReadDone d{};
       r.U32(&d.psn), r.U32(&d.npsn), r.U64(&d.va), r.U32(&d.rkey), r.U32(&d.len), r.U32(&d.msg_off), r.U16(&d.seg);
-      if (!r.ok() || d.seg > cfg_.mtu) return bad("READ done");
+      if (!r.ok() || d.seg == 0) return bad("READ done");  // the peer's segment size: any but 0 (resp_read)
       q.reads_done.push_back(d);
     }
     uint64_t ack_age = 0;
@@ -786,12 +921,10 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
     q.last_progress_ns = q.last_post_ns = now;
     qps.push_back(std::move(qp));
   }
-  {
-    std::vector<uint32_t> qpns;
-    for (auto& q : qps) qpns.push_back(q->qpn_);
-    std::sort(qpns.begin(), qpns.end());
-    if (std::adjacent_find(qpns.begin(), qpns.end()) != qpns.end()) return bad("a QPN twice");
-  }
+  std::vector<uint32_t> qpns;  // sorted: events name QPs by number
+  for (auto& q : qps) qpns.push_back(q->qpn_);
+  std::sort(qpns.begin(), qpns.end());
+  if (std::adjacent_find(qpns.begin(), qpns.end()) != qpns.end()) return bad("a QPN twice");
 
   std::vector<AsyncEvent> events;
   if (!r.Count(&n, kMaxObjects)) return bad("events");
@@ -806,6 +939,7 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
       if (!srq_at(obj)) return bad("event");
       e.qpn_or_cqn = srq_at(obj)->srqn();
     } else {
+      if (!std::binary_search(qpns.begin(), qpns.end(), obj)) return bad("event");
       e.qpn_or_cqn = obj;
     }
     events.push_back(e);
@@ -926,8 +1060,8 @@ int Engine::save(const EngineObjects& objs, const SaveMem& save_mem, std::vector
 }
 
 int Engine::restore(const uint8_t* data, size_t len, const RestoreMem& restore_mem, uint64_t qp_owner,
-                    EngineObjects* out, std::string* err) {
-  return core_->restore(data, len, restore_mem, qp_owner, out, err);
+                    EngineObjects* out, std::string* err, size_t max_bytes) {
+  return core_->restore(data, len, restore_mem, qp_owner, out, err, max_bytes);
 }
 
 }  // namespace vstellar

@@ -364,6 +364,8 @@ struct Loaded {
   std::map<uint32_t, UContext> uctx;
   std::vector<bool> db_pages_used;
   std::map<uint32_t, vstellar::Gid> gids;
+  // `charge`: what the source charged. Read and not used: the charges here
+  // are counted from the objects made (version 1 carries the field).
   struct Pd { uint32_t h, owner, pd, dma_mr; };
   struct Mr { uint32_t h, owner, mr, pdn; uint64_t charge; };
   struct Mw { uint32_t h, owner, mw, pdn; uint64_t charge; };
@@ -611,20 +613,23 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
     }
     taken.push_back(g);
   }
-  // What the objects hold of host memory, charged here before any is made.
-  std::vector<MemoryCharge> charges;
-  auto charge = [&](uint64_t bytes, MemoryCharge* out) { return out->Take(obj_.memory, *sh_->memory, bytes); };
-  bool charged = true;
-  for (auto& m : L.mrs) charged = charged && charge(m.charge, &charges.emplace_back());
-  for (auto& m : L.mws) charged = charged && charge(m.charge, &charges.emplace_back());
-  for (auto& q : L.cqs) charged = charged && charge(q.charge, &q.o.charge);
-  for (auto& s : L.srqs) charged = charged && charge(s.charge, &s.o.charge);
-  for (auto& q : L.qps) charged = charged && charge(q.charge, &q.o.charge);
-  if (!charged) {
+  // No more objects than the device's limits (the guest's driver read
+  // them; it could not have made more).
+  // (CREATE_SRQ counts SRQs against max_qp, and ALLOC_MW windows against max_mr.)
+  const uint32_t max_qp = le32toh(c.max_qp), max_mr = le32toh(c.max_mr);
+  if (L.qps.size() > max_qp || L.srqs.size() > max_qp || L.cqs.size() > le32toh(c.max_cq) ||
+      L.mrs.size() > max_mr || L.mws.size() > max_mr || L.pds.size() > le32toh(c.max_pd)) {
     give_back();
-    *err = "the device's objects do not fit this daemon's memory budget";
+    *err = "malformed device state (more objects than the device's limits)";
     return false;
   }
+  // The memory the objects hold here is charged as the commands that make
+  // them charge it, from what they are (never from what the source says):
+  // the engine counts its part as it makes them, within what is left of
+  // the budgets, and the rest is charged below once they are made.
+  const uint64_t left = std::min(obj_.memory.limit() - std::min(obj_.memory.limit(), obj_.memory.used()),
+                                 sh_->memory->limit() - std::min(sh_->memory->limit(), sh_->memory->used()));
+  std::map<const vstellar::MemoryTranslator*, uint64_t> translator_bytes;
 
   // The engine's objects, with their numbers; their translators from what
   // the source said of each (built on first use). On-demand ones are kept
@@ -639,11 +644,18 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
       case kMemLayout:
         m.U64(&l.iova), m.U64(&l.length), m.U32(&l.page_shift), m.U64s(&l.pages, kMaxPages);
         if (!m.done() || l.page_shift < 12 || l.page_shift >= 64) return nullptr;
-        return std::make_shared<RestoredTranslator>(pvdma_, sh_->atc, sh_->translation, std::move(l));
+      {
+        const uint64_t bytes = 16ull * l.pages.size();
+        auto t = std::make_shared<RestoredTranslator>(pvdma_, sh_->atc, sh_->translation, std::move(l));
+        translator_bytes[t.get()] = bytes;
+        return t;
+      }
       case kMemOdp:
         m.U64(&l.iova), m.U64(&l.length);
         if (!m.done() || (l.length != VSTELLAR_ODP_IMPLICIT_LENGTH && l.iova + l.length < l.iova)) return nullptr;
         odp.push_back(std::make_shared<OdpTranslator>(pvdma_, l.iova, l.length));
+        translator_bytes[odp.back().get()] = sizeof(OdpTranslator) + OdpTranslator::MaxChunks(l.iova, l.length) *
+                                                                          (OdpTranslator::kChunkPages * 8 + 64);
         return odp.back();
       case kMemGpa:
         return m.done() ? std::make_shared<GpaTranslator>(pvdma_) : nullptr;
@@ -652,7 +664,7 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
     }
   };
   vstellar::EngineObjects eo;
-  if (int e = sh_->engine->restore(L.engine, L.engine_len, mem, id_, &eo, err)) {
+  if (int e = sh_->engine->restore(L.engine, L.engine_len, mem, id_, &eo, err, left)) {
     give_back();
     *err = "the engine refused the device's objects (" + std::string(std::strerror(e)) + "): " + *err;
     return false;
@@ -672,13 +684,65 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
   for (auto& q : L.cqs) fits = fits && in(q.engine, eo.cqs);
   for (auto& s : L.srqs) fits = fits && in(s.engine, eo.srqs);
   for (auto& q : L.qps) fits = fits && in(q.engine, eo.qps) && eo.qps[q.engine]->qpn() == q.qpn;
-  if (!fits) {
+  // ... and each engine object is the device's once: one nobody names
+  // would stay in the engine for ever, one named twice be freed twice.
+  if (fits) {
+    auto once = [&](const auto& v, auto&& each) {
+      std::vector<uint32_t> seen(v.size());
+      each([&](uint32_t i) { seen[i]++; });
+      return std::all_of(seen.begin(), seen.end(), [](uint32_t k) { return k == 1; });
+    };
+    fits = once(eo.pds, [&](auto use) { for (auto& p : L.pds) use(p.pd); }) &&
+           once(eo.mrs, [&](auto use) {
+             for (auto& m : L.mrs) use(m.mr);
+             for (auto& p : L.pds)
+               if (p.dma_mr != kNone) use(p.dma_mr);
+           }) &&
+           once(eo.mws, [&](auto use) { for (auto& m : L.mws) use(m.mw); }) &&
+           once(eo.cqs, [&](auto use) { for (auto& q : L.cqs) use(q.engine); }) &&
+           once(eo.srqs, [&](auto use) { for (auto& s : L.srqs) use(s.engine); }) &&
+           once(eo.qps, [&](auto use) { for (auto& q : L.qps) use(q.engine); });
+  }
+  auto drop = [&](const std::string& why) {
     vstellar::Detached gone;
     sh_->engine->detach(eo, &gone);  // and dropped
     give_back();
-    *err = "malformed device state (engine object indices)";
+    *err = why;
     return false;
+  };
+  if (!fits) return drop("malformed device state (engine object indices)");
+  // The charges, as CREATE_* and REG_MR make them.
+  const vstellar::Engine& engine = *sh_->engine;
+  std::vector<MemoryCharge> charges;
+  auto charge = [&](uint64_t bytes, MemoryCharge* out) { return out->Take(obj_.memory, *sh_->memory, bytes); };
+  bool charged = true;
+  for (auto& m : L.mrs) {
+    const vstellar::Mr* mr = eo.mrs[m.mr];
+    uint64_t table = 16ull * mr->max_pages();  // a fast-registration MR's page list
+    if (mr->state() == vstellar::MrState::VALID) {
+      auto t = translator_bytes.find(&mr->mem());
+      if (t != translator_bytes.end()) table = std::max(table, t->second);
+    }
+    charged = charged && charge(sizeof(MrObj) + sizeof(vstellar::Mr) + table, &charges.emplace_back());
   }
+  for (size_t i = 0; i < L.mws.size(); i++)
+    charged = charged && charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charges.emplace_back());
+  for (auto& q : L.cqs)
+    charged = charged && charge(sizeof(CqObj) + 8ull * q.o.pages.size() + engine.footprint(eo.cqs[q.engine]),
+                                &q.o.charge);
+  for (auto& s : L.srqs) {
+    const vstellar::Srq* srq = eo.srqs[s.engine];
+    charged = charged && charge(cmds_.SrqBytes(uint32_t(s.o.ring.pages.size()), {srq->max_wr(), srq->max_sge(), 0}),
+                                &s.o.charge);
+  }
+  for (auto& q : L.qps) {
+    // The page lists, and a wr_id and opcode per send slot and a wr_id per
+    // receive slot (the arrays are those sizes or empty: checked above).
+    const uint64_t rings = 8ull * (q.o.sq.pages.size() + q.o.rq.pages.size()) + 9ull * (uint64_t{1} << q.o.sq.log_n) +
+                           8ull * (uint64_t{1} << q.o.rq.log_n);
+    charged = charged && charge(sizeof(QpObj) + rings + engine.footprint(eo.qps[q.engine]), &q.o.charge);
+  }
+  if (!charged) return drop("the device's objects do not fit this daemon's memory budget");
 
   // Nothing fails from here on.
   std::memcpy(state_.mutable_device().config.node_guid, L.config.node_guid, sizeof(L.config.node_guid));

@@ -373,8 +373,17 @@ class Engine {
   // old host's network: they are resent as after an outage), the path
   // choice and congestion window start afresh (the paths are another
   // host's now), and the retry clock starts now.
+  // ENOMEM: the objects would hold more than max_bytes of memory here (as
+  // footprint() counts them; checked before each is made, so a state
+  // cannot make the engine allocate more than that, whatever it says).
   int restore(const uint8_t* data, size_t len, const RestoreMem& restore_mem, uint64_t qp_owner,
-              EngineObjects* out, std::string* err);
+              EngineObjects* out, std::string* err, size_t max_bytes = SIZE_MAX);
+  // What an object holds of this process's memory, as create_qp,
+  // create_srq and create_cq count it (qp_footprint and the others, of its
+  // attributes now); restored objects are charged by it.
+  size_t footprint(const Qp* qp) const;
+  size_t footprint(const Srq* srq) const { return srq_footprint({srq->max_wr(), srq->max_sge(), 0}); }
+  size_t footprint(const Cq* cq) const { return cq_footprint(cq->capacity()); }
 
   // Tells the peer of every connected RC QP of objs that the QP stops
   // for a while (resumed false: its device stops, a live migration

@@ -42,6 +42,9 @@ class Commands {
   // An on-demand MR's faults reach the guest naming MR `h` of context
   // `uctx`, and time out after --odp-fault-timeout.
   void WireOdp(uint32_t h, uint32_t uctx, const std::shared_ptr<OdpTranslator>& odp);
+  // What an SRQ holds of host memory (CREATE_SRQ, RESIZE_SRQ, and a
+  // restored one: Device::LoadState).
+  uint64_t SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const;
 
  private:
   // Handlers get the owning context, the body (page list included) and its
@@ -55,7 +58,6 @@ class Commands {
 
   uint16_t CheckUctx(uint32_t uctx) const;
   uint16_t Charge(uint64_t bytes, MemoryCharge* charge);
-  uint64_t SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const;
   uint16_t ReadPages(const uint8_t* p, uint32_t n, uint32_t shift, std::vector<uint64_t>* out) const;
   uint16_t AddDbContext(uint32_t key, uint32_t* page);
   bool DatagramsOn() const;
