@@ -1,10 +1,10 @@
 """Live migration of a guest whose RDMA keeps running (docs/running-guests.md,
 "Live migration").
 
-Three hosts (network namespaces, guest.TestNet with the daemons' fabric
-network): host 0 runs the peer guest and its vstellard; hosts 1 and 2 each
-run a vstellard that may serve the moving guest's address. The moving
-guest starts on host 1. To migrate it, a destination QEMU starts on the
+Three hosts or more (network namespaces, guest.TestNet with the daemons'
+fabric network): host 0 runs guest 0 and its vstellard; hosts 1 and 2 each
+run a vstellard that may serve guest 1's address, which starts on host 1;
+one more host may serve guest 0's, so that both can move. To migrate it, a destination QEMU starts on the
 other host (-incoming, paused), the source QEMU migrates into it over a
 unix socket, and once QEMU reports the migration complete the guest's
 address moves with it, as a fabric would route it to its new host: it
@@ -54,64 +54,83 @@ def migrate(qmp, uri, timeout=300):
 
 
 def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=None, vstellard_args=(),
-                  refusing_args=None, daemons_out=None, migrations_out=None):
-    """Boot two guests with vStellar (guest 0 the peer, guest 1 the one that
-    moves, from host 1), each running its command; once a line of guest
-    1's output starts with `trigger`, migrate guest 1 to each host of
-    `plan` in turn (hosts 1 and 2; host 3 runs a daemon with
-    `refusing_args`, which must refuse the state, so a migration there
-    fails and the guest runs on where it was), then wait for both commands.
+                  refusing_args=None, peer_host=False, image=None, daemons_out=None, migrations_out=None):
+    """Boot two guests with vStellar (guest 0 from host 0, guest 1 from
+    host 1), each running its command; once a line of guest 1's output
+    starts with `trigger`, migrate guests as `plan` says, one after the
+    other, then wait for both commands.
 
-    Returns run_guests' list of (status, output, console); guest 1's output
-    is its whole command's, across its QEMUs. migrations_out receives one
-    dict per migration: its status, QEMU's downtime, setup and total time
-    (ms), and how long moving the address took.
+    plan: a list of hosts to move guest 1 to in turn, or of (guest, host).
+    Hosts 1 and 2 serve guest 1's address; host 3, when refusing_args is
+    given, runs a daemon with those arguments that must refuse the state
+    (the migration fails and the guest runs on where it was); with
+    peer_host, one more host (the last) serves guest 0's address, so that
+    guest 0 can move too. image: a guest image other than the test image
+    (an overlay_image variant).
+
+    Returns run_guests' list of (status, output, console); each guest's
+    output is its whole command's, across its QEMUs. migrations_out
+    receives one dict per migration: the guest, its status, QEMU's
+    downtime, setup and total time (ms), how long moving the address took,
+    and both guests' output up to the migration's end ("output").
     """
     if len(commands) != 2:
-        raise vg.GuestError("run_migration takes two commands: the peer's and the moving guest's")
-    art = vg.Artifacts()
+        raise vg.GuestError("run_migration takes two commands: guest 0's and guest 1's")
+    art = vg.Artifacts(image=image)
     modules = list(vg.VSTELLAR_MODULES)
     ips = [vg.guest_ip(i) for i in range(2)]
-    addr = f"{ips[1]}/24"
+    addrs = [f"{ip}/24" for ip in ips]
+    plan = [(1, p) if isinstance(p, int) else tuple(p) for p in plan]
     tmp = tempfile.mkdtemp(prefix="vstellar-migration-")
     with vg.Session() as s:
         try:
             hosts = 4 if refusing_args is not None else 3
-            s.net = vg.TestNet(hosts, fabric=True, fab_addrs=[[f"{ips[0]}/24"], [addr]] + [[]] * (hosts - 2))
+            if peer_host:
+                hosts += 1
+            serves = [1] * hosts  # the guest whose address each host's daemon may hold
+            serves[0] = 0
+            if peer_host:
+                serves[-1] = 0
+            fab = [[addrs[0]], [addrs[1]]] + [[]] * (hosts - 2)
+            s.net = vg.TestNet(hosts, fabric=True, fab_addrs=fab)
             s.net.create()
-            # One daemon per host; hosts 1 to 3 may all serve the moving
-            # guest's address (it is on the host it is on).
             daemons = []
             for h in range(hosts):
-                ip = ips[0] if h == 0 else ips[1]
-                args = list(vstellard_args) + (list(refusing_args) if h == 3 else [])
+                ip = ips[serves[h]]
+                refusing = refusing_args is not None and h == 3
+                args = list(vstellard_args) + (list(refusing_args) if refusing else [])
                 d = vg.Vstellard(art, f"host{h}", netns=s.net.hosts[h], ip=ip, args=args, devices=[[ip]])
-                d.guests = [0] if h == 0 else [1]
+                d.guests = [serves[h]]
                 s.daemons.append(d)
                 daemons.append(d)
                 d.start()
-            guests = []
+            prologues = [f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} VSTELLAR_PEER_IP={ips[1 - i]}\n"
+                         for i in range(2)]
+            moving = {g for g, _h in plan}
+            current, incarnations, where = [], [], [0, 1]
             for i, cmd in enumerate(commands):
-                prologue = (f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} "
-                            f"VSTELLAR_PEER_IP={ips[1 - i]}\n")
-                g = vg.Guest(art, f"guest{i}", prologue + cmd, netns=s.net.hosts[i], index=i, mem=mem,
+                g = vg.Guest(art, f"guest{i}", prologues[i] + cmd, netns=s.net.hosts[i], index=i, mem=mem,
                              modules=modules, qemu_args=daemons[i].qemu_args(mem), timeout=timeout,
-                             echo=echo, qmp=(i == 1))
+                             echo=echo, qmp=(i in moving))
                 s.guests.append(g)
-                guests.append(g)
+                current.append(g)
+                incarnations.append([g])
                 g.start()
-            mover = guests[1]
-            incarnations = [mover]
             deadline = time.monotonic() + timeout
-            while not any(line.startswith(trigger) for line in mover.output):
-                if mover.proc.poll() is not None or time.monotonic() > deadline:
-                    raise vg.GuestError(f"guest1 never printed {trigger!r}:\n" + "\n".join(mover.console[-40:]))
+            while not any(line.startswith(trigger) for line in current[1].output):
+                if current[1].proc.poll() is not None or time.monotonic() > deadline:
+                    raise vg.GuestError(f"guest1 never printed {trigger!r}:\n" + "\n".join(current[1].console[-40:]))
                 time.sleep(0.1)
-            host = 1
-            for r, dst in enumerate(plan):
+
+            def output(i):
+                return [line for g in incarnations[i] for line in g.output]
+
+            for r, (gi, dst) in enumerate(plan):
+                mover = current[gi]
+                host = where[gi]
                 uri = f"unix:{os.path.join(tmp, f'migrate{r}.sock')}"
-                new = vg.Guest(art, "guest1", prologue + commands[1], netns=s.net.hosts[dst], index=1, mem=mem,
-                               modules=modules, qemu_args=daemons[dst].qemu_args(mem), timeout=timeout,
+                new = vg.Guest(art, f"guest{gi}", prologues[gi] + commands[gi], netns=s.net.hosts[dst], index=gi,
+                               mem=mem, modules=modules, qemu_args=daemons[dst].qemu_args(mem), timeout=timeout,
                                echo=echo, qmp=True, incoming=uri)
                 s.guests.append(new)
                 new.start()
@@ -131,18 +150,19 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                     raise vg.GuestError(f"migration {r} failed ({e}); the source's console:\n" +
                                         "\n".join(mover.console[-20:]) + "\nthe destination's:\n" +
                                         "\n".join(new.console[-20:]))
-                record = {"round": r, "from": host, "to": dst, "status": info.get("status"),
+                record = {"round": r, "guest": gi, "from": host, "to": dst, "status": info.get("status"),
                           "downtime_ms": info.get("downtime"), "total_ms": info.get("total-time"),
                           "setup_ms": info.get("setup-time"), "ram": info.get("ram", {})}
+                if migrations_out is not None:
+                    migrations_out.append(record)
                 if info.get("status") != "completed":
                     # The guest runs on where it was; the destination goes.
                     new.kill()
                     record["error"] = info.get("error-desc")
-                    if migrations_out is not None:
-                        migrations_out.append(record)
+                    record["output"] = [output(0), output(1)]
                     continue
                 t0 = time.monotonic()
-                move_address(s.net, addr, host, dst, peers=[0])
+                move_address(s.net, addrs[gi], host, dst, peers=[where[1 - gi]])
                 try:
                     new.connect().execute("cont")
                 except (OSError, vg.GuestError) as e:
@@ -153,20 +173,15 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 # The source QEMU has handed the guest over: it may go.
                 mover.connect().execute("quit")
                 mover.wait()
-                mover = new
-                incarnations.append(new)
-                host = dst
-                if migrations_out is not None:
-                    migrations_out.append(record)
+                current[gi] = new
+                incarnations[gi].append(new)
+                where[gi] = dst
+                record["output"] = [output(0), output(1)]
             results = []
-            status = guests[0].wait()
-            results.append((status, list(guests[0].output), list(guests[0].console)))
-            status = mover.wait()
-            out, console = [], []
-            for g in incarnations:
-                out += g.output
-                console += g.console
-            results.append((status, out, console))
+            for i in range(2):
+                status = current[i].wait()
+                console = [line for g in incarnations[i] for line in g.console]
+                results.append((status, output(i), console))
             return results
         finally:
             for d in s.daemons:

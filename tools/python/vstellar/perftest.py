@@ -77,16 +77,19 @@ def client_retry(not_listening, tries=60):
     """A shell function `run_client CMD...`: runs CMD until it succeeds,
     retrying (once a second, at most `tries` times) only while its output
     matches the grep pattern `not_listening` (the server does not listen
-    yet); then prints CMD's output."""
+    yet); then prints CMD's output. CMD's output goes to $CLIENT_OUT
+    (/tmp/client.out if unset) meanwhile: clients that run at once each
+    set their own."""
     return f"""\
 run_client() {{
   i=0
+  out=${{CLIENT_OUT:-/tmp/client.out}}
   while [ $i -lt {tries} ]; do
-    "$@" > /tmp/client.out 2>&1 && {{ cat /tmp/client.out; return 0; }}
-    grep -q "{not_listening}" /tmp/client.out || {{ cat /tmp/client.out; return 1; }}
+    "$@" > $out 2>&1 && {{ cat $out; return 0; }}
+    grep -q "{not_listening}" $out || {{ cat $out; return 1; }}
     i=$((i + 1)); sleep 1
   done
-  cat /tmp/client.out; return 1
+  cat $out; return 1
 }}
 """
 

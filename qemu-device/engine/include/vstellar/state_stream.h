@@ -69,7 +69,7 @@ class StateReader {
   }
   bool Bytes(void* dst, size_t n) {
     if (!ok_ || left() < n) return Fail();
-    std::memcpy(dst, p_, n);
+    if (n) std::memcpy(dst, p_, n);  // (dst may be null then: an empty vector's data())
     p_ += n;
     return true;
   }

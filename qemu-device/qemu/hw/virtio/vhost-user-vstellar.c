@@ -973,15 +973,17 @@ static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
         return false;
     }
     /*
-     * Migrated with guest RAM: the driver's and providers' doorbell
-     * records and the backend's alive and need_kick words must be where
-     * they were on the destination. (_from_fd does not register, unlike
-     * memory_region_init_ram.) The RAM block is named after the device's
-     * PCI address and the region's fixed name, never after db_region_id,
-     * which counts devices in this process (hot-plug order) and may
-     * differ on the destination; it stays between us and our backend.
+     * Not registered as migratable RAM: the region goes whole in the
+     * device's own section, in the stop-and-copy phase (vu_vstellar_vmstate).
+     * RAM's passes would rely on dirty tracking of the guest's stores
+     * into it, and under TCG a store through a TLB entry made while the
+     * page was dirty is not seen again once migration has synced the
+     * page clean: the destination could get a producer index older than
+     * the WQEs vstellard has already taken (found by
+     * guest.test_migration_apps). 256 KiB by default.
      */
-    vmstate_register_ram(&s->db_mr, DEVICE(s));
+    s->db_ptr = memory_region_get_ram_ptr(&s->db_mr);
+    s->db_size = size;
     return true;
 }
 
@@ -1085,13 +1087,15 @@ static struct vhost_dev *vu_vstellar_get_vhost(VirtIODevice *vdev)
  * properties both sides must agree on, the virtio state (status,
  * features, queues with their last_avail_idx from GET_VRING_BASE, the PCI
  * transport's config and MSI-X), what this frontend adds to the config
- * space the guest sees, then vstellard's state. The doorbell region goes
- * with RAM, before all of this.
+ * space the guest sees, the doorbell region (the driver's and providers'
+ * doorbell records, the backend's alive and need_kick words: written
+ * while the VM is stopped, so after the last of the guest's stores), then
+ * vstellard's state.
  */
 static const VMStateDescription vu_vstellar_vmstate = {
     .name = "vhost-user-vstellar",
-    .version_id = 1,
-    .minimum_version_id = 1,
+    .version_id = 2,
+    .minimum_version_id = 2,
     .fields = (VMStateField[]) {
         VMSTATE_UINT32_EQUAL(cq_queues, VHostUserVstellar,
                              "vhost-user-vstellar: cq-queues differs between "
@@ -1102,6 +1106,7 @@ static const VMStateDescription vu_vstellar_vmstate = {
         VMSTATE_VIRTIO_DEVICE,
         VMSTATE_UINT32(epoch, VHostUserVstellar),
         VMSTATE_BOOL(lost, VHostUserVstellar),
+        VMSTATE_VBUFFER_UINT32(db_ptr, VHostUserVstellar, 2, NULL, db_size),
         {
             .name = "backend",
             .info = &vu_vstellar_backend_info,

@@ -46,6 +46,9 @@ struct VHostUserVstellar {
      * db_region_id names it apart from the guest's other vStellar devices'
      */
     MemoryRegion db_mr;
+    /* the region's memory and size, for the migration stream */
+    uint8_t *db_ptr;
+    uint32_t db_size;
     uint32_t db_region_id;
 
     /*
