@@ -975,12 +975,14 @@ static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
     /*
      * Not registered as migratable RAM: the region goes whole in the
      * device's own section, in the stop-and-copy phase (vu_vstellar_vmstate).
-     * RAM's passes would rely on dirty tracking of the guest's stores
-     * into it, and under TCG a store through a TLB entry made while the
-     * page was dirty is not seen again once migration has synced the
-     * page clean: the destination could get a producer index older than
-     * the WQEs vstellard has already taken (found by
-     * guest.test_migration_apps). 256 KiB by default.
+     * As RAM, the destination got producer indices older than the WQEs
+     * vstellard had already taken (guest.test_migration_apps, under
+     * TCG): RAM's passes rely on dirty tracking of the guest's stores,
+     * and 7.2's sync of a whole bitmap word resets no TCG TLB entry, so
+     * a store through an entry made while the page was dirty seems not
+     * to be seen again (our reading; not proven). Copied with the VM
+     * stopped, the region is whole whatever the tracking did.
+     * 256 KiB by default.
      */
     s->db_ptr = memory_region_get_ram_ptr(&s->db_mr);
     s->db_size = size;
