@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "vstellard/datapath_fixture.h"
@@ -20,6 +21,13 @@ namespace vstellard::datapath_test {
 namespace {
 
 bool LogBit(const uint8_t* log, uint64_t page) { return (log[page / 8] >> (page % 8)) & 1; }
+
+// An engine counter of the daemon's statistics (its "engine" object).
+uint64_t EngineCounter(const std::string& json, const char* name) {
+  std::smatch m;
+  const std::regex re(std::string("\"") + name + "\":([0-9]+)");
+  return std::regex_search(json, m, re) ? std::stoull(m[1]) : 0;
+}
 
 TEST(DirtyLog, MarksThePagesWrittenAndAgainAfterQemuTookThem) {
   const int fd = memfd_create("log", MFD_CLOEXEC);
@@ -146,6 +154,9 @@ TEST_F(Migration, MigratedDeviceKeepsItsQpsRunning) {
   ASSERT_TRUE(fa_->TransferState(false, &state, &err)) << err;
   ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
 
+  // A told B it paused and that it runs again (B heard both).
+  EXPECT_GE(EngineCounter(d_->StatsJson(), "paused_sent"), 1u);
+  EXPECT_GE(EngineCounter(d_->StatsJson(), "resumed_sent"), 1u);
   // B's WRITE and SEND complete, A's WRITE and receive too.
   std::map<uint64_t, uint8_t> done;
   for (int i = 0; i < 2; i++) {

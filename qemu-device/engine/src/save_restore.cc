@@ -1007,6 +1007,7 @@ void EngineCore::notify_peer(QpImpl& qp, wire::Syndrome what) {
   b.psn = qp.epsn;
   b.ts = now_us();
   uint8_t hdr[wire::kMaxHeaderLen];
+  (what == wire::Syndrome::PAUSED ? stats_.paused_sent : stats_.resumed_sent)++;
   // A datagram may be lost: three, over different paths.
   for (uint16_t k = 0; k < 3; k++) {
     b.path = uint16_t((qp.last_path + k * (cfg_.num_paths / 3 + 1)) % cfg_.num_paths);
@@ -1034,6 +1035,7 @@ void EngineCore::comp_peer_notice(QpImpl& qp, wire::Syndrome what, uint64_t now)
     stats_.bad_state++;
     return;
   }
+  stats_.peer_notices_rcvd++;
   if (what == wire::Syndrome::PAUSED) {
     if (!qp.peer_paused_ns) qp.peer_paused_ns = now;
     return;

@@ -78,7 +78,8 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           "\"roce_seq_naks_sent\":%llu,\"roce_seq_naks_rcvd\":%llu,\"roce_goback_pkts\":%llu,"
           "\"bad_parse\":%llu,\"bad_qpn\":%llu,\"bad_peer\":%llu,\"bad_state\":%llu,\"bad_ack\":%llu,"
           "\"dup_pkts\":%llu,\"naks_sent\":%llu,\"naks_rcvd\":%llu,\"rnr_naks_sent\":%llu,"
-          "\"page_fault_naks\":%llu,\"page_fault_waits\":%llu,\"page_fault_drops\":%llu,\"path_tx_pkts\":[",
+          "\"page_fault_naks\":%llu,\"page_fault_waits\":%llu,\"page_fault_drops\":%llu,"
+          "\"paused_sent\":%llu,\"resumed_sent\":%llu,\"peer_notices_rcvd\":%llu,\"path_tx_pkts\":[",
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
@@ -86,7 +87,8 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           ull(e.roce_bad), ull(e.roce_seq_naks_sent), ull(e.roce_seq_naks_rcvd), ull(e.roce_goback_pkts),
           ull(e.bad_parse), ull(e.bad_qpn), ull(e.bad_peer), ull(e.bad_state), ull(e.bad_ack), ull(e.dup_pkts),
           ull(e.naks_sent), ull(e.naks_rcvd), ull(e.rnr_naks_sent), ull(e.page_fault_naks),
-          ull(e.page_fault_waits), ull(e.page_fault_drops));
+          ull(e.page_fault_waits), ull(e.page_fault_drops), ull(e.paused_sent), ull(e.resumed_sent),
+          ull(e.peer_notices_rcvd));
   for (size_t i = 0; i < e.paths.size(); i++) {
     *out += i ? "," : "";
     *out += std::to_string(e.paths[i].tx_pkts);
@@ -128,6 +130,9 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->paths_set_aside += s.paths_set_aside;
   sum->held_notices_sent += s.held_notices_sent;
   sum->held_resends += s.held_resends;
+  sum->paused_sent += s.paused_sent;
+  sum->resumed_sent += s.resumed_sent;
+  sum->peer_notices_rcvd += s.peer_notices_rcvd;
   sum->early_reads += s.early_reads;
   sum->trace_probes += s.trace_probes;
   sum->roce_tx += s.roce_tx;

@@ -149,6 +149,9 @@ struct EngineStats {
   // Requests found lost because the responder said it holds a later one
   // from the same path (Syndrome::HELD): sent, and acted on.
   uint64_t held_notices_sent = 0, held_resends = 0;
+  // A migrating QP's notices to its peer (Syndrome::PAUSED and RESUMED,
+  // each sent three times) and those heard from peers.
+  uint64_t paused_sent = 0, resumed_sent = 0, peer_notices_rcvd = 0;
   // READs answered ahead of a missing earlier READ (resp_read_early).
   uint64_t early_reads = 0;
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
