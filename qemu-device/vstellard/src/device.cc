@@ -55,6 +55,15 @@ Outcome Device::OnMessage(Message&& m) {
   }
 }
 
+void Device::CallAfterStop(uint32_t index) {
+  if (index >= call_after_stop_.size() || !call_after_stop_[index]) return;
+  const Vring& v = session_.vring(index);
+  if (!v.started || !v.call) return;
+  call_after_stop_[index] = false;
+  const uint64_t one = 1;
+  (void)!write(v.call.get(), &one, sizeof(one));
+}
+
 Outcome Device::HandleMessage(Message&& m) {
   const auto req = static_cast<Request>(m.hdr.request);
   uint32_t index = 0;
@@ -89,6 +98,10 @@ Outcome Device::HandleMessage(Message&& m) {
     case Request::kSetVringKick:
       if (index < qs_.size()) qs_[index].Restart();
       if (index == VSTELLAR_VQ_CONTROL) Thaw();
+      CallAfterStop(index);
+      break;
+    case Request::kSetVringCall:
+      CallAfterStop(index);  // (QEMU may set the call fd before or after the kick)
       break;
     case Request::kGetVringBase:
       if (index < qs_.size()) qs_[index].Restart();

@@ -144,6 +144,7 @@ void Device::Freeze(bool tell_peers) {
   if (frozen_) return;
   pvdma_.dirty_log()->Flush();  // every write so far is done: QEMU takes the log next
   frozen_ = true;
+  call_after_stop_.assign(qs_.size(), true);
   freeze_error_.clear();
   dp_.Stop();
   if (!sh_->engine) return;

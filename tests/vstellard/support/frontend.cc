@@ -356,6 +356,12 @@ bool Frontend::ResumeQueues(std::string* err) {
   return true;
 }
 
+uint64_t Frontend::TakeCalls(uint32_t q) {
+  uint64_t n = 0;
+  if (q < qs_.size() && read(qs_[q].call, &n, sizeof(n)) != sizeof(n)) n = 0;
+  return n;
+}
+
 bool Frontend::TransferState(bool save, std::vector<uint8_t>* bytes, std::string* err) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) {

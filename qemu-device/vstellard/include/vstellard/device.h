@@ -173,6 +173,12 @@ class Device : private DataPathEvents, private DeviceStateTransfer {
   DeviceState state_;
   Session session_;  // reads and writes state_
   std::vector<Virtqueue> qs_;
+  // Queues to interrupt once when they get their call fd after a stop
+  // (Freeze): an interrupt signalled just before the stop went to a VM
+  // that stopped, or to the source QEMU of a migration, and the driver may
+  // wait for it; a spurious one costs the driver a look at its used ring.
+  std::vector<bool> call_after_stop_;
+  void CallAfterStop(uint32_t index);  // once the queue has its kick and call fds
   ObjectTables obj_;
   DataPath dp_;
   Commands cmds_;

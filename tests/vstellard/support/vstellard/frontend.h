@@ -110,6 +110,9 @@ class Frontend {
   // again from those bases (here or on a new connection).
   bool StopQueues(std::string* err);
   bool ResumeQueues(std::string* err);
+  // Interrupts the device raised on queue q since the last call (its call
+  // eventfd's count, read and reset).
+  uint64_t TakeCalls(uint32_t q);
   // The device's state out (save) or in, through a pipe
   // (SET_DEVICE_STATE_FD, then CHECK_DEVICE_STATE).
   bool TransferState(bool save, std::vector<uint8_t>* bytes, std::string* err);
