@@ -62,6 +62,16 @@ void Device::CallAfterStop(uint32_t index) {
   call_after_stop_[index] = false;
   const uint64_t one = 1;
   (void)!write(v.call.get(), &one, sizeof(one));
+  // And served as if kicked: a kick that came while stopped was dropped
+  // (OnKick), and the driver does not kick again for buffers it has
+  // already made available (requests, event and notification buffers).
+  if (frozen_) return;
+  if (index == VSTELLAR_VQ_CONTROL)
+    control_pending_ = true;  // the next turn takes the requests
+  else if (index == VSTELLAR_VQ_EVENT)
+    FlushEvents();
+  else if (index >= VSTELLAR_VQ_CQN0)
+    FlushCqNotifies();
 }
 
 Outcome Device::HandleMessage(Message&& m) {
