@@ -37,6 +37,8 @@ uint16_t CheckCqPages(const virtio_vstellar_config& c, uint32_t shift, uint32_t 
 
 }  // namespace
 
+uint64_t Commands::CqBytes(uint64_t pages, uint64_t engine_bytes) { return sizeof(CqObj) + 8 * pages + engine_bytes; }
+
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_create_cq>(b);
@@ -52,7 +54,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_CQ>(uint32_t uctx, const uint8_t* b, 
   if (obj_.cqs.size() >= cfg32(c.max_cq)) return VSTELLAR_STATUS_LIMIT;
   CqObj o{};
   const uint32_t staging = std::min(1u << log_cqe, kEngineCqStaging);
-  if (uint16_t s = Charge(sizeof(CqObj) + 8ull * n + sh_->engine->cq_footprint(staging), &o.charge)) return s;
+  if (uint16_t s = Charge(CqBytes(n, sh_->engine->cq_footprint(staging)), &o.charge)) return s;
   if (uint16_t s = ReadPages(b + sizeof(cmd), n, shift, &o.pages)) return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   // The guest's ring is the CQ. The engine's CQ only stages completions:

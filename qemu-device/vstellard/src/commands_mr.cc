@@ -41,6 +41,8 @@ void Commands::WireOdp(uint32_t h, uint32_t uctx, const std::shared_ptr<OdpTrans
   odp->set_fault_timeout_ns(sh_->odp_fault_timeout_ns);
 }
 
+uint64_t Commands::MrBytes(uint64_t table) { return sizeof(MrObj) + sizeof(vstellar::Mr) + table; }
+
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_reg_mr>(b);
@@ -68,7 +70,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_REG_MR>(uint32_t uctx, const uint8_t* b, uin
   if (obj_.mrs.size() >= cfg32(c.max_mr)) return VSTELLAR_STATUS_LIMIT;
   // Each page's guest address and (eMTT) final host pointer.
   MemoryCharge charge;
-  if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
+  if (uint16_t s = Charge(MrPagesBytes(n), &charge)) return s;
   MrLayout l;
   l.iova = iova;
   l.length = length;
@@ -103,7 +105,7 @@ uint16_t Commands::RegOdpMr(uint32_t uctx, const vstellar_cmd_reg_mr& cmd, uint3
   if (obj_.mrs.size() >= cfg32(c.max_mr)) return VSTELLAR_STATUS_LIMIT;
   MemoryCharge charge;
   const uint64_t table = OdpTranslator::MaxChunks(iova, length) * (OdpTranslator::kChunkPages * 8 + 64);
-  if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + sizeof(OdpTranslator) + table, &charge)) return s;
+  if (uint16_t s = Charge(MrBytes(sizeof(OdpTranslator) + table), &charge)) return s;
   auto t = std::make_shared<OdpTranslator>(pvdma_, iova, length);
   vstellar::Mr* mr = sh_->engine->reg_mr(pd->pd, iova, length, access, t);
   return AddMr(uctx, le32toh(cmd.pdn), mr, std::move(charge), resp, std::move(t));
@@ -150,7 +152,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MR>(uint32_t uctx, const uint8_t* b, u
   // Charged for the most it may map: each page's guest address and final
   // host pointer, built at every REG_MR WQE.
   MemoryCharge charge;
-  if (uint16_t s = Charge(sizeof(MrObj) + sizeof(vstellar::Mr) + 16ull * n, &charge)) return s;
+  if (uint16_t s = Charge(MrPagesBytes(n), &charge)) return s;
   return AddMr(uctx, pdn, sh_->engine->alloc_mr(pd->pd, n), std::move(charge), resp);
 }
 

@@ -10,6 +10,8 @@
 
 namespace vstellard {
 
+uint64_t Commands::MwBytes() { return sizeof(MwObj) + sizeof(vstellar::Mw); }
+
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   if (!WindowsOn()) return VSTELLAR_STATUS_UNSUPPORTED;
@@ -21,7 +23,7 @@ uint16_t Commands::Run<VSTELLAR_CMD_ALLOC_MW>(uint32_t uctx, const uint8_t* b, u
   if (type != VSTELLAR_MW_TYPE_1 && type != VSTELLAR_MW_TYPE_2) return VSTELLAR_STATUS_BAD_FIELD;
   if (obj_.mws.size() >= cfg32(config().max_mr)) return VSTELLAR_STATUS_LIMIT;
   MemoryCharge charge;
-  if (uint16_t s = Charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charge)) return s;
+  if (uint16_t s = Charge(MwBytes(), &charge)) return s;
   vstellar::Mw* mw = sh_->engine->alloc_mw(pd->pd, uint8_t(type));
   if (!mw) return VSTELLAR_STATUS_NO_RESOURCES;
   const uint32_t h = obj_.NewHandle();

@@ -115,6 +115,12 @@ uint16_t Commands::CheckQpType(uint32_t uctx, uint8_t type) const {
 
 // Validate (the objects named, the type, the rings), read the page lists,
 // charge the quota, create the engine's QP, reply.
+// A wr_id and an opcode per send slot, a wr_id per receive slot, the page
+// lists, and the engine's part.
+uint64_t Commands::QpBytes(uint64_t pages, uint32_t sq_log_wqe, uint32_t rq_log_wqe, uint64_t engine_bytes) {
+  return sizeof(QpObj) + 9 * (uint64_t{1} << sq_log_wqe) + 8 * (uint64_t{1} << rq_log_wqe) + 8 * pages + engine_bytes;
+}
+
 template <>
 uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, uint32_t len, std::vector<uint8_t>* resp) {
   auto cmd = Get<vstellar_cmd_create_qp>(b);
@@ -147,8 +153,8 @@ uint16_t Commands::Run<VSTELLAR_CMD_CREATE_QP>(uint32_t uctx, const uint8_t* b, 
   init.srq = on.srq ? on.srq->srq : nullptr;
   init.owner = dp_.device_id();  // the receive-refill hook finds the device by it
   // The engine's rings and window, and our wr_id and opcode arrays.
-  const uint64_t wrs = (1ull << cmd.sq_log_wqe) * 9 + (1ull << cmd.rq_log_wqe) * 8;
-  if (uint16_t s = Charge(sizeof(QpObj) + wrs + 8ull * (sqp + rqp) + sh_->engine->qp_footprint(init), &o.charge))
+  if (uint16_t s = Charge(QpBytes(uint64_t(sqp) + rqp, cmd.sq_log_wqe, cmd.rq_log_wqe, sh_->engine->qp_footprint(init)),
+                          &o.charge))
     return s;
   if (uint16_t s = AllocSlot(uctx, &o.slot)) return s;
   o.qp = sh_->engine->create_qp(on.pd->pd, init);

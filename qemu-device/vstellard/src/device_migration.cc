@@ -719,30 +719,26 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
   bool charged = true;
   for (auto& m : L.mrs) {
     const vstellar::Mr* mr = eo.mrs[m.mr];
-    uint64_t table = 16ull * mr->max_pages();  // a fast-registration MR's page list
+    uint64_t table = 16ull * mr->max_pages();  // a fast-registration MR's page list (MrPagesBytes)
     if (mr->state() == vstellar::MrState::VALID) {
       auto t = translator_bytes.find(&mr->mem());
       if (t != translator_bytes.end()) table = std::max(table, t->second);
     }
-    charged = charged && charge(sizeof(MrObj) + sizeof(vstellar::Mr) + table, &charges.emplace_back());
+    charged = charged && charge(Commands::MrBytes(table), &charges.emplace_back());
   }
   for (size_t i = 0; i < L.mws.size(); i++)
-    charged = charged && charge(sizeof(MwObj) + sizeof(vstellar::Mw), &charges.emplace_back());
+    charged = charged && charge(Commands::MwBytes(), &charges.emplace_back());
   for (auto& q : L.cqs)
-    charged = charged && charge(sizeof(CqObj) + 8ull * q.o.pages.size() + engine.footprint(eo.cqs[q.engine]),
-                                &q.o.charge);
+    charged = charged && charge(Commands::CqBytes(q.o.pages.size(), engine.footprint(eo.cqs[q.engine])), &q.o.charge);
   for (auto& s : L.srqs) {
     const vstellar::Srq* srq = eo.srqs[s.engine];
     charged = charged && charge(cmds_.SrqBytes(uint32_t(s.o.ring.pages.size()), {srq->max_wr(), srq->max_sge(), 0}),
                                 &s.o.charge);
   }
-  for (auto& q : L.qps) {
-    // The page lists, and a wr_id and opcode per send slot and a wr_id per
-    // receive slot (the arrays are those sizes or empty: checked above).
-    const uint64_t rings = 8ull * (q.o.sq.pages.size() + q.o.rq.pages.size()) + 9ull * (uint64_t{1} << q.o.sq.log_n) +
-                           8ull * (uint64_t{1} << q.o.rq.log_n);
-    charged = charged && charge(sizeof(QpObj) + rings + engine.footprint(eo.qps[q.engine]), &q.o.charge);
-  }
+  for (auto& q : L.qps)
+    charged = charged && charge(Commands::QpBytes(q.o.sq.pages.size() + q.o.rq.pages.size(), q.o.sq.log_n,
+                                                  q.o.rq.log_n, engine.footprint(eo.qps[q.engine])),
+                                &q.o.charge);
   if (!charged) return drop("the device's objects do not fit this daemon's memory budget");
 
   // Nothing fails from here on.

@@ -42,9 +42,17 @@ class Commands {
   // An on-demand MR's faults reach the guest naming MR `h` of context
   // `uctx`, and time out after --odp-fault-timeout.
   void WireOdp(uint32_t h, uint32_t uctx, const std::shared_ptr<OdpTranslator>& odp);
-  // What an SRQ holds of host memory (CREATE_SRQ, RESIZE_SRQ, and a
-  // restored one: Device::LoadState).
+  // What an object holds of host memory, charged when a command makes it
+  // and when Device::LoadState restores it: our part (its page list, wr_id
+  // and opcode arrays) plus the engine's (`engine_bytes`, its footprint).
   uint64_t SrqBytes(uint32_t pages, const vstellar::SrqInitAttr& init) const;
+  static uint64_t CqBytes(uint64_t pages, uint64_t engine_bytes);
+  static uint64_t QpBytes(uint64_t pages, uint32_t sq_log_wqe, uint32_t rq_log_wqe, uint64_t engine_bytes);
+  // An MR with a list of `pages` page addresses (each with its final host
+  // pointer), or `table` bytes of on-demand translation table.
+  static uint64_t MrBytes(uint64_t table);
+  static uint64_t MrPagesBytes(uint64_t pages) { return MrBytes(16 * pages); }
+  static uint64_t MwBytes();
 
  private:
   // Handlers get the owning context, the body (page list included) and its
