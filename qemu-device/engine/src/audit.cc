@@ -14,10 +14,11 @@
 namespace vstellar {
 
 // Whether a live timer is armed for qp (after dropping stale ones).
-// A WQE waiting for on-demand pages has its poll time (fault_retry_ns).
+// A WQE waiting for on-demand pages has its poll time (fault_retry_ns), one
+// on RNR hold its wake time (rnr_wake_ns).
 bool EngineCore::timer_armed(QpImpl& qp) {
   drop_stale_timers(qp);
-  return !qp.timers.empty() || qp.fault_retry_ns;
+  return !qp.timers.empty() || qp.fault_retry_ns || qp.rnr_wake_ns;
 }
 
 // What the requester side of an RC QP owes: WQEs started and not retired,

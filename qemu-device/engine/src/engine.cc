@@ -363,7 +363,7 @@ bool EngineCore::idle_qp(QpImpl& qp) {
   if (qp.sq_next != qp.sq_tail) return false;
   if ((qp.is_ud() || qp.is_uc()) && qp.sq_head != qp.sq_next) return false;
   drop_stale_timers(qp);
-  return qp.timers.empty() && !qp.fault_retry_ns;
+  return qp.timers.empty() && !qp.fault_retry_ns && !qp.rnr_wake_ns;
 }
 
 bool EngineCore::progress() {
@@ -438,6 +438,7 @@ uint64_t EngineCore::next_deadline() {
     drop_stale_timers(*qp);
     if (!qp->timers.empty()) d = std::min(d, qp->timers.top().deadline);
     if (qp->fault_retry_ns) d = std::min(d, qp->fault_retry_ns);
+    if (qp->rnr_wake_ns) d = std::min(d, qp->rnr_wake_ns);
   }
   return d;
 }

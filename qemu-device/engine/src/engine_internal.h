@@ -222,6 +222,12 @@ class QpImpl final : public Qp {
   // The next WQE waits for pages of an on-demand MR (req_local_pages):
   // look again at this time, or when they are mapped (Engine::pages_mapped).
   uint64_t fault_retry_ns = 0;
+  // The next packets to send belong to a WQE on RNR hold (its
+  // rnr_hold_until): look again at this time. The RNR NAK armed timers
+  // only for the packets it had sent, and answers to earlier transmissions
+  // may acknowledge all of those meanwhile; without this, nothing would
+  // wake the QP to send the rest of the message.
+  uint64_t rnr_wake_ns = 0;
   // Responder: when the requests it refuses for missing on-demand pages
   // began (resp_fault_nak); 0 once a request succeeds again.
   uint64_t fault_since_ns = 0;

@@ -454,6 +454,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.read_fence = 0;
   for (auto& r : qp.recs) r = PktRec{};
   qp.timers = {};
+  qp.rnr_wake_ns = 0;
   qp.last_progress_ns = 0;
   qp.cum_seen = 0;
   qp.drained_reported = false;

@@ -152,6 +152,7 @@ bool EngineCore::fault_wait(QpImpl& qp, uint64_t now) {
 
 bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
   uint32_t budget = cfg_.tx_budget;
+  if (qp.rnr_wake_ns <= now) qp.rnr_wake_ns = 0;  // due: this pass looks again
   if (!req_resend(qp, now)) return false;  // lost packets first
   while (budget > 0) {
     if (!sends(qp.state_)) return false;
@@ -187,7 +188,10 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
       qp.sq_next++;
       continue;
     }
-    if (now < w.rnr_hold_until) return false;
+    if (now < w.rnr_hold_until) {
+      qp.rnr_wake_ns = w.rnr_hold_until;
+      return false;
+    }
     if (qp.inflight >= qp.cc.cwnd()) return false;
     uint32_t n = 1;
     if (w.op == WrOpcode::RDMA_READ) {
@@ -483,6 +487,11 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     if (seq_lt(t.psn, qp.snd_una) || !seq_lt(t.psn, qp.snd_nxt)) continue;
     PktRec& r = qp.rec(t.psn);
     if (r.acked || r.tx_seq != t.tx_seq) continue;
+    // Lost already: it waits in the resend queue, which sends it and arms
+    // its timer (req_resend). An RNR NAK re-arms every packet of its
+    // message, lost ones too; losing one twice would take its bytes out of
+    // flight twice.
+    if (r.lost) continue;
     SendWqe& w = qp.sq_at(r.wqe);
     if (w.done) continue;
     // The RTO is taken when the timer fires, not when the packet left: a

@@ -404,12 +404,16 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32
   const uint16_t path = reply_path(qp, p.base.path);
   // On-demand pages must all be there before the first response leaves.
   // In its turn the request is refused for now (RNR); ahead of its turn
-  // (resp_read_early) it is held, and a re-request goes unanswered: the
-  // requester asks again.
+  // (resp_read_early) it is held. A re-request (the pages were taken away
+  // since the READ was answered, and a response was lost) is refused with
+  // RNR too: unanswered, the requester would ask again only after its
+  // backed-off RTO, counting each try against its retry limit, and a guest
+  // that takes pages away now and then (reclaim, THP collapse) could fail
+  // the QP although every request was heard.
   if (e.len && mr->mem().on_demand()) {
     MemCheck c = mem_probe(mr->mem(), e.va, e.len, false);
     if (c == MemCheck::kFault) {
-      if (first && psn == qp.epsn) resp_fault_nak(qp, psn);
+      if (!first || psn == qp.epsn) resp_fault_nak(qp, psn);
       return false;
     }
     if (c == MemCheck::kError) {
@@ -462,6 +466,7 @@ bool EngineCore::resp_read(QpImpl& qp, const wire::Packet& p, bool first, uint32
     size_t hl = wire::encode(b, x, hdr);
     xmit(qp, b.path, hdr, hl, spans, ns, l, false);
   }
+  qp.fault_since_ns = 0;  // answered (a re-request is not marked: resp_mark)
   return true;
 }
 
