@@ -179,5 +179,37 @@ TEST(EngineMove, OpenSetsAndOtherShapesAreRefusedAndNothingChanges) {
   EXPECT_EQ(p.a.eng->find_qp(p.a.qp->qpn()), p.a.qp);
 }
 
+// A device stopped (a VM paused, a migration's stop and copy, objects
+// loaded at a destination that starts later) keeps its QPs out of the
+// engine for as long as the stop lasts: that time is not the peer's
+// silence. A QP whose oldest packet has already used up its retries
+// (the network dropped everything for a while) and that is taken back
+// after longer than its retry limit (8 x 67 ms here) resends and goes
+// on; counted from before the stop, it failed with RETRY_EXC at its
+// first timer.
+TEST(EngineMove, AQpTakenBackAfterALongStopIsNotTimedOutForIt) {
+  MovePair m;
+  Pair& p = m.p;
+  fill_random(p.a.buf.data(), 65536, 5);
+  bool drop = true;
+  p.net.tap = [&](uint32_t, uint32_t, uint16_t, std::vector<uint8_t>&) { return !drop; };
+  ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, 1, 0, 65536, 0), 0);
+  p.net.run_for(200'000'000);  // 200 ms of losses: every retry of the oldest packet used
+  QpImpl& q = impl(*p.a.qp);
+  ASSERT_NE(q.snd_una, q.snd_nxt);
+  ASSERT_GE(q.rec(q.snd_una).retries, q.attr.retry_cnt);
+  Wc wc;
+  ASSERT_EQ(p.a.eng->poll_cq(p.a.scq, &wc, 1), 0);
+  Detached d;
+  ASSERT_EQ(p.a.eng->detach(m.ObjectsOfA(), &d), 0);
+  p.net.run_for(2'000'000'000);  // stopped for 2 s
+  drop = false;
+  ASSERT_EQ(p.a.eng->attach(&d), 0);
+  auto done = p.wait(p.a, p.a.scq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(p.b.buf.data(), p.a.buf.data(), 65536), 0);
+}
+
 }  // namespace
 }  // namespace vstellar::test

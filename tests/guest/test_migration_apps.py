@@ -46,8 +46,8 @@ ib_write_bw -d {DEV} -p 18515 -x $GIDX -D {SECONDS} -s 65536 -F --report_gbits >
 w=$!
 (ucx_perftest -p 13337 && ucx_perftest -p 13338) > /tmp/ucx.out 2>&1 &
 u=$!
-wait $w; echo "ib_write_bw-server rc=$?"
-wait $u; echo "ucx-server rc=$?"
+wait $w; r=$?; echo "ib_write_bw-server rc=$r"; [ $r = 0 ] || sed 's/^/wbw-server: /' /tmp/wbw.out
+wait $u; r=$?; echo "ucx-server rc=$r"; [ $r = 0 ] || sed 's/^/ucx-server: /' /tmp/ucx.out
 timeout 600 nc -l -p 5001 > /dev/null
 echo "nvme-target rc=0"
 nvmet_down
@@ -114,7 +114,12 @@ while [ "$(ls /tmp/jobs/*.rc 2>/dev/null | wc -l)" -lt 3 ]; do
     rdma statistic show link {DEV}/1 2>/dev/null | head -n 5
   fi
   if [ $t -ge 360 ]; then
-    echo "jobs-killed"; pkill ib_write_bw; pkill ucx_perftest; pkill fio; sleep 5; break
+    # (no pkill in the image: the processes by their /proc names)
+    echo "jobs-killed"
+    for p in /proc/[0-9]*; do
+      case "$(cat $p/comm 2>/dev/null)" in ib_write_bw|ucx_perftest|fio) kill -9 ${{p#/proc/}};; esac
+    done
+    sleep 5; break
   fi
   sleep 1
 done

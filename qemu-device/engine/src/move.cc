@@ -184,6 +184,13 @@ int EngineCore::attach(Detached* objs) {
     lent_qpns_.erase(qp->qpn());
     qps_[qp->qpn()] = std::move(q);
     qp_list_.push_back(qp);
+    // The time it spent detached (a device stopped: a paused VM, a
+    // migration's stop and copy, a loaded state waiting for its VM to
+    // start) is no silence of its peer: its retry clock starts again now,
+    // or a stop longer than the retry limit would fail it at its first
+    // timer.
+    qp->last_progress_ns = qp->last_post_ns = clock_.now_ns();
+    qp->backoff = 0;
     // Its timers and anything it owes are looked at in the next pass.
     activate(*qp);
     if (qp->ack_pending) ack_list_.push_back(qp);
