@@ -498,6 +498,10 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
   if (pending == 0) return false;
   if (pending > size) {
     // The provider claims more WQEs than the ring holds.
+    std::fprintf(stderr,
+                 "vstellard: device %u: QP %#x: its %s doorbell says WQE %u is posted, %u were taken: "
+                 "more than the ring's %u (QP fatal)\n",
+                 id_, q.qp->qpn(), send ? "send" : "receive", pi, ci, size);
     q.broken = true;
     QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_FIELD);
     return true;
@@ -521,6 +525,8 @@ bool DataPath::ServiceWq(QpObj& q, uint8_t* slot, bool send, uint32_t& budget) {
     left--;
     budget--;
     if (!RingRead(ring, idx, buf)) {
+      std::fprintf(stderr, "vstellard: device %u: QP %#x: %s WQE %u lies outside guest memory (QP fatal)\n", id_,
+                   q.qp->qpn(), send ? "send" : "receive", idx);
       q.broken = true;
       QpToErr(q, VSTELLAR_EV_QP_FATAL, VSTELLAR_STATUS_BAD_ADDRESS);
       break;
@@ -634,6 +640,10 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
   const uint32_t pending = pi - s.ci;
   if (pending == 0) return false;
   if (pending > size) {
+    std::fprintf(stderr,
+                 "vstellard: device %u: SRQ %u: its doorbell says WQE %u is posted, %u were taken: more than the "
+                 "ring's %u (SRQ error)\n",
+                 id_, h, pi, s.ci, size);
     SrqToErr(h, s, VSTELLAR_STATUS_BAD_FIELD);
     return true;
   }
@@ -652,6 +662,8 @@ bool DataPath::ServiceSrq(uint32_t h, SrqObj& s, uint8_t* slot, uint32_t& budget
     left--;
     budget--;
     if (!RingRead(s.ring, idx, buf)) {
+      std::fprintf(stderr, "vstellard: device %u: SRQ %u: WQE %u lies outside guest memory (SRQ error)\n", id_, h,
+                   idx);
       SrqToErr(h, s, VSTELLAR_STATUS_BAD_ADDRESS);
       break;
     }
