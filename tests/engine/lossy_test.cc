@@ -3,6 +3,7 @@
 // operation must complete exactly once, in order, with the right bytes.
 #include <map>
 
+#include "engine_internal.h"
 #include "sim_pair.h"
 #include "vstellar/ip_text.h"
 #include "vstellar/roce_wire.h"
@@ -483,6 +484,32 @@ TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
     ASSERT_EQ(word, uint64_t(round + 1)) << "round " << round << ": the READ passed the atomic";
   }
   EXPECT_GT(t.b.eng->stats().early_reads, 0u);
+}
+
+// A requester whose engine is descheduled (a loaded host) for longer than
+// its QP's retry limit, just after the network lost everything for a
+// while (its oldest packet has used its retries): when it runs again its
+// timers fire before it reads the datagrams that waited for it. The time
+// it did not run is not its peer's silence (EngineCore::forgive_lateness):
+// it resends, and the WRITE completes. Before, it failed with RETRY_EXC at
+// its first timer.
+TEST(Lossy, ADescheduledRequesterDoesNotCountItsOwnAbsenceAgainstItsPeer) {
+  Pair p;
+  fill_random(p.a.buf.data(), 65536, 9);
+  bool drop = true;
+  p.net.tap = [&](uint32_t, uint32_t, uint16_t, std::vector<uint8_t>&) { return !drop; };
+  ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, 1, 0, 65536, 0), 0);
+  p.net.run_for(200'000'000);  // 200 ms of losses: every retry of the oldest packet used
+  QpImpl& q = impl(*p.a.qp);
+  ASSERT_NE(q.snd_una, q.snd_nxt);
+  ASSERT_GE(q.rec(q.snd_una).retries, q.attr.retry_cnt);
+  drop = false;
+  p.net.freeze(kIpA, p.net.now_ns() + 2'000'000'000);  // then 2 s without running
+  auto done = p.wait(p.a, p.a.scq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(p.b.buf.data(), p.a.buf.data(), 65536), 0);
+  EXPECT_GE(p.a.eng->stats().late_passes, 1u);
 }
 
 }  // namespace

@@ -366,8 +366,27 @@ bool EngineCore::idle_qp(QpImpl& qp) {
   return qp.timers.empty() && !qp.fault_retry_ns && !qp.rnr_wake_ns;
 }
 
+// A pass that comes much later than the deadline the engine asked for
+// means its thread did not run meanwhile (descheduled on a loaded host,
+// or the daemon busy elsewhere): ACKs may be waiting in its socket, and
+// its timers fire late. The retry limit counts the peer's silence
+// (retry_exceeded), and that time was not the peer's: every connection's
+// clock moves on by it. Without this, a daemon descheduled for longer
+// than a QP's retry limit (8 x 67 ms at perftest's timeout 14) failed
+// QPs whose peers had answered all along.
+void EngineCore::forgive_lateness(uint64_t now) {
+  const uint64_t asked = asked_wake_ns_;
+  asked_wake_ns_ = UINT64_MAX;
+  if (asked == UINT64_MAX || now <= asked + kLatePassNs) return;
+  const uint64_t late = now - asked;
+  stats_.late_passes++;
+  for (QpImpl* qp : qp_list_)
+    if (qp->last_progress_ns) qp->last_progress_ns = std::min(now, qp->last_progress_ns + late);
+}
+
 bool EngineCore::progress() {
   uint64_t now = clock_.now_ns();
+  forgive_lateness(now);
   bool more = false;
   // By index: a completion handler may give another QP work (appended,
   // and visited in this pass too). Entries stay in the order they came.
@@ -440,6 +459,7 @@ uint64_t EngineCore::next_deadline() {
     if (qp->fault_retry_ns) d = std::min(d, qp->fault_retry_ns);
     if (qp->rnr_wake_ns) d = std::min(d, qp->rnr_wake_ns);
   }
+  asked_wake_ns_ = d;
   return d;
 }
 

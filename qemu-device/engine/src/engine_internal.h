@@ -29,6 +29,9 @@ namespace vstellar {
 // fault lasts.
 inline constexpr uint32_t kFaultRnrUs = 1280;
 inline constexpr uint32_t kFaultRnrMaxUs = 20480;
+// A pass later than this after its deadline finds the engine was not
+// running (EngineCore::forgive_lateness).
+inline constexpr uint64_t kLatePassNs = 5'000'000;
 // How often a WQE waiting for on-demand pages looks again when no mapping
 // wakes it (req_start): the translator's own timeout ends the wait.
 inline constexpr uint64_t kFaultPollNs = 1'000'000;
@@ -624,6 +627,10 @@ class EngineCore {
   std::string audit_log_;           // what audit() found (EngineConfig::audit)
   std::vector<uint32_t> stalled_;   // QPNs newly found stalled, for take_stalled()
   uint64_t next_stall_scan_ns_ = 0;
+  // The deadline next_deadline() last gave the caller (UINT64_MAX: none);
+  // progress() compares its clock with it (EngineStats::late_passes).
+  uint64_t asked_wake_ns_ = UINT64_MAX;
+  void forgive_lateness(uint64_t now);
   void drop_stale_timers(QpImpl& qp);
   // move.cc: numbers of this engine's shard whose objects live in another
   // engine now (not handed out here), and numbers of other shards whose

@@ -152,6 +152,10 @@ struct EngineStats {
   // A migrating QP's notices to its peer (Syndrome::PAUSED and RESUMED,
   // each sent three times) and those heard from peers.
   uint64_t paused_sent = 0, resumed_sent = 0, peer_notices_rcvd = 0;
+  // Passes that ran more than kLatePassNs after the deadline the engine
+  // asked for: its thread was descheduled (a loaded host) or busy
+  // elsewhere. That time is not counted as its peers' silence.
+  uint64_t late_passes = 0;
   // READs answered ahead of a missing earlier READ (resp_read_early).
   uint64_t early_reads = 0;
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)
