@@ -3,7 +3,7 @@
 // operation must complete exactly once, in order, with the right bytes.
 #include <map>
 
-#include "engine_internal.h"
+#include "retries_used.h"
 #include "sim_pair.h"
 #include "vstellar/ip_text.h"
 #include "vstellar/roce_wire.h"
@@ -495,14 +495,8 @@ TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
 // its first timer.
 TEST(Lossy, ADescheduledRequesterDoesNotCountItsOwnAbsenceAgainstItsPeer) {
   Pair p;
-  fill_random(p.a.buf.data(), 65536, 9);
-  bool drop = true;
-  p.net.tap = [&](uint32_t, uint32_t, uint16_t, std::vector<uint8_t>&) { return !drop; };
-  ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, 1, 0, 65536, 0), 0);
-  p.net.run_for(200'000'000);  // 200 ms of losses: every retry of the oldest packet used
-  QpImpl& q = impl(*p.a.qp);
-  ASSERT_NE(q.snd_una, q.snd_nxt);
-  ASSERT_GE(q.rec(q.snd_una).retries, q.attr.retry_cnt);
+  bool drop;
+  ASSERT_TRUE(write_until_retries_used(p, 9, &drop));
   drop = false;
   p.net.freeze(kIpA, p.net.now_ns() + 2'000'000'000);  // then 2 s without running
   auto done = p.wait(p.a, p.a.scq, 1);

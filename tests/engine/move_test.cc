@@ -8,6 +8,7 @@
 #include <set>
 
 #include "engine_internal.h"
+#include "retries_used.h"
 #include "sim_pair.h"
 
 namespace vstellar::test {
@@ -190,14 +191,8 @@ TEST(EngineMove, OpenSetsAndOtherShapesAreRefusedAndNothingChanges) {
 TEST(EngineMove, AQpTakenBackAfterALongStopIsNotTimedOutForIt) {
   MovePair m;
   Pair& p = m.p;
-  fill_random(p.a.buf.data(), 65536, 5);
-  bool drop = true;
-  p.net.tap = [&](uint32_t, uint32_t, uint16_t, std::vector<uint8_t>&) { return !drop; };
-  ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, 1, 0, 65536, 0), 0);
-  p.net.run_for(200'000'000);  // 200 ms of losses: every retry of the oldest packet used
-  QpImpl& q = impl(*p.a.qp);
-  ASSERT_NE(q.snd_una, q.snd_nxt);
-  ASSERT_GE(q.rec(q.snd_una).retries, q.attr.retry_cnt);
+  bool drop;
+  ASSERT_TRUE(write_until_retries_used(p, 5, &drop));
   Wc wc;
   ASSERT_EQ(p.a.eng->poll_cq(p.a.scq, &wc, 1), 0);
   Detached d;
