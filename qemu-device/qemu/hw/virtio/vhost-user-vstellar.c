@@ -974,14 +974,11 @@ static bool vu_vstellar_init_doorbells(VHostUserVstellar *s, Error **errp)
     }
     /*
      * Not registered as migratable RAM: the region goes whole in the
-     * device's own section, in the stop-and-copy phase (vu_vstellar_vmstate).
-     * As RAM, the destination got producer indices older than the WQEs
-     * vstellard had already taken (guest.test_migration_apps, under
-     * TCG): RAM's passes rely on dirty tracking of the guest's stores,
-     * and 7.2's sync of a whole bitmap word resets no TCG TLB entry, so
-     * a store through an entry made while the page was dirty seems not
-     * to be seen again (our reading; not proven). Copied with the VM
-     * stopped, the region is whole whatever the tracking did.
+     * device's own section, in the stop-and-copy phase (vu_vstellar_vmstate),
+     * after the guest's last store, whatever dirty tracking did. (As RAM,
+     * under TCG, the destination got producer indices older than the WQEs
+     * vstellard had taken: 7.2's bitmap sync did not re-arm TCG's dirty
+     * traps, patches/0002-tcg-migration-dirty-tlb.patch.)
      * 256 KiB by default.
      */
     s->db_ptr = memory_region_get_ram_ptr(&s->db_mr);
