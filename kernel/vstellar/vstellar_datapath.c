@@ -159,6 +159,27 @@ static u32 vstellar_wqe_index(u32 done, u16 wqe_idx)
 }
 
 /*
+ * Whether the WQE a completion names is one the device may complete: posted
+ * (before pi) and not completed yet (at or after done). Anything else is a
+ * device that completed a WQE twice or made one up; handing its wr_id to the
+ * ULP would run a completion handler twice (a double free in nvmet), so the
+ * CQE is reported and dropped.
+ */
+static bool vstellar_wqe_outstanding(struct vstellar_dev *dev,
+				     struct vstellar_qp *qp, const char *wq,
+				     u32 done, u32 pi, u32 i)
+{
+	if (likely(i - done < pi - done))
+		return true;
+	WARN_ONCE(1, "vstellar: QP %u: the device completed %s WQE %u, which is not outstanding (completed up to %u, posted up to %u)\n",
+		  qp->ibqp.qp_num, wq, i, done, pi);
+	ibdev_err_ratelimited(&dev->ibdev,
+			      "QP %u: %s completion of WQE %u dropped: not outstanding (done %u, posted %u)\n",
+			      qp->ibqp.qp_num, wq, i, done, pi);
+	return false;
+}
+
+/*
  * A receive from the QP's SRQ: the device wrote the WQE's wr_id into the
  * CQE, and the SRQ's WQEs complete out of order, so only their number
  * counts (one more slot free).
@@ -209,6 +230,7 @@ static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 {
 	struct vstellar_qp *qp;
 	u16 idx = le16_to_cpu(e->wqe_idx);
+	u32 i;
 
 	qp = xa_load(&dev->qps, le32_to_cpu(e->qpn));
 	if (!qp || !qp->sq.buf)
@@ -232,13 +254,21 @@ static bool vstellar_cqe_to_wc(struct vstellar_dev *dev,
 			wc->wc_flags |= IB_WC_WITH_INVALIDATE;
 			wc->ex.invalidate_rkey = le32_to_cpu(e->invalidated_rkey);
 		}
-		if (e->wc_flags & VSTELLAR_CQE_SRQ)
+		if (e->wc_flags & VSTELLAR_CQE_SRQ) {
 			vstellar_srq_completed(qp);
-		else
-			WRITE_ONCE(qp->rq_done,
-				   vstellar_wqe_index(qp->rq_done, idx) + 1);
+		} else {
+			i = vstellar_wqe_index(qp->rq_done, idx);
+			if (!vstellar_wqe_outstanding(dev, qp, "receive", qp->rq_done,
+						      READ_ONCE(qp->rq_pi), i))
+				return false;
+			WRITE_ONCE(qp->rq_done, i + 1);
+		}
 	} else {
-		WRITE_ONCE(qp->sq_done, vstellar_wqe_index(qp->sq_done, idx) + 1);
+		i = vstellar_wqe_index(qp->sq_done, idx);
+		if (!vstellar_wqe_outstanding(dev, qp, "send", qp->sq_done,
+					      READ_ONCE(qp->sq_pi), i))
+			return false;
+		WRITE_ONCE(qp->sq_done, i + 1);
 	}
 	return true;
 }

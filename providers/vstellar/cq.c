@@ -10,6 +10,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,22 +19,41 @@
 
 #include "vstellar.h"
 
-/* The WQE with the low 16 bits @idx16 completed: everything up to it is done. */
-static void vstellar_wq_retire(struct vstellar_wq *wq, uint16_t idx16)
+/*
+ * The WQE with the low 16 bits @idx16 completed: everything up to it is
+ * done. False if that WQE is not outstanding (completed already, or never
+ * posted): a device that completes a WQE twice would hand the program a
+ * wr_id it already got back (UCX asserts on it; a program freeing the
+ * buffer twice would not), so such a CQE is reported and skipped.
+ */
+static bool vstellar_wq_retire(struct vstellar_cq *cq, uint32_t qpn,
+			       const char *name, struct vstellar_wq *wq,
+			       uint16_t idx16)
 {
 	uint32_t ci = atomic_load_explicit((_Atomic(uint32_t) *)&wq->ci,
 					   memory_order_relaxed);
+	uint32_t pi = atomic_load_explicit((_Atomic(uint32_t) *)&wq->pi,
+					   memory_order_relaxed);
+	uint32_t i = ci + (uint16_t)(idx16 - (uint16_t)ci);
 
-	ci += (uint16_t)(idx16 - (uint16_t)ci) + 1;
-	atomic_store_explicit((_Atomic(uint32_t) *)&wq->ci, ci,
+	if (i - ci >= pi - ci) {
+		if (!cq->bad_cqes++)
+			fprintf(stderr,
+				"vstellar: QP %u: the device completed %s WQE %u, which is not outstanding (completed up to %u, posted up to %u): CQE skipped\n",
+				qpn, name, i, ci, pi);
+		return false;
+	}
+	atomic_store_explicit((_Atomic(uint32_t) *)&wq->ci, i + 1,
 			      memory_order_relaxed);
+	return true;
 }
 
 /*
  * A CQE was read: the WQE it names (and, for a QP's own rings, every
- * earlier one) is done, so its ring slot may be posted again.
+ * earlier one) is done, so its ring slot may be posted again. False if
+ * the CQE is to be skipped (it names no outstanding WQE).
  */
-static void vstellar_cqe_retire(struct vstellar_cq *cq,
+static bool vstellar_cqe_retire(struct vstellar_cq *cq,
 				const struct vstellar_cqe *cqe)
 {
 	struct vstellar_context *ctx = to_vctx(cq->vcq.cq.context);
@@ -45,7 +65,7 @@ static void vstellar_cqe_retire(struct vstellar_cq *cq,
 		cq->last_qp = qp;
 	}
 	if (!qp)
-		return;
+		return true;
 	if ((cqe->opcode & VSTELLAR_WC_RECV) &&
 	    (cqe->wc_flags & VSTELLAR_CQE_SRQ)) {
 		/* SRQ WQEs complete out of order: count them */
@@ -53,10 +73,13 @@ static void vstellar_cqe_retire(struct vstellar_cq *cq,
 			atomic_fetch_add_explicit(
 				(_Atomic(uint32_t) *)&qp->srq->wq.ci, 1,
 				memory_order_relaxed);
-	} else if (cqe->opcode & VSTELLAR_WC_RECV)
-		vstellar_wq_retire(&qp->rq, le16toh(cqe->wqe_idx));
-	else
-		vstellar_wq_retire(&qp->sq, le16toh(cqe->wqe_idx));
+		return true;
+	}
+	if (cqe->opcode & VSTELLAR_WC_RECV)
+		return vstellar_wq_retire(cq, qpn, "receive", &qp->rq,
+					  le16toh(cqe->wqe_idx));
+	return vstellar_wq_retire(cq, qpn, "send", &qp->sq,
+				  le16toh(cqe->wqe_idx));
 }
 
 static unsigned int vstellar_cqe_wc_flags(const struct vstellar_cqe *cqe)
@@ -84,10 +107,13 @@ static uint8_t vstellar_cqe_sl(const struct vstellar_cqe *cqe)
 	return (cqe->wc_flags & VSTELLAR_CQE_GRH_IPV4) ? 2 : 1;
 }
 
-static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
+/* False if the CQE is to be skipped (vstellar_cqe_retire). */
+static bool vstellar_cqe_to_wc(struct vstellar_cq *cq,
 			       const struct vstellar_cqe *cqe,
 			       struct ibv_wc *wc)
 {
+	if (!vstellar_cqe_retire(cq, cqe))
+		return false;
 	memset(wc, 0, sizeof(*wc));
 	wc->wr_id = le64toh(cqe->wr_id);
 	wc->status = cqe->status;
@@ -102,7 +128,7 @@ static void vstellar_cqe_to_wc(struct vstellar_cq *cq,
 	else if (wc->wc_flags & IBV_WC_WITH_INV)
 		wc->invalidated_rkey = le32toh(cqe->invalidated_rkey);
 	wc->sl = vstellar_cqe_sl(cqe);
-	vstellar_cqe_retire(cq, cqe);
+	return true;
 }
 
 /* The CQE at the consumer index if the device has written it, else NULL. */
@@ -133,17 +159,17 @@ int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
 {
 	struct vstellar_cq *cq = to_vcq(ibcq);
 	struct vstellar_cqe *cqe;
-	int n;
+	uint32_t start;
+	int n = 0;
 
 	pthread_spin_lock(&cq->lock);
-	for (n = 0; n < ne; n++) {
-		cqe = vstellar_cq_next_cqe(cq);
-		if (!cqe)
-			break;
-		vstellar_cqe_to_wc(cq, cqe, &wc[n]);
+	start = cq->ci;
+	while (n < ne && (cqe = vstellar_cq_next_cqe(cq))) {
+		if (vstellar_cqe_to_wc(cq, cqe, &wc[n]))
+			n++;
 		cq->ci++;
 	}
-	if (n)
+	if (cq->ci != start)
 		vstellar_cq_update_ci(cq);
 	pthread_spin_unlock(&cq->lock);
 	if (!n && vstellar_device_gone(to_vctx(ibcq->context)))
@@ -158,14 +184,15 @@ int vstellar_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc)
  */
 static int vstellar_cq_take(struct vstellar_cq *cq)
 {
-	struct vstellar_cqe *cqe = vstellar_cq_next_cqe(cq);
+	struct vstellar_cqe *cqe;
 
+	while ((cqe = vstellar_cq_next_cqe(cq)) && !vstellar_cqe_retire(cq, cqe))
+		cq->ci++;	/* skipped: it names no outstanding WQE */
 	cq->cur = cqe;
 	if (!cqe)
 		return ENOENT;
 	cq->vcq.cq_ex.wr_id = le64toh(cqe->wr_id);
 	cq->vcq.cq_ex.status = cqe->status;
-	vstellar_cqe_retire(cq, cqe);
 	return 0;
 }
 

@@ -146,6 +146,7 @@ struct vstellar_cq {
 	struct vstellar_db_cq *db;	/* slot in the doorbell page */
 	struct vstellar_qp *last_qp;	/* lookup cache for poll */
 	struct vstellar_cqe *cur;	/* extended poll: the CQE being read */
+	uint32_t bad_cqes;		/* CQEs skipped: no outstanding WQE */
 };
 
 struct vstellar_wq {
