@@ -380,6 +380,7 @@ void EngineCore::forgive_lateness(uint64_t now) {
   if (asked == UINT64_MAX || now <= asked + kLatePassNs) return;
   const uint64_t late = now - asked;
   stats_.late_passes++;
+  stats_.late_max_us = std::max(stats_.late_max_us, late / 1000);
   for (QpImpl* qp : qp_list_)
     if (qp->last_progress_ns) qp->last_progress_ns = std::min(now, qp->last_progress_ns + late);
 }

@@ -737,8 +737,12 @@ void DataPath::DrainCq(uint32_t cqh) {
       if (wc.status != vstellar::WcStatus::SUCCESS && wc.status != vstellar::WcStatus::WR_FLUSH_ERR &&
           !q.error_logged) {
         q.error_logged = true;
-        std::fprintf(stderr, "vstellard: device %u: QP %#x: a %s completed with %s (vendor %u)\n", id_, wc.qp_num,
-                     recv ? "receive" : "send", vstellar::to_string(wc.status), unsigned(wc.vendor_err));
+        // With the QP's transport state (RTT, RTO, what it waits for,
+        // how long since its peer answered): a retry limit reached on a
+        // loaded host is told apart from a peer gone.
+        std::fprintf(stderr, "vstellard: device %u: QP %#x: a %s completed with %s (vendor %u): %s\n", id_,
+                     wc.qp_num, recv ? "receive" : "send", vstellar::to_string(wc.status), unsigned(wc.vendor_err),
+                     sh_->engine->describe_qp(wc.qp_num).c_str());
       }
       vstellar_cqe c{};
       c.qpn = htole32(wc.qp_num);
@@ -836,6 +840,39 @@ uint16_t DataPath::ResizeCq(uint32_t cqh, const CqObj& geom, uint32_t* moved) {
   return VSTELLAR_STATUS_OK;
 }
 
+uint32_t DataPath::MissingCqes(const CqObj& cq, uint32_t ci, uint32_t* first) {
+  uint32_t missing = 0;
+  if (cq.pi - ci > (1u << cq.log_cqe)) return 0;  // a guest's bad index: not ours to judge here
+  for (uint32_t i = ci; i != cq.pi; i++) {
+    uint8_t owner = 0;
+    const uint8_t want = ((i >> cq.log_cqe) & 1) ? 0 : VSTELLAR_CQE_OWNER;
+    if (!pvdma_.Read(CqeGpa(cq, i) + offsetof(vstellar_cqe, owner), &owner, 1) ||
+        (owner & VSTELLAR_CQE_OWNER) != want) {
+      if (!missing++ && first) *first = i;
+    }
+  }
+  return missing;
+}
+
+unsigned DataPath::CheckCqRings(const char* when) {
+  unsigned bad = 0;
+  for (const auto& [h, cq] : obj_.cqs) {
+    if (cq.slot < VSTELLAR_DB_FIRST_SLOT || cq.overflow) continue;
+    uint8_t* page = DbPage(cq.owner);
+    if (!page) continue;
+    const uint32_t ci = LoadLe32(page + VSTELLAR_DB_SLOT_SIZE * cq.slot + offsetof(vstellar_db_cq, ci));
+    uint32_t first = 0;
+    if (const uint32_t missing = MissingCqes(cq, ci, &first)) {
+      bad++;
+      std::fprintf(stderr,
+                   "vstellard: device %u: CQ %u %s: %u of the %u CQEs written and not polled are not in guest "
+                   "memory (the first: CQE %u)\n",
+                   id_, h, when, missing, cq.pi - ci, first);
+    }
+  }
+  return bad;
+}
+
 void DataPath::WriteCqe(uint32_t cqh, vstellar_cqe& c) {
   auto it = obj_.cqs.find(cqh);
   if (it == obj_.cqs.end()) return;
@@ -907,8 +944,11 @@ std::vector<std::string> DataPath::Describe() {
     uint8_t* page = cq.slot >= VSTELLAR_DB_FIRST_SLOT ? DbPage(cq.owner) : nullptr;
     const long long ci =
         page ? (long long)LoadLe32(page + VSTELLAR_DB_SLOT_SIZE * cq.slot + offsetof(vstellar_db_cq, ci)) : -1;
-    std::snprintf(b, sizeof b, "device=%u cq=%u written=%u guest_ci=%lld entries=%u overflow=%d", id_, h, cq.pi,
-                  ci, 1u << cq.log_cqe, int(cq.overflow));
+    // missing: CQEs written and not polled whose owner bit is not in guest
+    // memory (CheckCqRings); a guest waits on the first for ever.
+    const uint32_t missing = ci >= 0 && !cq.overflow ? MissingCqes(cq, uint32_t(ci), nullptr) : 0;
+    std::snprintf(b, sizeof b, "device=%u cq=%u written=%u guest_ci=%lld entries=%u overflow=%d missing=%u", id_, h,
+                  cq.pi, ci, 1u << cq.log_cqe, int(cq.overflow), missing);
     out.push_back(b);
   }
   return out;

@@ -147,6 +147,7 @@ void Device::Freeze(bool tell_peers) {
   call_after_stop_.assign(qs_.size(), true);
   freeze_error_.clear();
   dp_.Stop();
+  dp_.CheckCqRings("at the stop");
   if (!sh_->engine) return;
   vstellar::EngineObjects objs = EngineObjects();
   if (objs.pds.empty() && objs.cqs.empty()) return;
@@ -169,6 +170,7 @@ void Device::Thaw() {
       return;
     }
     frozen_objs_.reset();
+    dp_.CheckCqRings("at the start");
     // Its peers resend what they have outstanding, to wherever it is now.
     sh_->engine->notify_peers(EngineObjects(), /*resumed=*/true);
     // Completions staged in the engine's CQs (a guest ring that was full,

@@ -80,7 +80,7 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           "\"dup_pkts\":%llu,\"naks_sent\":%llu,\"naks_rcvd\":%llu,\"rnr_naks_sent\":%llu,"
           "\"page_fault_naks\":%llu,\"page_fault_waits\":%llu,\"page_fault_drops\":%llu,"
           "\"paused_sent\":%llu,\"resumed_sent\":%llu,\"peer_notices_rcvd\":%llu,\"late_passes\":%llu,"
-          "\"path_tx_pkts\":[",
+          "\"late_max_us\":%llu,\"path_tx_pkts\":[",
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.held_notices_sent),
@@ -89,7 +89,7 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           ull(e.bad_parse), ull(e.bad_qpn), ull(e.bad_peer), ull(e.bad_state), ull(e.bad_ack), ull(e.dup_pkts),
           ull(e.naks_sent), ull(e.naks_rcvd), ull(e.rnr_naks_sent), ull(e.page_fault_naks),
           ull(e.page_fault_waits), ull(e.page_fault_drops), ull(e.paused_sent), ull(e.resumed_sent),
-          ull(e.peer_notices_rcvd), ull(e.late_passes));
+          ull(e.peer_notices_rcvd), ull(e.late_passes), ull(e.late_max_us));
   for (size_t i = 0; i < e.paths.size(); i++) {
     *out += i ? "," : "";
     *out += std::to_string(e.paths[i].tx_pkts);
@@ -135,6 +135,7 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->resumed_sent += s.resumed_sent;
   sum->peer_notices_rcvd += s.peer_notices_rcvd;
   sum->late_passes += s.late_passes;
+  sum->late_max_us = std::max(sum->late_max_us, s.late_max_us);
   sum->early_reads += s.early_reads;
   sum->trace_probes += s.trace_probes;
   sum->roce_tx += s.roce_tx;

@@ -26,6 +26,8 @@ constexpr uint64_t kTokStop = ~0ull - 1, kTokStats = ~0ull - 2, kTokUdp = ~0ull 
 // Listening socket i (the default one, then each --device socket).
 constexpr size_t kMaxListeners = DaemonOptions::kMaxDeviceSockets;
 constexpr uint64_t ListenTok(size_t i) { return ~0ull - 16 - i; }
+// A thread that did not run, or a turn that ran, this long is logged.
+constexpr uint64_t kLongStallNs = 100'000'000;
 uint64_t SockTok(unsigned id) { return uint64_t(id) << 16 | 0xffff; }
 uint64_t KickTok(unsigned id, uint32_t q) { return uint64_t(id) << 16 | q; }
 
@@ -524,12 +526,21 @@ void Worker::Run() {
   for (;;) {
     timespec ts{};
     timespec* timeout = NextTimeout(engine_more, &ts);
+    const uint64_t slept = clock_.now_ns();
+    const uint64_t until = timeout ? slept + uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec) : 0;
     wakeups.fetch_add(1, std::memory_order_relaxed);
     int n = epoll_pwait2(epfd_, evs, 64, timeout, nullptr);
     if (n < 0 && errno != EINTR) {
       Log("epoll_wait: %s", std::strerror(errno));
       return;
     }
+    // A loaded host may not run this thread for a long time; the engine
+    // forgives its QPs that time (late_passes), and the log says how long,
+    // so that a peer's retry limit reached meanwhile is explained.
+    const uint64_t woke = clock_.now_ns();
+    if (timeout && woke > until + kLongStallNs)
+      Log("woke %llu ms after its deadline (the host did not run this thread)",
+          (unsigned long long)((woke - until) / 1'000'000));
     bool stats = false;
     {
       std::lock_guard<std::mutex> g(mu);
@@ -539,6 +550,8 @@ void Worker::Run() {
       CloseStalled();
       engine_more = EndTurn();
     }
+    if (const uint64_t took = clock_.now_ns() - woke; took > kLongStallNs)
+      Log("a turn took %llu ms (%d events)", (unsigned long long)(took / 1'000'000), n);
     // Outside this worker's lock: the stats take every worker's in turn.
     if (stats) env_.write_stats();
   }

@@ -156,6 +156,7 @@ struct EngineStats {
   // asked for: its thread was descheduled (a loaded host) or busy
   // elsewhere. That time is not counted as its peers' silence.
   uint64_t late_passes = 0;
+  uint64_t late_max_us = 0;  // the latest of those passes: how long the engine did not run
   // READs answered ahead of a missing earlier READ (resp_read_early).
   uint64_t early_reads = 0;
   uint64_t paths_set_aside = 0;  // times a path of a QP went down after a timeout (path.h)

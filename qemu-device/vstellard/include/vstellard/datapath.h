@@ -88,6 +88,12 @@ class DataPath {
 
   // Engine completions of CQ `cqh` -> CQEs in its guest ring.
   void DrainCq(uint32_t cqh);
+  // Every CQE written and not yet polled (between the guest's consumer
+  // index and ours) is in guest memory with its owner bit set: checked at
+  // a stop and after a migration, when a write the migration missed would
+  // leave the guest waiting on, or re-reading, an old slot. Logs each CQ
+  // that fails; returns how many did.
+  unsigned CheckCqRings(const char* when);
   // RESIZE_CQ: CQ `cqh` moves to the ring `geom` describes (pages,
   // page_shift, ring_offset, log_cqe) with the CQEs its guest has not
   // polled; *moved says how many. A VSTELLAR_STATUS_*; on failure the CQ
@@ -129,6 +135,8 @@ class DataPath {
                       uint8_t vendor_err = 0);
   void WriteCqe(uint32_t cqh, vstellar_cqe& cqe);
   static uint64_t CqeGpa(const CqObj& cq, uint32_t idx);
+  // CQEs in [ci, pi) whose owner bit is not the one written (the first in *first).
+  uint32_t MissingCqes(const CqObj& cq, uint32_t ci, uint32_t* first);
   static uint64_t NowNs();
 
   unsigned id_;
