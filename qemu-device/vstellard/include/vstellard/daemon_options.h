@@ -49,6 +49,7 @@ struct DaemonOptions {
   // Peers that speak plain RoCE v2 (EngineConfig::roce): --roce-peers.
   std::vector<vstellar::IpPrefix> roce_peers;
   uint64_t poll_us = 50;       // data path: keep polling doorbells this long after the last work
+  int nice = -10;              // scheduling priority asked for at start (main.cc, SetNice)
   uint64_t idle_recheck_us = 1000;  // data path: one more look this long after going idle (missed kicks)
   // Work per device per loop turn (DeviceShared): what is left waits a turn.
   uint32_t control_budget = 64;       // control commands
