@@ -2,6 +2,7 @@
 // dead path), duplication, reordering and delay. A random mix of every
 // operation must complete exactly once, in order, with the right bytes.
 #include <map>
+#include <memory>
 
 #include "retries_used.h"
 #include "sim_pair.h"
@@ -484,6 +485,149 @@ TEST(ReadRecovery, ReadsGoAheadOfReadsOnly) {
     ASSERT_EQ(word, uint64_t(round + 1)) << "round " << round << ": the READ passed the atomic";
   }
   EXPECT_GT(t.b.eng->stats().early_reads, 0u);
+}
+
+// What a test sees of a requester's data packets: when the network was
+// handed each PSN (first transmission and resends), and which one it lost.
+struct DataLog {
+  std::map<uint32_t, std::vector<uint64_t>> sent_at;  // PSN -> times handed to the network
+  uint32_t dropped_psn = 0;
+  uint64_t dropped_at = 0;
+  // The resend of the dropped packet: time after the drop (0: none seen).
+  uint64_t resend_after() const {
+    auto it = sent_at.find(dropped_psn);
+    return it == sent_at.end() || it->second.size() < 2 ? 0 : it->second[1] - dropped_at;
+  }
+  size_t resent() const {
+    size_t n = 0;
+    for (auto& [psn, t] : sent_at) n += t.size() - 1;
+    return n;
+  }
+};
+
+// Logs a's data packets (WRITE or SEND) into `log`, and drops the
+// `drop`-th (from 0; -1: none) first transmission.
+void log_data(Pair& t, DataLog& log, int drop) {
+  auto first = std::make_shared<int>(0);
+  t.net.tap = [&t, &log, drop, first](uint32_t from, uint32_t, uint16_t, std::vector<uint8_t>& bytes) {
+    wire::Packet p;
+    if (from != kIpA || wire::parse(bytes.data(), bytes.size(), p) != wire::ParseError::OK) return true;
+    if (p.base.op != wire::Op::WRITE && p.base.op != wire::Op::SEND) return true;
+    auto& times = log.sent_at[p.base.psn];
+    times.push_back(t.net.now_ns());
+    if (times.size() == 1 && (*first)++ == drop) {
+      log.dropped_psn = p.base.psn;
+      log.dropped_at = t.net.now_ns();
+      return false;
+    }
+    return true;
+  };
+}
+
+// Issue 30: a data packet lost on one path of a sprayed QP is found as
+// soon as a packet sent after it over the same path is acknowledged (a
+// path keeps order), and resent then, not at its RTO. Before, WRITE and
+// SEND data had no loss signal but the timer: at least 250 us, during
+// which a QP whose later WQEs were done stood idle.
+class PathGap : public ::testing::TestWithParam<WrOpcode> {};
+
+TEST_P(PathGap, ALostDataPacketIsResentWhenItsPathDeliversALaterOne) {
+  const WrOpcode op = GetParam();
+  PairOptions o;
+  o.cfg.num_paths = 8;
+  o.cfg.path_algo = PathAlgo::RR;
+  o.cfg.rto_ns = 250'000;
+  Pair t(o);
+  fill_random(t.a.buf.data(), 512 << 10, 31);
+  DataLog log;
+  log_data(t, log, 20);
+  if (op == WrOpcode::SEND) ASSERT_EQ(t.post_recv(t.b, 7, 0, 512 << 10), 0);
+  ASSERT_EQ(t.post_send(t.a, op, 1, 0, 512 << 10, 0), 0);  // 128 packets, 16 per path
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 512 << 10), 0);
+  const EngineStats& s = t.a.eng->stats();
+  EXPECT_EQ(s.path_gap_losses, 1u);
+  EXPECT_EQ(s.timeouts, 0u);
+  EXPECT_EQ(s.retx_pkts, 1u) << "the lost packet alone is resent";
+  EXPECT_EQ(log.resent(), 1u);
+  // The round trip is 10 us here; the RTO 250 us.
+  EXPECT_GT(log.resend_after(), 0u);
+  EXPECT_LT(log.resend_after(), 50'000u) << "resent at its timeout, not when its path delivered the next one";
+}
+
+INSTANTIATE_TEST_SUITE_P(WriteAndSend, PathGap, ::testing::Values(WrOpcode::RDMA_WRITE, WrOpcode::SEND),
+                         [](const auto& info) { return info.param == WrOpcode::SEND ? "Send" : "Write"; });
+
+// The resend of a lost packet is itself judged by its new path: lost again,
+// it is found when a later packet of that path arrives.
+TEST(PathGapRecovery, ALostResendIsFoundTheSameWay) {
+  PairOptions o;
+  o.cfg.num_paths = 8;
+  o.cfg.path_algo = PathAlgo::RR;
+  Pair t(o);
+  fill_random(t.a.buf.data(), 1 << 20, 32);
+  DataLog log;
+  log_data(t, log, 20);
+  auto tap = t.net.tap;
+  bool lost_again = false;
+  t.net.tap = [&](uint32_t from, uint32_t to, uint16_t path, std::vector<uint8_t>& bytes) {
+    if (!tap(from, to, path, bytes)) return false;
+    auto it = log.sent_at.find(log.dropped_psn);
+    if (from == kIpA && log.dropped_at && it != log.sent_at.end() && it->second.size() == 2 && !lost_again) {
+      wire::Packet p;
+      if (wire::parse(bytes.data(), bytes.size(), p) == wire::ParseError::OK && p.base.psn == log.dropped_psn &&
+          (p.base.flags & wire::F_RETX)) {
+        lost_again = true;
+        return false;
+      }
+    }
+    return true;
+  };
+  // Two WRITEs: the second keeps every path busy after the first resend.
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 512 << 10, 0), 0);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 2, 512 << 10, 512 << 10, 512 << 10), 0);
+  auto wc = t.wait(t.a, t.a.scq, 2);
+  ASSERT_EQ(wc.size(), 2u);
+  for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 1 << 20), 0);
+  ASSERT_TRUE(lost_again);
+  EXPECT_EQ(t.a.eng->stats().path_gap_losses, 2u);
+  EXPECT_EQ(t.a.eng->stats().timeouts, 0u);
+  EXPECT_LT(log.sent_at[log.dropped_psn].back() - log.dropped_at, 100'000u);
+}
+
+// Reordering across paths is no loss: one uplink of the sender queues
+// (its paths' packets arrive tens of microseconds after those sent later
+// on the others), nothing is lost, and nothing is resent.
+TEST(PathGapRecovery, ReorderingAcrossPathsResendsNothing) {
+  for (PathAlgo algo : {PathAlgo::RR, PathAlgo::OBS}) {
+    PairOptions o;
+    o.cfg.num_paths = 16;
+    o.cfg.path_algo = algo;
+    o.buf_size = 4 << 20;
+    Pair t(o);
+    t.net.impairment.uplinks = 4;
+    const uint16_t slow = t.net.uplink_of(kIpA, 0);
+    t.net.impairment.uplink_each.assign(4, SimQueueConfig{});
+    t.net.impairment.uplink_each[slow] = {10'000'000'000ull, 0, 0, 0};  // 10 Gb/s; the others: no queue
+    fill_random(t.a.buf.data(), 4 << 20, 33);
+    DataLog log;
+    log_data(t, log, -1);
+    for (int i = 0; i < 4; i++)
+      ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, uint64_t(i) << 20, 1 << 20, uint64_t(i) << 20), 0);
+    auto wc = t.wait(t.a, t.a.scq, 4);
+    ASSERT_EQ(wc.size(), 4u) << to_string(algo);
+    for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS);
+    EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 4 << 20), 0);
+    // The slow uplink held tens of microseconds of packets at times.
+    EXPECT_GT(t.net.uplink_stats(kIpA, slow).max_backlog, 32u << 10) << to_string(algo);
+    EXPECT_EQ(t.net.stats.dropped, 0u);
+    EXPECT_EQ(t.a.eng->stats().path_gap_losses, 0u) << to_string(algo);
+    EXPECT_EQ(t.a.eng->stats().retx_pkts, 0u) << to_string(algo);
+    EXPECT_EQ(log.resent(), 0u) << to_string(algo);
+  }
 }
 
 // A requester whose engine is descheduled (a loaded host) for longer than

@@ -516,6 +516,7 @@ TEST(EngineSnapshot, LostPacketsWaitingForTheirResendMove) {
   for (uint32_t psn = q.snd_nxt - 1; lost < 4 && psn != q.snd_una; psn--) {
     PktRec& r = q.rec(psn);
     if (r.acked || r.lost || r.kind != PktKind::DATA) continue;
+    q.path_unlink(psn);
     r.lost = true;
     r.tx_seq++;
     q.inflight -= r.len;

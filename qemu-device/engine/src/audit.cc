@@ -76,6 +76,28 @@ std::string EngineCore::audit(bool quiescent) {
         break;
       }
     }
+    // Each path's list holds exactly the DATA PSNs in flight listed on it,
+    // oldest transmission first (comp_path_gaps_before).
+    uint32_t listed = 0, marked = 0;
+    for (uint32_t psn = qp.snd_una; seq_lt(psn, qp.snd_nxt); psn++) marked += qp.rec(psn).on_path;
+    for (const QpImpl::PathOrder& l : qp.path_order) listed += l.n;
+    if (listed != marked)
+      fail(qp, (std::to_string(marked) + " PSNs marked on a path, " + std::to_string(listed) + " listed").c_str());
+    for (size_t pi = 0; pi < qp.path_order.size(); pi++) {
+      const QpImpl::PathOrder& l = qp.path_order[pi];
+      uint32_t n = 0, psn = l.head, prev = 0;
+      for (; n < l.n; n++, prev = psn, psn = qp.rec(psn).path_next) {
+        const PktRec& r = qp.rec(psn);
+        if (!r.on_path || r.path != pi || r.acked || r.lost || r.kind != PktKind::DATA ||
+            seq_lt(psn, qp.snd_una) || !seq_lt(psn, qp.snd_nxt) || (n && r.path_prev != prev) ||
+            (n && r.sent_ns < qp.rec(prev).sent_ns))
+          break;
+      }
+      if (n != l.n || (l.n && prev != l.tail)) {
+        fail(qp, ("path " + std::to_string(pi) + "'s list broken at PSN " + std::to_string(psn)).c_str());
+        break;
+      }
+    }
     if (!quiescent || !owes_work(qp)) continue;
     // The pass found nothing more to do: what qp owes must come from a
     // timer (its own) or an answer to a packet in flight (which has one).

@@ -128,6 +128,14 @@ struct PktRec {
   // time: its answer waits for an earlier PSN, not for the network, and
   // its timer counts from here (req_timers).
   uint64_t held_ns = 0;
+  // DATA: more than one copy of this PSN went out (a resend, or a probe's
+  // copy on another path), so an ACK for it does not say which arrived,
+  // nor over which path (comp_path_gaps_before).
+  bool copies = false;
+  // DATA: in its path's list of transmissions awaiting an ACK
+  // (QpImpl::path_order), between the PSNs path_prev and path_next.
+  bool on_path = false;
+  uint32_t path_prev = 0, path_next = 0;
 };
 
 struct RetxTimer {
@@ -267,6 +275,22 @@ class QpImpl final : public Qp {
   };
   static constexpr size_t kMaxReadReruns = 64;
   std::deque<ReadRerun> read_reruns;
+  // For each path, the DATA PSNs whose latest transmission went over it
+  // and is not yet acknowledged, in the order they were sent: a doubly
+  // linked list through the PSNs' records (PktRec::on_path). A path (one
+  // UDP 5-tuple) keeps order, so once a packet of the path is known to
+  // have arrived, those ahead of it in its list were lost
+  // (comp_path_gaps_before, comp_path_gaps_echo). Sized on first use
+  // (path_link).
+  struct PathOrder {
+    uint32_t head = 0, tail = 0;  // PSNs, valid while n > 0
+    uint32_t n = 0;
+  };
+  std::vector<PathOrder> path_order;
+  // Appends psn's latest transmission to its path's list; takes it out
+  // (acknowledged, lost, or sent again). Both in completer.cc.
+  void path_link(uint32_t psn);
+  void path_unlink(uint32_t psn);
   PathSelector paths{PathAlgo::OBS, 1, 1};
 
   // ---- receive queue (responder) ----
@@ -493,6 +517,10 @@ class EngineCore {
   void comp_read_gaps(QpImpl& qp, uint32_t psn);
   void comp_read_reruns(QpImpl& qp, uint32_t psn);
   void lose_for_resend(QpImpl& qp, uint32_t psn);
+  // Path order of WRITE and SEND data (QpImpl::path_order).
+  void path_gap_lose(QpImpl& qp, uint32_t psn, uint64_t now);
+  void comp_path_gaps_before(QpImpl& qp, uint32_t psn, const wire::AckExt& a, uint64_t now);
+  void comp_path_gaps_echo(QpImpl& qp, const wire::AckExt& a, uint64_t now);
   void comp_held(QpImpl& qp, const wire::AckExt& a, uint64_t now);
   void comp_atomic_resp(QpImpl& qp, const wire::Packet& p, uint64_t now);
   void comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t echo_us, uint64_t& acked_bytes);

@@ -174,6 +174,7 @@ size_t EngineCore::qp_footprint(const QpInitAttr& init) const {
   if (init.qp_type == QpType::RC) {
     const size_t w = cfg_.window_pkts;
     n += w * sizeof(PktRec) + w / 8;
+    n += size_t(cfg_.num_paths) * sizeof(QpImpl::PathOrder);
     n += w * (sizeof(RetxTimer) + sizeof(QpImpl::ReadDone));
     n += kMaxPendingReads * sizeof(wire::Packet);
   }
@@ -427,6 +428,7 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.cc.reset(cfg_.cc, qp.seg);
   qp.resend.clear();
   qp.read_reruns.clear();
+  qp.path_order.clear();
   qp.backoff = 0;
 }
 
@@ -453,6 +455,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = 0;
   qp.read_fence = 0;
   for (auto& r : qp.recs) r = PktRec{};
+  qp.path_order.clear();
   qp.timers = {};
   qp.rnr_wake_ns = 0;
   qp.last_progress_ns = 0;

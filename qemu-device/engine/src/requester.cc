@@ -213,6 +213,7 @@ bool EngineCore::req_progress(QpImpl& qp, uint64_t now) {
                                                : PktKind::DATA;
     for (uint32_t k = 0; k < n; k++) {
       PktRec& r = qp.rec(psn + k);
+      qp.path_unlink(psn + k - qp.window());  // the slot's last PSN: acknowledged, so never listed
       uint32_t tx_seq = r.tx_seq;  // keep counting so old timers stay stale
       r = PktRec{};
       r.tx_seq = tx_seq;
@@ -381,6 +382,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   }
   for (uint32_t k = 0; k < npsn; k++) {
     PktRec& x = qp.rec(psn + k);
+    qp.path_unlink(psn + k);  // an earlier transmission, if still listed
     x.run = k == 0 ? uint16_t(npsn) : 0;
     x.tx_seq++;
     if (retx) x.prev_path = x.path;
@@ -392,6 +394,13 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   if (dropped) return true;
   xmit(qp, path, hdr, hlen, spans, nspans, plen, retx);
   health_sent(qp, path);
+  // Data joins its path's list, whose order the network keeps
+  // (comp_path_gaps_before). A plain RoCE v2 peer has one path and answers
+  // a hole with a sequence NAK of its own.
+  if (r.kind == PktKind::DATA && !qp.roce) {
+    if (retx || probe < qp.paths.num_paths()) r.copies = true;
+    qp.path_link(psn);
+  }
   if (retx && r.kind == PktKind::READ) {
     if (qp.read_reruns.size() == QpImpl::kMaxReadReruns) qp.read_reruns.pop_front();
     qp.read_reruns.push_back({psn, npsn, path, now});

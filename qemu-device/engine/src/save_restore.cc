@@ -772,6 +772,9 @@ int EngineCore::restore(const uint8_t* data, size_t len, const Engine::RestoreMe
       r.Bool(&p.acked), r.Bool(&p.lost), r.U16(&p.run), r.U16(&p.prev_path), r.U64(&sent), r.U64(&held);
       p.sent_ns = from_age(now, sent);
       p.held_ns = from_age(now, held);
+      // In no path's list (QpImpl::path_order): the state does not keep the
+      // order in which they left, so their losses are left to the timer.
+      p.on_path = false;
       if (!r.ok() || kind > uint8_t(PktKind::ATOMIC) || p.path >= cfg_.num_paths || p.prev_path >= cfg_.num_paths)
         return bad("packet record");
       if (!sending) continue;

@@ -146,6 +146,9 @@ struct EngineStats {
   // READ responses found lost without a timeout: a later answer came back
   // on the same path (EngineCore::comp_read_gaps).
   uint64_t read_gap_losses = 0;
+  // WRITE and SEND packets found lost without a timeout: a packet sent
+  // later over the same path arrived (EngineCore::comp_path_gaps_before).
+  uint64_t path_gap_losses = 0;
   // Requests found lost because the responder said it holds a later one
   // from the same path (Syndrome::HELD): sent, and acted on.
   uint64_t held_notices_sent = 0, held_resends = 0;
