@@ -271,6 +271,7 @@ EngineStats Workload::engine_totals() const {
     t.retx_pkts += s.retx_pkts;
     t.timeouts += s.timeouts;
     t.spurious_timeouts += s.spurious_timeouts;
+    t.path_gap_losses += s.path_gap_losses;
     t.paths_set_aside += s.paths_set_aside;
     t.path_probes += s.path_probes;
     t.ce_marks += s.ce_marks;

@@ -142,7 +142,8 @@ def main():
         print(f"guest-soak: vstellard {i}: cqes={sum(x.get('cqes', 0) for x in devs)} "
               f"timeouts={e.get('timeouts')} spurious={e.get('spurious_timeouts')} "
               f"retx={e.get('retx_pkts')} paths_set_aside={e.get('paths_set_aside')} "
-              f"read_gap_losses={e.get('read_gap_losses')} stalled_qps={e.get('stalled_qps')} "
+              f"read_gap_losses={e.get('read_gap_losses')} path_gap_losses={e.get('path_gap_losses')} "
+              f"stalled_qps={e.get('stalled_qps')} "
               f"missed_kicks={sum(x.get('missed_kicks', 0) for x in devs)}")
     for line in results[0][1] + results[1][1]:
         if line.startswith("SOAK"):
