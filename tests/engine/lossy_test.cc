@@ -541,7 +541,9 @@ TEST_P(PathGap, ALostDataPacketIsResentWhenItsPathDeliversALaterOne) {
   fill_random(t.a.buf.data(), 512 << 10, 31);
   DataLog log;
   log_data(t, log, 20);
-  if (op == WrOpcode::SEND) ASSERT_EQ(t.post_recv(t.b, 7, 0, 512 << 10), 0);
+  if (op == WrOpcode::SEND) {
+    ASSERT_EQ(t.post_recv(t.b, 7, 0, 512 << 10), 0);
+  }
   ASSERT_EQ(t.post_send(t.a, op, 1, 0, 512 << 10, 0), 0);  // 128 packets, 16 per path
   auto wc = t.wait(t.a, t.a.scq, 1);
   ASSERT_EQ(wc.size(), 1u);
