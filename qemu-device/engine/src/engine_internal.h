@@ -123,18 +123,18 @@ struct PktRec {
   // The path of the transmission before the latest resend: the one a
   // late answer older than the resend proves was not lost.
   uint16_t prev_path = 0;
+  // DATA: more than one copy of this PSN went out (a resend, or a probe's
+  // copy on another path), so an ACK for it does not say which arrived,
+  // nor over which path (comp_path_gaps_before).
+  bool copies = false;
+  bool on_path = false;  // in its path's list (path_prev, path_next below)
   uint64_t sent_ns = 0;
   // The responder said it holds this request (Syndrome::HELD) at this
   // time: its answer waits for an earlier PSN, not for the network, and
   // its timer counts from here (req_timers).
   uint64_t held_ns = 0;
-  // DATA: more than one copy of this PSN went out (a resend, or a probe's
-  // copy on another path), so an ACK for it does not say which arrived,
-  // nor over which path (comp_path_gaps_before).
-  bool copies = false;
   // DATA: in its path's list of transmissions awaiting an ACK
   // (QpImpl::path_order), between the PSNs path_prev and path_next.
-  bool on_path = false;
   uint32_t path_prev = 0, path_next = 0;
 };
 
