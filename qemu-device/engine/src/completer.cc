@@ -315,6 +315,7 @@ void EngineCore::comp_read_gaps(QpImpl& qp, uint32_t psn) {
   for (uint32_t x = lo; x != psn; x++) {
     PktRec& h = qp.rec(x);
     if (!evidence(h) || h.acked || h.lost || qp.sq_at(h.wqe).done) continue;
+    health_lost(qp, h.path);
     lose_for_resend(qp, x);
     stats_.read_gap_losses++;
   }
@@ -336,6 +337,7 @@ void EngineCore::comp_read_reruns(QpImpl& qp, uint32_t psn) {
       PktRec& h = qp.rec(x);
       if (h.kind != PktKind::READ || h.sent_ns != it->sent_ns || h.acked || h.lost || qp.sq_at(h.wqe).done)
         continue;
+      health_lost(qp, h.path);
       lose_for_resend(qp, x);
       stats_.read_gap_losses++;
     }
@@ -430,6 +432,9 @@ void EngineCore::path_gap_lose(QpImpl& qp, uint32_t psn, uint64_t now) {
   // The responder refused its message for now (RNR): the RNR wait, not
   // the window, decides when it goes again (its RNR timer is armed).
   if (now < w.rnr_hold_until) return;
+  // A loss on its path as much as a timeout is: the fault locator
+  // (telemetry) reads these counts to name a lossy link.
+  health_lost(qp, h.path);
   lose_for_resend(qp, psn);
   stats_.path_gap_losses++;
 }

@@ -130,7 +130,7 @@ struct PathCounters {
 // two peers say nothing about each other.
 struct PathHealth {
   uint64_t sent = 0;        // requests sent on the path: first transmissions, resends, probe copies
-  uint64_t lost = 0;        // timeouts of requests last sent on it
+  uint64_t lost = 0;        // requests last sent on it found lost: timeouts, and later packets of the path answered first
   uint64_t not_lost = 0;    // of them, answered after all (late, not lost: a descheduled peer, say)
   uint64_t delivered = 0;   // requests sent once, on it, and acknowledged
   uint64_t answered = 0;    // ACKs and responses that named it, each with an RTT sample
