@@ -554,6 +554,13 @@ TEST_P(PathGap, ALostDataPacketIsResentWhenItsPathDeliversALaterOne) {
   EXPECT_EQ(s.timeouts, 0u);
   EXPECT_EQ(s.retx_pkts, 1u) << "the lost packet alone is resent";
   EXPECT_EQ(log.resent(), 1u);
+  // The loss counts against its path, as a timeout would: the fault
+  // locator reads these counts to name a lossy link.
+  uint64_t lost = 0;
+  t.a.eng->for_each_peer_health([&](const Endpoint&, const std::vector<PathHealth>& paths) {
+    for (const PathHealth& h : paths) lost += h.lost;
+  });
+  EXPECT_EQ(lost, 1u);
   // The round trip is 10 us here; the RTO 250 us.
   EXPECT_GT(log.resend_after(), 0u);
   EXPECT_LT(log.resend_after(), 50'000u) << "resent at its timeout, not when its path delivered the next one";

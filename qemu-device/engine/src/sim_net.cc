@@ -121,7 +121,16 @@ void SimNet::deliver_at(uint64_t t, uint32_t from, uint32_t to, bool ce, std::ve
     }
   }
   t += im.delay_ns;
-  if (im.jitter_ns) t += std::uniform_int_distribution<uint64_t>(0, im.jitter_ns - 1)(rng_);
+  if (im.jitter_ns) {
+    // Jitter is the varying wait in FIFO queues along the path: a packet
+    // does not overtake the one before it on the same 5-tuple (the engine's
+    // path-gap rule relies on that, as on a real fabric). `reorder` below
+    // is the impairment that does reorder within a path.
+    t += std::uniform_int_distribution<uint64_t>(0, im.jitter_ns - 1)(rng_);
+    uint64_t& last = path_last_[{from, to, sport}];
+    t = std::max(t, last);
+    last = t;
+  }
   if (im.reorder > 0 && uni() < im.reorder) {
     t += im.reorder_delay_ns;
     stats.reordered++;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <queue>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "vstellar/link.h"
@@ -49,7 +50,7 @@ struct SimImpairment {
   double dup = 0;                   // duplication per packet
   double reorder = 0;               // probability a packet is held back by reorder_delay_ns
   uint64_t delay_ns = 5'000;        // one-way base delay
-  uint64_t jitter_ns = 0;           // uniform extra delay [0, jitter)
+  uint64_t jitter_ns = 0;           // uniform extra delay [0, jitter), keeping each path's order
   uint64_t reorder_delay_ns = 40'000;
   double burst_enter = 0;           // Gilbert-Elliott: P(good -> bad) per packet
   double burst_exit = 0.25;         // P(bad -> good)
@@ -179,6 +180,8 @@ class SimNet : public Clock {
   std::map<uint32_t, Engine*> engines_;
   std::map<std::pair<uint32_t, uint16_t>, Queue> up_;  // the ECMP stage: (node, uplink)
   std::map<uint32_t, Queue> down_;        // per destination
+  // (from, to, path) -> the latest arrival jitter gave a packet on it
+  std::map<std::tuple<uint32_t, uint32_t, uint16_t>, uint64_t> path_last_;
   std::map<uint32_t, std::vector<uint32_t>> groups_;  // group -> member nodes
   std::map<uint32_t, uint64_t> frozen_until_;          // node -> end of its descheduling
   struct Refusing {
