@@ -141,20 +141,30 @@ class QmpError(GuestError):
         self.command, self.desc = command, desc
 
 
-def plug_vstellar(qmp, sock, dev_id):
+def plug_vstellar(qmp, sock, dev_id, addr=None):
     """Hot-plug a vhost-user-vstellar-pci device, id dev_id, whose backend
     is the vstellard listening on sock: a new chardev (id dev_id + "-chr")
-    connected to it, then the device. Raises QmpError with QEMU's message
-    (no socket, nobody listening, not a vstellard), leaving nothing behind."""
+    connected to it, then the device (in PCI slot addr if given). Raises
+    QmpError with QEMU's message (no socket, nobody listening, not a
+    vstellard), leaving nothing behind."""
     chardev = dev_id + "-chr"
     qmp.execute("chardev-add", id=chardev,
                 backend={"type": "socket", "data": {"addr": {"type": "unix", "data": {"path": sock}},
                                                     "server": False}})
     try:
-        qmp.execute("device_add", driver="vhost-user-vstellar-pci", id=dev_id, chardev=chardev)
+        qmp.execute("device_add", driver="vhost-user-vstellar-pci", id=dev_id, chardev=chardev,
+                    **({"addr": addr} if addr else {}))
     except QmpError:
         qmp.execute("chardev-remove", id=chardev)
         raise
+
+
+def vstellar_device_args(sock, dev_id, addr):
+    """QEMU options for the device plug_vstellar(qmp, sock, dev_id, addr)
+    plugs: what a migration's destination starts with, since it must have
+    the source's devices at the same addresses."""
+    return ["-chardev", f"socket,id={dev_id}-chr,path={sock}",
+            "-device", f"vhost-user-vstellar-pci,chardev={dev_id}-chr,id={dev_id},addr={addr}"]
 
 
 def unplug_vstellar(qmp, dev_id, timeout=60):

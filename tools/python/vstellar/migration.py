@@ -28,12 +28,16 @@ def _ns(netns, *cmd):
         raise vg.GuestError(f"`{' '.join(cmd)}` in {netns}: {r.stderr.strip()}")
 
 
-def move_address(net, addr, src, dst, peers):
-    """The fabric now routes addr (A.B.C.D/LEN) to host dst: it leaves
+def move_address(net, addrs, src, dst, peers):
+    """The fabric now routes addrs (a list of A.B.C.D/LEN, the first one
+    the interface's primary address in its subnet) to host dst: they leave
     host src's fabric interface for host dst's, and the peers forget where
-    it was."""
-    _ns(net.hosts[src], "ip", "addr", "del", addr, "dev", "fab")
-    _ns(net.hosts[dst], "ip", "addr", "add", addr, "dev", "fab")
+    they were. The others go first: deleting a primary address deletes
+    the secondary ones of its subnet with it."""
+    for a in reversed(addrs):
+        _ns(net.hosts[src], "ip", "addr", "del", a, "dev", "fab")
+    for a in addrs:
+        _ns(net.hosts[dst], "ip", "addr", "add", a, "dev", "fab")
     for p in peers:
         _ns(net.hosts[p], "ip", "neigh", "flush", "dev", "fab")
 
@@ -53,8 +57,20 @@ def migrate(qmp, uri, timeout=300):
         time.sleep(0.02)
 
 
+# A device hot-plugged into guest 1 (run_migration's plug): its QMP id and
+# PCI slot. A migration's destination QEMU must have the same devices at
+# the same addresses, so each one of guest 1's gets it on its command line.
+PLUG_ID = "vst1"
+PLUG_SLOT = "0x10"
+# Its address: a device needs one of its own (the daemon finds a packet's
+# device by the address it is sent to), which guest 1 adds to its eth0
+# and which moves with it as its first one does.
+PLUG_IP = "10.77.0.102"
+
+
 def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=None, vstellard_args=(),
-                  refusing_args=None, peer_host=False, image=None, daemons_out=None, migrations_out=None):
+                  refusing_args=None, peer_host=False, image=None, daemons_out=None, migrations_out=None,
+                  plug=None):
     """Boot two guests with vStellar (guest 0 from host 0, guest 1 from
     host 1), each running its command; once a line of guest 1's output
     starts with `trigger`, migrate guests as `plan` says, one after the
@@ -66,7 +82,11 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
     (the migration fails and the guest runs on where it was); with
     peer_host, one more host (the last) serves guest 0's address, so that
     guest 0 can move too. image: a guest image other than the test image
-    (an overlay_image variant).
+    (an overlay_image variant). plug: once a line of guest 1's output
+    starts with it, a second vStellar device is hot-plugged into guest 1
+    (id PLUG_ID in slot PLUG_SLOT), served by the same daemon as its
+    first, for the address PLUG_IP (the guest's command adds it to eth0);
+    from then on guest 1 migrates with both.
 
     Returns run_guests' list of (status, output, console); each guest's
     output is its whole command's, across its QEMUs. migrations_out
@@ -91,7 +111,8 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
             serves[0] = 0
             if peer_host:
                 serves[-1] = 0
-            fab = [[addrs[0]], [addrs[1]]] + [[]] * (hosts - 2)
+            guest1_addrs = [addrs[1]] + ([f"{PLUG_IP}/24"] if plug else [])
+            fab = [[addrs[0]], guest1_addrs] + [[]] * (hosts - 2)
             s.net = vg.TestNet(hosts, fabric=True, fab_addrs=fab)
             s.net.create()
             daemons = []
@@ -99,14 +120,15 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 ip = ips[serves[h]]
                 refusing = refusing_args is not None and h == 3
                 args = list(vstellard_args) + (list(refusing_args) if refusing else [])
-                d = vg.Vstellard(art, f"host{h}", netns=s.net.hosts[h], ip=ip, args=args, devices=[[ip]])
+                devices = [[ip]] + ([[PLUG_IP]] if plug and serves[h] == 1 else [])
+                d = vg.Vstellard(art, f"host{h}", netns=s.net.hosts[h], ip=ip, args=args, devices=devices)
                 d.guests = [serves[h]]
                 s.daemons.append(d)
                 daemons.append(d)
                 d.start()
             prologues = [f"export VSTELLAR_INDEX={i} VSTELLAR_SELF_IP={ips[i]} VSTELLAR_PEER_IP={ips[1 - i]}\n"
                          for i in range(2)]
-            moving = {g for g, _h in plan}
+            moving = {g for g, _h in plan} | ({1} if plug else set())
             current, incarnations, where = [], [], [0, 1]
             for i, cmd in enumerate(commands):
                 g = vg.Guest(art, f"guest{i}", prologues[i] + cmd, netns=s.net.hosts[i], index=i, mem=mem,
@@ -117,10 +139,20 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 incarnations.append([g])
                 g.start()
             deadline = time.monotonic() + timeout
-            while not any(line.startswith(trigger) for line in current[1].output):
-                if current[1].proc.poll() is not None or time.monotonic() > deadline:
-                    raise vg.GuestError(f"guest1 never printed {trigger!r}:\n" + "\n".join(current[1].console[-40:]))
-                time.sleep(0.1)
+
+            def wait_line(prefix):
+                while not any(line.startswith(prefix) for line in current[1].output):
+                    if current[1].proc.poll() is not None or time.monotonic() > deadline:
+                        raise vg.GuestError(f"guest1 never printed {prefix!r}:\n" +
+                                            "\n".join(current[1].console[-40:]))
+                    time.sleep(0.1)
+
+            plugged = False  # guest 1 has the hot-plugged device
+            if plug:
+                wait_line(plug)
+                vg.plug_vstellar(current[1].connect(), daemons[1].socks[1], PLUG_ID, addr=PLUG_SLOT)
+                plugged = True
+            wait_line(trigger)
 
             def output(i):
                 return [line for g in incarnations[i] for line in g.output]
@@ -129,8 +161,11 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 mover = current[gi]
                 host = where[gi]
                 uri = f"unix:{os.path.join(tmp, f'migrate{r}.sock')}"
+                qemu_args = daemons[dst].qemu_args(mem)
+                if gi == 1 and plugged:
+                    qemu_args += vg.vstellar_device_args(daemons[dst].socks[1], PLUG_ID, addr=PLUG_SLOT)
                 new = vg.Guest(art, f"guest{gi}", prologues[gi] + commands[gi], netns=s.net.hosts[dst], index=gi,
-                               mem=mem, modules=modules, qemu_args=daemons[dst].qemu_args(mem), timeout=timeout,
+                               mem=mem, modules=modules, qemu_args=qemu_args, timeout=timeout,
                                echo=echo, qmp=True, incoming=uri)
                 s.guests.append(new)
                 new.start()
@@ -162,7 +197,7 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                     record["output"] = [output(0), output(1)]
                     continue
                 t0 = time.monotonic()
-                move_address(s.net, addrs[gi], host, dst, peers=[where[1 - gi]])
+                move_address(s.net, guest1_addrs if gi == 1 else [addrs[0]], host, dst, peers=[where[1 - gi]])
                 try:
                     new.connect().execute("cont")
                 except (OSError, vg.GuestError) as e:

@@ -19,9 +19,10 @@ RXE_SETUP = "rdma link add rxe0 type rxe netdev eth0 || exit 1\n"
 VSTELLAR_DEVICE = "vstellar0"
 
 
-def wait_roce_gid(dev):
+def wait_roce_gid(dev, var="GIDX", seconds=10):
     """Shell: wait until DEV has an IPv4-mapped RoCE v2 GID and export its
-    index as GIDX (up to 10 s: the kernel adds GIDs as the netdev comes up)."""
+    index as var (up to `seconds`: the kernel adds GIDs as the netdev comes
+    up; a device being hot-plugged needs longer)."""
     return f"""\
 roce_gid() {{
   p=/sys/class/infiniband/$1/ports/1
@@ -35,11 +36,11 @@ roce_gid() {{
   return 1
 }}
 n=0
-until GIDX=$(roce_gid {dev}); do
-  n=$((n + 1)); [ $n -lt 100 ] || {{ echo "no IPv4 RoCE v2 GID on {dev}" >&2; ls /sys/class/infiniband >&2; exit 1; }}
+until {var}=$(roce_gid {dev}); do
+  n=$((n + 1)); [ $n -lt {seconds * 10} ] || {{ echo "no IPv4 RoCE v2 GID on {dev}" >&2; ls /sys/class/infiniband >&2; exit 1; }}
   sleep 0.1
 done
-export GIDX
+export {var}
 """
 
 
