@@ -1,5 +1,7 @@
 """What the guest tests share: kernel-splat counting, result fields and the
 two-guest test case for kernel RDMA users."""
+import os
+import re
 import unittest
 
 from vstellar import guest as vg, perftest as pt
@@ -21,6 +23,37 @@ def splats(lines):
 def field(lines, key):
     """The values of 'key VALUE...' lines (the first word after key)."""
     return [line.split()[1] for line in lines if line.startswith(key + " ")]
+
+
+def proc_usage(pid):
+    """vstellard's footprint: open fds, mappings, VmSize and RssAnon (kB)."""
+    with open(f"/proc/{pid}/status") as f:
+        st = dict(line.split(":", 1) for line in f)
+    with open(f"/proc/{pid}/maps") as f:
+        lines = f.readlines()
+    maps = len(lines)
+    # What each fd is (socket, eventfd, memfd, ...), so that a count that
+    # differs names the kind of fd left behind.
+    kinds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            k = re.sub(r"[:\[].*", "", os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        kinds[k] = kinds.get(k, 0) + 1
+    # Each mapping's size and name, so that growth names what grew.
+    regions = {}
+    for line in lines:
+        f = line.split()
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        name = f[5] if len(f) > 5 else "[anon]"
+        regions[name] = regions.get(name, 0) + (hi - lo) // 1024
+    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "fd_kinds": kinds, "maps": maps, "map_kb": regions,
+            "vm_kb": int(st["VmSize"].split()[0]), "rss_anon_kb": int(st["RssAnon"].split()[0])}
+
+
+# Mappings a freed device may leave behind: malloc's arenas and the like.
+MAPS_SLACK = 8
 
 
 class KernelUlpCase(unittest.TestCase):

@@ -2,9 +2,10 @@
 (tests/guest/test_migration.py).
 
   python3 migrate_rdma.py target DEV GIDX PORT
-  python3 migrate_rdma.py initiator DEV GIDX PEER_IP PORT SECONDS
+  python3 migrate_rdma.py initiator DEV GIDX PEER_IP PORT SECONDS [STOP_FILE]
 
-One RC QP each way of the pair. For SECONDS, the initiator loops: an RDMA
+One RC QP each way of the pair. For SECONDS, or until STOP_FILE exists,
+the initiator loops: an RDMA
 WRITE of 64 KiB with a pattern of its own into the target's MR, a READ of
 it back, checked byte for byte, and a SEND of a sequence number that the
 target checks arrives once and in order. Any completion that is not a
@@ -15,6 +16,7 @@ with the iterations and the longest gap between two completions (the
 traffic gap a migration made). The target prints "migrate-target ok" with
 the SENDs it received.
 """
+import os
 import select
 import sys
 import time
@@ -82,7 +84,7 @@ def target(dev, gidx, port):
     print(f"migrate-target ok received={got}", flush=True)
 
 
-def initiator(dev, gidx, peer_ip, port, seconds):
+def initiator(dev, gidx, peer_ip, port, seconds, stop_file=None):
     ctx = Context(name=dev)
     pd = PD(ctx)
     conns, peer, hello, sock = initiator_side(ctx, pd, gidx, peer_ip, port, 1, CHUNK)
@@ -104,7 +106,9 @@ def initiator(dev, gidx, peer_ip, port, seconds):
         gap = max(gap, now - last)
         last = now
 
-    while time.monotonic() - start < seconds:
+    # Until `seconds` have passed or stop_file exists (the host's word,
+    # through the console, that it has migrated the guest enough).
+    while time.monotonic() - start < seconds and not (stop_file and os.path.exists(stop_file)):
         slot = it % SLOTS
         data = pattern(CHUNK, it & 0xFF)
         c.mr.write(data, CHUNK)
@@ -136,4 +140,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "target":
         target(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
-        initiator(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6]))
+        initiator(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6]),
+                  sys.argv[7] if len(sys.argv) > 7 else None)

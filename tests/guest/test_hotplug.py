@@ -29,7 +29,7 @@ import threading
 import time
 import unittest
 
-from guestlib import SPLATS, splats
+from guestlib import MAPS_SLACK, SPLATS, proc_usage, splats
 from vstellar import guest as vg, perftest as pt
 
 CYCLES = 50
@@ -162,37 +162,6 @@ echo done-waiting
 # The host says it is done by taking eth0's link down.
 until [ "$(cat /sys/class/net/eth0/carrier)" = 0 ]; do sleep 0.2; done
 """ + SPLATS
-
-
-def proc_usage(pid):
-    """vstellard's footprint: open fds, mappings, VmSize and RssAnon (kB)."""
-    with open(f"/proc/{pid}/status") as f:
-        st = dict(line.split(":", 1) for line in f)
-    with open(f"/proc/{pid}/maps") as f:
-        lines = f.readlines()
-    maps = len(lines)
-    # What each fd is (socket, eventfd, memfd, ...), so that a count that
-    # differs names the kind of fd left behind.
-    kinds = {}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            k = re.sub(r"[:\[].*", "", os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue
-        kinds[k] = kinds.get(k, 0) + 1
-    # Each mapping's size and name, so that growth names what grew.
-    regions = {}
-    for line in lines:
-        f = line.split()
-        lo, hi = (int(x, 16) for x in f[0].split("-"))
-        name = f[5] if len(f) > 5 else "[anon]"
-        regions[name] = regions.get(name, 0) + (hi - lo) // 1024
-    return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "fd_kinds": kinds, "maps": maps, "map_kb": regions,
-            "vm_kb": int(st["VmSize"].split()[0]), "rss_anon_kb": int(st["RssAnon"].split()[0])}
-
-
-# Mappings a freed device may leave behind: malloc's arenas and the like.
-MAPS_SLACK = 8
 
 
 def settled_usage(pid, before, timeout=5):

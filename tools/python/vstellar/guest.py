@@ -546,13 +546,16 @@ class Guest:
 
     def __init__(self, art, name, command, netns=None, index=0, mem=1024,
                  modules=(), qemu_args=(), timeout=600, echo=None, addr=None, qmp=False,
-                 incoming=None):
+                 incoming=None, console_input=False):
         self.art, self.name, self.command = art, name, command
         # A migration's destination: QEMU waits (-incoming URI, -S) for the
         # guest's state instead of booting, and stays paused after it until
         # told to go on (QMP cont); its console carries on the command's
         # output from where the source left it.
         self.incoming = incoming
+        # The host may type lines into the guest's serial console
+        # (type_line): the command reads them from /dev/ttyS0.
+        self.console_input = console_input
         self.addr = addr  # eth0's "A.B.C.D/LEN"; default 10.77.0.<index+1>/24
         self.netns, self.index, self.mem = netns, index, mem
         self.modules, self.qemu_args, self.timeout = list(modules), list(qemu_args), timeout
@@ -566,6 +569,12 @@ class Guest:
         # QEMU's monitor (QMP) for hot-plug, when asked for: connect() it
         self.qmp_path = os.path.join(self._tmp, "qmp.sock") if qmp else None
         self.qmp = None
+
+    def type_line(self, text):
+        """Type text and a newline into the guest's serial console (a guest
+        made with console_input=True)."""
+        self.proc.stdin.write((text + "\n").encode())
+        self.proc.stdin.flush()
 
     def connect(self, timeout=30):
         """The guest's QMP client (made on first use)."""
@@ -613,7 +622,8 @@ class Guest:
         return argv
 
     def start(self):
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stdin = subprocess.PIPE if self.console_input else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.argv(), stdin=stdin, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -70,7 +70,7 @@ PLUG_IP = "10.77.0.102"
 
 def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=None, vstellard_args=(),
                   refusing_args=None, peer_host=False, image=None, daemons_out=None, migrations_out=None,
-                  plug=None):
+                  plug=None, after_each=None, finish=None):
     """Boot two guests with vStellar (guest 0 from host 0, guest 1 from
     host 1), each running its command; once a line of guest 1's output
     starts with `trigger`, migrate guests as `plan` says, one after the
@@ -86,7 +86,10 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
     starts with it, a second vStellar device is hot-plugged into guest 1
     (id PLUG_ID in slot PLUG_SLOT), served by the same daemon as its
     first, for the address PLUG_IP (the guest's command adds it to eth0);
-    from then on guest 1 migrates with both.
+    from then on guest 1 migrates with both. after_each(record, daemons):
+    called after each migration (its source QEMU gone), e.g. to take the
+    daemons' footprint. finish: a line typed into guest 1's console once
+    the plan is done (its command reads /dev/ttyS0 to know when to stop).
 
     Returns run_guests' list of (status, output, console); each guest's
     output is its whole command's, across its QEMUs. migrations_out
@@ -133,7 +136,7 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
             for i, cmd in enumerate(commands):
                 g = vg.Guest(art, f"guest{i}", prologues[i] + cmd, netns=s.net.hosts[i], index=i, mem=mem,
                              modules=modules, qemu_args=daemons[i].qemu_args(mem), timeout=timeout,
-                             echo=echo, qmp=(i in moving))
+                             echo=echo, qmp=(i in moving), console_input=bool(finish) and i == 1)
                 s.guests.append(g)
                 current.append(g)
                 incarnations.append([g])
@@ -166,7 +169,7 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                     qemu_args += vg.vstellar_device_args(daemons[dst].socks[1], PLUG_ID, addr=PLUG_SLOT)
                 new = vg.Guest(art, f"guest{gi}", prologues[gi] + commands[gi], netns=s.net.hosts[dst], index=gi,
                                mem=mem, modules=modules, qemu_args=qemu_args, timeout=timeout,
-                               echo=echo, qmp=True, incoming=uri)
+                               echo=echo, qmp=True, incoming=uri, console_input=bool(finish) and gi == 1)
                 s.guests.append(new)
                 new.start()
                 # The return path: a destination that cannot load the state
@@ -195,6 +198,8 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                     new.kill()
                     record["error"] = info.get("error-desc")
                     record["output"] = [output(0), output(1)]
+                    if after_each:
+                        after_each(record, daemons)
                     continue
                 t0 = time.monotonic()
                 move_address(s.net, guest1_addrs if gi == 1 else [addrs[0]], host, dst, peers=[where[1 - gi]])
@@ -212,6 +217,10 @@ def run_migration(commands, trigger, plan=(2, 1), mem=1024, timeout=600, echo=No
                 incarnations[gi].append(new)
                 where[gi] = dst
                 record["output"] = [output(0), output(1)]
+                if after_each:
+                    after_each(record, daemons)
+            if finish:
+                current[1].type_line(finish)
             results = []
             for i in range(2):
                 status = current[i].wait()
