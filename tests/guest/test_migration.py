@@ -39,6 +39,9 @@ ROUND_TRIPS = 10
 # The traffic stops when the host says so; this only bounds it.
 SECONDS = 900
 STOP = "/tmp/stop-traffic"
+# Guest RAM (MiB): under TCG a migration takes about 8 s a GiB (the dirty
+# log re-arms the TLB's traps at each sync); the programs need far less.
+MEM = 512
 
 
 FILES = "".join(f"cat > /tmp/{n} <<'EOF'\n{SCRIPTS[n]}EOF\n" for n in SCRIPTS)
@@ -119,7 +122,7 @@ class MigrationTest(unittest.TestCase):
         # The migrations start once the program on the hot-plugged device runs.
         cls.results = vm.run_migration([TARGET + SPLATS, INITIATOR + SPLATS], "dev1 migrate-progress",
                                        plan=(3,) + (2, 1) * ROUND_TRIPS, refusing_args=["--paths", "8"],
-                                       timeout=1200, daemons_out=cls.daemons, migrations_out=cls.migrations,
+                                       mem=MEM, timeout=1200, daemons_out=cls.daemons, migrations_out=cls.migrations,
                                        plug="plug-now", after_each=after_each, finish="stop-traffic")
         for m in cls.migrations:
             print(f"migration {m['round']}: host {m['from']} -> {m['to']}: {m['status']}, "
