@@ -80,7 +80,14 @@ def client_retry(not_listening, tries=60):
     matches the grep pattern `not_listening` (the server does not listen
     yet); then prints CMD's output. CMD's output goes to $CLIENT_OUT
     (/tmp/client.out if unset) meanwhile: clients that run at once each
-    set their own."""
+    set their own.
+
+    "No route to host" is always retried: the peer guest may not have its
+    address yet (TCG boots the two guests at different speeds, and the
+    client's own setup does not wait for the peer's), and an unanswered
+    ARP request ends a TCP connect with EHOSTUNREACH, as it did in a
+    test_libfabric run whose client tried once before the server was up."""
+    not_listening += "\\|No route to host"
     return f"""\
 run_client() {{
   i=0
