@@ -490,12 +490,28 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         break;
       }
     }
+    // The first pick stays against flicker (a later hop that crosses the
+    // threshold now and then), unless its own hop has since been measured
+    // clean: the members are judged in path order and the first anomalous
+    // one is picked, so an earlier pick before this one passed as CLEAN
+    // in this round, with enough probes (early hop probes lost to a
+    // loaded host's ICMP once named the link before a lossy one).
     if (pick && gt.decided && pick->link != gt.picked) {
-      for (const Suspect* s : members)
-        if (s->link == gt.picked) {  // the earlier pick, while it is still a member
-          pick = s;
-          hop_why = "picked first among the links crossed by the same paths; now " + hop_why;
-        }
+      bool earlier_clean = false;
+      for (const Suspect* s : members) {
+        if (s == pick) break;
+        earlier_clean |= s->link == gt.picked;
+      }
+      if (earlier_clean) {
+        gt.picked = pick->link;
+        hop_why = "named after the link picked first was measured clean; " + hop_why;
+      } else {
+        for (const Suspect* s : members)
+          if (s->link == gt.picked) {  // the earlier pick, while it is still a member
+            pick = s;
+            hop_why = "picked first among the links crossed by the same paths; now " + hop_why;
+          }
+      }
     }
     if (pick && !gt.decided) {
       gt.decided = true;
