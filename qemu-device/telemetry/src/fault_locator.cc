@@ -44,6 +44,39 @@ uint64_t median(std::vector<uint64_t> v) {
 
 std::string link_text(const LinkId& l) { return to_string(l.from) + " -> " + to_string(l.to); }
 
+// Log-likelihood of `lost` of `n` probes lost at ratio r (binomial, without
+// the constant the hypotheses share).
+double loss_ll(double lost, double n, double r) {
+  r = std::clamp(r, 1e-9, 1 - 1e-9);
+  return lost * std::log(r) + (n - lost) * std::log(1 - r);
+}
+
+// Probes at hops whose answers are lost at ratio base[i] anyway (the
+// baseline: a router's or this host's ICMP losses) and that all cross one
+// link losing p more: the p that makes lost[i] of n[i] most likely, and
+// that likelihood. With q = 1 - p the log-likelihood is concave in q, so
+// its derivative is found by bisection.
+std::pair<double, double> fit_link_loss(const std::vector<double>& lost, const std::vector<double>& n,
+                                        const std::vector<double>& base) {
+  double answered = 0;
+  for (size_t i = 0; i < n.size(); i++) answered += n[i] - lost[i];
+  auto slope = [&](double q) {
+    double d = answered / q;
+    for (size_t i = 0; i < n.size(); i++)
+      if (lost[i] > 0) d -= lost[i] * (1 - base[i]) / (1 - q * (1 - base[i]));
+    return d;
+  };
+  double q = 1;
+  if (slope(1) < 0) {
+    double lo = 1e-9, hi = 1;
+    for (int k = 0; k < 60; k++) (slope((lo + hi) / 2) > 0 ? lo : hi) = (lo + hi) / 2;
+    q = (lo + hi) / 2;
+  }
+  double ll = 0;
+  for (size_t i = 0; i < n.size(); i++) ll += loss_ll(lost[i], n[i], 1 - q * (1 - base[i]));
+  return {1 - q, ll};
+}
+
 // What hop probes at one TTL say, over a set of paths.
 struct HopView {
   uint32_t n = 0, answered = 0;
@@ -421,68 +454,137 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
         if (h.answered) v.answered++, v.rtts.push_back(h.rtt_ns);
       }
     };
+    // Each member's far-end hop, and its near end (the hop before).
+    std::vector<HopView> mine(members.size()), other(members.size()), mine_before(members.size()),
+        other_before(members.size());
+    for (size_t m = 0; m < members.size(); m++) {
+      view(members[m]->agg->position, mine[m], other[m]);
+      view(members[m]->agg->position - 1, mine_before[m], other_before[m]);
+    }
+    // Loss along the group's paths. A lossy link's loss shows at its far
+    // end and at every later hop, so the question is where it starts: for
+    // each member k, the likelihood of all the group's hop probes if k's
+    // link loses some p (fitted) on top of the baseline from k's hop on,
+    // against the same for the other members and for no lossy link at
+    // all. Judging each hop alone against a threshold, tick after tick,
+    // came out wrong by chance now and then over the many ticks a fault
+    // lasts (a lossy uplink's hop once passed as clean, and the spine link
+    // after it was named).
+    // The baseline is what probes lose without a faulty link: answers the
+    // loaded host (or a router) missed. It is one ratio for every hop (the
+    // hops of other paths are other routers anyway), measured by the
+    // probes over other paths and the group's own probes before the lossy
+    // link; comparing each hop with its own few baseline probes (one in
+    // four goes over other paths) left too little evidence.
+    std::vector<double> lost_n(members.size()), sent_n(members.size());
+    double other_lost = 0, other_sent = 0;
+    for (size_t m = 0; m < members.size(); m++) {
+      lost_n[m] = double(mine[m].n - mine[m].answered), sent_n[m] = double(mine[m].n);
+      other_lost += double(other[m].n - other[m].answered), other_sent += double(other[m].n);
+    }
+    std::vector<double> ll(members.size() + 1);  // ll[k]: loss from member k on; ll[members.size()]: none
+    std::vector<double> fitted(members.size());
+    for (size_t k = 0; k <= members.size(); k++) {
+      double clean_lost = other_lost, clean_sent = other_sent;
+      for (size_t j = 0; j < k && j < members.size(); j++) clean_lost += lost_n[j], clean_sent += sent_n[j];
+      const double b = clean_sent ? clean_lost / clean_sent : 0;
+      ll[k] = loss_ll(clean_lost, clean_sent, b);
+      if (k == members.size()) continue;
+      const std::vector<double> lost_after(lost_n.begin() + long(k), lost_n.end()),
+          sent_after(sent_n.begin() + long(k), sent_n.end());
+      auto [p, after] = fit_link_loss(lost_after, sent_after, std::vector<double>(lost_after.size(), b));
+      fitted[k] = p, ll[k] += after;
+    }
+    const size_t none = members.size();
+    size_t best = 0;
+    for (size_t k = 1; k < members.size(); k++)
+      if (ll[k] > ll[best]) best = k;
+    double lost_from_best = 0;
+    for (size_t j = best; j < members.size(); j++) lost_from_best += lost_n[j];
+    // Loss on these paths at all: far likelier than none, and enough of it.
+    const bool lossy_hops = ll[best] - ll[none] >= cfg_.hop_loss_evidence && fitted[best] >= cfg_.loss_min &&
+                            lost_from_best >= 3;
+    double runner_up = -INFINITY;
+    for (size_t k = 0; k < members.size(); k++)
+      if (k != best) runner_up = std::max(runner_up, ll[k]);
+    // Where it starts: that member, once the others are far less likely;
+    // until then a member picked before stays while it is the likeliest
+    // (its evidence may hover at the threshold), and otherwise the group
+    // waits.
+    size_t lossy_at = none;
+    const bool kept = gt.decided && gt.picked == members[best]->link;
+    if (lossy_hops && (ll[best] - runner_up >= cfg_.hop_loss_evidence || kept)) lossy_at = best;
+    // The loss the group's paths see end to end (they are the same paths
+    // for every member). A hop that answers late is a slow link only once
+    // the hops after it are shown not to lose that much: a connection's
+    // queue sits on the uplink that got the most of its paths, and that
+    // uplink's far end answered 1.77 ms against 0.85 ms before a 2% lossy
+    // spine link, which was the fault.
+    const LinkAgg& e2e = *members.front()->agg;
+    const double e2e_loss = e2e.sent ? double(e2e.lost) / double(e2e.sent) : 0;
+    const double other_base = (other_lost + 0.5) / (other_sent + 1);
+    auto no_loss_after = [&](size_t m) {
+      if (e2e_loss < cfg_.loss_min) return true;
+      double odds = 0;
+      for (size_t j = m + 1; j < members.size(); j++)
+        odds += loss_ll(lost_n[j], sent_n[j], other_base) -
+                loss_ll(lost_n[j], sent_n[j], 1 - (1 - e2e_loss) * (1 - other_base));
+      return m + 1 == members.size() || odds >= cfg_.hop_loss_evidence;
+    };
     for (size_t m = 0; m < members.size(); m++) {
       const Suspect* s = members[m];
       const size_t ttl = s->agg->position;  // the hop at the link's far end
-      HopView mine, other, mine_before, other_before;
-      view(ttl, mine, other);
-      view(ttl - 1, mine_before, other_before);
-      const uint64_t rm = median(mine.rtts), ro = median(other.rtts);
+      const HopView& mi = mine[m];
+      const HopView& ot = other[m];
+      const uint64_t rm = median(mi.rtts), ro = median(ot.rtts);
       // Slow: what this link adds (the RTT to its far end less the RTT to
       // its near end) against what it adds over other paths; a queue
       // before it delays every later hop too, and must not be blamed on
       // them. Without samples of the near end, the whole RTT.
-      const bool have_before = mine_before.rtts.size() >= 3 && other_before.rtts.size() >= 3;
-      const double add_mine = double(rm) - (have_before ? double(median(mine_before.rtts)) : 0);
-      const double add_other = std::max(double(ro) - (have_before ? double(median(other_before.rtts)) : 0),
+      const bool have_before = mine_before[m].rtts.size() >= 3 && other_before[m].rtts.size() >= 3;
+      const double add_mine = double(rm) - (have_before ? double(median(mine_before[m].rtts)) : 0);
+      const double add_other = std::max(double(ro) - (have_before ? double(median(other_before[m].rtts)) : 0),
                                         double(cfg_.slow_min_ns) / 10);
       // And the far end itself must answer later over its paths than over
       // the others: on a loaded host the near-end and far-end medians are
       // mostly scheduling noise, and their difference alone once named a
       // hop slow whose far end answered 1.23 ms against 1.16 ms.
-      const bool late = mine.rtts.size() >= 3 && other.rtts.size() >= 3 && add_mine >= 2 * add_other &&
+      const bool late = mi.rtts.size() >= 3 && ot.rtts.size() >= 3 && add_mine >= 2 * add_other &&
                         add_mine >= add_other + double(cfg_.slow_min_ns) / 2 &&
                         double(rm) >= double(ro) + double(cfg_.slow_min_ns) / 2;
-      const uint32_t lost_mine = mine.n - mine.answered;
-      const double other_loss = (double(other.n - other.answered) + 0.5) / (double(other.n) + 1);
       enum { ANOM, CLEAN, UNKNOWN } st = UNKNOWN;
-      if (mine.n >= 3 && mine.answered * 5 <= mine.n) {
+      if (mi.n >= 3 && mi.answered * 5 <= mi.n) {
         st = ANOM, kind = FaultKind::BLACK_HOLE;
-        certainty = 1 - double(mine.answered) / double(mine.n);
-      } else if (late) {
+        certainty = 1 - double(mi.answered) / double(mi.n);
+      } else if (late && no_loss_after(m)) {
         st = ANOM, kind = FaultKind::SLOW;
-      } else if (mine.loss() >= 0.5) {
+      } else if (late) {
+        // A queue before a lossy link, or a slow link: the hops after it
+        // tell, once the loss is placed.
+        st = lossy_at != none && lossy_at > m ? CLEAN : UNKNOWN;
+      } else if (mi.loss() >= 0.5) {
         // Most probes lost but not yet nearly all: a black hole forming,
         // or too few probes to say. Wait.
         st = UNKNOWN;
-      } else if (lost_mine >= 3 && mine.loss() >= cfg_.loss_min && mine.loss() >= cfg_.hop_loss_factor * other_loss) {
-        st = ANOM, kind = FaultKind::LOSSY;
-      } else if (mine.n >= 3 && mine.answered * 10 >= mine.n * 7) {
+      } else if (lossy_hops) {
+        st = lossy_at == m ? ANOM : lossy_at == none ? UNKNOWN : CLEAN;
+        if (st == ANOM) kind = FaultKind::LOSSY;
+      } else if (mi.n >= 3 && mi.answered * 10 >= mi.n * 7) {
         // Answering. Clean for a black hole at once; for loss or delay
-        // only with enough probes, or when a later hop of the group shows
-        // clearly more than this one.
+        // only with enough probes.
         const bool enough = s->kind == FaultKind::BLACK_HOLE ||
-                            (s->kind == FaultKind::SLOW ? mine.rtts.size() >= 5 : mine.n >= 3 / cfg_.loss_min);
+                            (s->kind == FaultKind::SLOW ? mi.rtts.size() >= 5 : mi.n >= 3 / cfg_.loss_min);
         st = enough ? CLEAN : UNKNOWN;
-        if (!enough && m + 1 < members.size()) {
-          HopView nx, nx_other;
-          view(members[m + 1]->agg->position, nx, nx_other);
-          // Lossier beyond chance: at the next hop's ratio, this hop would
-          // have lost this few probes less than 1 time in 100.
-          const double expect = double(mine.n) * nx.loss();
-          const bool nx_lossier = nx.n - nx.answered >= 6 && 2 * mine.n >= nx.n &&
-                                  double(lost_mine) <= expect - 2.33 * std::sqrt(expect);
-          const bool nx_later = nx.rtts.size() >= 3 && ro && double(median(nx.rtts)) >= 2 * double(ro) &&
-                                double(rm) < 1.5 * double(ro) + double(cfg_.slow_min_ns) / 4;
-          if (nx_lossier || nx_later) st = CLEAN;
-        }
       }
       if (st == ANOM) {
         pick = s;
         hop_why = fmt("hop %zu (%s) over its paths: %u of %u probes answered, median %.2f ms; over other paths: "
                       "%u of %u, median %.2f ms",
-                      ttl, to_string(s->link.to).c_str(), mine.answered, mine.n, double(rm) / 1e6, other.answered,
-                      other.n, double(ro) / 1e6);
+                      ttl, to_string(s->link.to).c_str(), mi.answered, mi.n, double(rm) / 1e6, ot.answered, ot.n,
+                      double(ro) / 1e6);
+        if (kind == FaultKind::LOSSY && members.size() > 1)
+          hop_why += fmt("; loss starts here, %.1f%% (log-likelihood %.1f above the next likeliest hop)",
+                         100 * fitted[m], ll[m] - runner_up);
         break;
       }
       if (st == UNKNOWN) {
@@ -494,16 +596,15 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     // threshold now and then), unless its own hop has since been measured
     // clean: the members are judged in path order and the first anomalous
     // one is picked, so an earlier pick before this one passed as CLEAN
-    // in this round, with enough probes (early hop probes lost to a
-    // loaded host's ICMP once named the link before a lossy one).
-    if (pick && gt.decided && pick->link != gt.picked) {
+    // in this round, with enough probes. (A lossy pick keeps or gives way
+    // by the likelihoods above.)
+    if (pick && gt.decided && pick->link != gt.picked && kind != FaultKind::LOSSY) {
       bool earlier_clean = false;
       for (const Suspect* s : members) {
         if (s == pick) break;
         earlier_clean |= s->link == gt.picked;
       }
       if (earlier_clean) {
-        gt.picked = pick->link;
         hop_why = "named after the link picked first was measured clean; " + hop_why;
       } else {
         for (const Suspect* s : members)
@@ -513,7 +614,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
           }
       }
     }
-    if (pick && !gt.decided) {
+    if (pick) {
       gt.decided = true;
       gt.picked = pick->link;
     }

@@ -86,7 +86,7 @@ struct LocatorConfig {
   unsigned confirm_ticks = 3;   // suspect this long before it is reported
   unsigned clear_ticks = 10;    // gone this long before it is cleared
   uint8_t max_ttl = 8;
-  uint32_t probe_budget = 96;   // probes per tick, all purposes
+  uint32_t probe_budget = 192;  // probes per tick, all purposes
   unsigned hop_window_ticks = 30;  // hop probes are judged over this many ticks
   // Links the hop probes have not told apart after this long are named
   // together, each with its share of the confidence.
@@ -97,7 +97,10 @@ struct LocatorConfig {
   double dead_fraction = 0.8;   // of the active paths crossing a link
   double loss_min = 0.002;      // loss ratio of a lossy link's paths
   double loss_excess = 0.004;   // ... and that much above the other paths'
-  double hop_loss_factor = 4;   // a lossy hop: its probes lost that many times more than the others'
+  // Hop probes: the natural log of how many times likelier the losses are
+  // to start at the chosen link than anywhere else along the same paths
+  // (or nowhere), before a link is named lossy from them (ln 1000).
+  double hop_loss_evidence = 6.9;
   uint32_t loss_min_events = 5;
   double slow_factor = 3;       // median RTT of its paths over the others'
   uint64_t slow_min_ns = 1'000'000;
