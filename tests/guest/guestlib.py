@@ -2,6 +2,7 @@
 two-guest test case for kernel RDMA users."""
 import os
 import re
+import time
 import unittest
 
 from vstellar import guest as vg, perftest as pt
@@ -54,6 +55,29 @@ def proc_usage(pid):
 
 # Mappings a freed device may leave behind: malloc's arenas and the like.
 MAPS_SLACK = 8
+
+
+def settled_usage(pid, before=None, timeout=5):
+    """proc_usage once the daemon has finished freeing: with `before`, once
+    the fd count and the mappings are back to its (the daemon logs a
+    device's end just before it frees it, and frees its fds before it
+    unmaps its doorbell page and the guest's RAM: a reading taken when only
+    the fds were back saw the last device still mapped); without, once
+    three readings 0.1 s apart agree. After timeout seconds, whatever is
+    left is a leak, and that reading is returned."""
+    deadline = time.monotonic() + timeout
+    last, same = None, 0
+    while True:
+        u = proc_usage(pid)
+        if before is not None:
+            settled = u["fds"] <= before["fds"] and u["maps"] - before["maps"] <= MAPS_SLACK
+        else:
+            same = same + 1 if (u["fds"], u["maps"]) == last else 0
+            last = (u["fds"], u["maps"])
+            settled = same >= 2
+        if settled or time.monotonic() > deadline:
+            return u
+        time.sleep(0.05 if before is not None else 0.1)
 
 
 class KernelUlpCase(unittest.TestCase):

@@ -21,15 +21,15 @@ every device created must be destroyed; the busy unplug must complete
 with an error for the programs on the device and nothing else disturbed.
 No timing is asserted.
 """
+import json
 import os
 import re
-import signal
 import socket
 import threading
 import time
 import unittest
 
-from guestlib import MAPS_SLACK, SPLATS, proc_usage, splats
+from guestlib import MAPS_SLACK, SPLATS, proc_usage, settled_usage, splats
 from vstellar import guest as vg, perftest as pt
 
 CYCLES = 50
@@ -164,30 +164,12 @@ until [ "$(cat /sys/class/net/eth0/carrier)" = 0 ]; do sleep 0.2; done
 """ + SPLATS
 
 
-def settled_usage(pid, before, timeout=5):
-    """proc_usage once the fd count and the mappings are back to before's
-    (the daemon logs a device's end just before it frees it, and frees its
-    fds before it unmaps its doorbell page and the guest's RAM: a reading
-    taken when only the fds are back saw the last device still mapped), or
-    after timeout seconds, when whatever is left is a leak."""
-    deadline = time.monotonic() + timeout
-    while True:
-        u = proc_usage(pid)
-        settled = u["fds"] <= before["fds"] and u["maps"] - before["maps"] <= MAPS_SLACK
-        if settled or time.monotonic() > deadline:
-            return u
-        time.sleep(0.05)
-
-
 def daemon_state(d):
     """A daemon's counters (SIGUSR1 writes them to its --stats-json file)
     and the end of its log, for the message of a failed wait."""
     try:
-        os.killpg(d.proc.pid, signal.SIGUSR1)
-        time.sleep(0.5)
-        with open(d.stats_file) as f:
-            stats = f.read()
-    except OSError as e:
+        stats = json.dumps(d.counters(timeout=2))
+    except (OSError, vg.GuestError) as e:
         stats = f"(no counters: {e})"
     return f"--- vstellard {d.sock} ---\n{d.text()[-3000:]}\n{stats}"
 

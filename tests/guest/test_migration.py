@@ -20,13 +20,11 @@ daemon: after the last round trip each has the open files, about the
 mappings and exactly the memory charge it had after the first. It prints
 each migration's downtime and the longest gap in the traffic.
 """
-import json
 import os
-import signal
 import time
 import unittest
 
-from guestlib import MAPS_SLACK, SPLATS, proc_usage, splats
+from guestlib import MAPS_SLACK, SPLATS, settled_usage, splats
 from vstellar import guest as vg, migration as vm, perftest as pt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,40 +66,17 @@ INITIATOR = pt.VSTELLAR_SETUP + FILES + f"ip addr add {vm.PLUG_IP}/24 dev eth0\n
     "wait $p0 $!\n"
 
 
-def charged(d):
-    """The memory vstellard has charged to its devices (its counters, which
-    SIGUSR1 has it write to its --stats-json file)."""
-    before = os.stat(d.stats_file).st_mtime_ns if os.path.exists(d.stats_file) else 0
-    os.kill(d.proc.pid, signal.SIGUSR1)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if os.stat(d.stats_file).st_mtime_ns != before:
-                with open(d.stats_file) as f:
-                    return json.load(f)["memory"]["used"]
-        except (OSError, ValueError):
-            pass  # not there yet, or half written
-        time.sleep(0.05)
-    raise vg.GuestError(f"vstellard {d.sock} wrote no counters after SIGUSR1")
-
-
 def footprint(d, destroyed):
     """A daemon's footprint once it has destroyed `destroyed` devices
     (its log says so as it starts freeing one) and its fds and mappings
-    have stopped changing."""
+    have stopped changing, with the memory it charges its devices."""
     deadline = time.monotonic() + 30
     while d.text().count(": destroyed") < destroyed:
         if time.monotonic() > deadline:
             raise vg.GuestError(f"vstellard {d.sock} destroyed fewer than {destroyed} devices:\n{d.text()[-2000:]}")
         time.sleep(0.05)
-    last, same = None, 0
-    while same < 3 and time.monotonic() < deadline:
-        u = proc_usage(d.proc.pid)
-        key = (u["fds"], u["maps"])
-        same = same + 1 if key == last else 0
-        last = key
-        time.sleep(0.1)
-    u["charged"] = charged(d)
+    u = settled_usage(d.proc.pid, timeout=max(1, deadline - time.monotonic()))
+    u["charged"] = d.counters()["memory"]["used"]
     return u
 
 

@@ -526,10 +526,10 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     auto no_loss_after = [&](size_t m) {
       if (e2e_loss < cfg_.loss_min) return true;
       double odds = 0;
-      for (size_t j = m + 1; j < members.size(); j++)
+      for (size_t j = m + 1; j < lost_n.size(); j++)
         odds += loss_ll(lost_n[j], sent_n[j], other_base) -
                 loss_ll(lost_n[j], sent_n[j], 1 - (1 - e2e_loss) * (1 - other_base));
-      return m + 1 == members.size() || odds >= cfg_.hop_loss_evidence;
+      return m + 1 == lost_n.size() || odds >= cfg_.hop_loss_evidence;
     };
     for (size_t m = 0; m < members.size(); m++) {
       const Suspect* s = members[m];

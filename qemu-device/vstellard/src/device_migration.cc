@@ -68,6 +68,12 @@ void LogMigration(unsigned id, const std::string& what) {
   std::fprintf(stderr, "vstellard: device %u: migration: %s\n", id, what.c_str());
 }
 
+// Microseconds since t, as text.
+std::string MicrosecondsSince(std::chrono::steady_clock::time_point t) {
+  using namespace std::chrono;
+  return std::to_string(duration_cast<microseconds>(steady_clock::now() - t).count());
+}
+
 void PutGeom(StateWriter& w, const RingGeom& g) {
   w.U64s(g.pages);
   w.U32(g.shift);
@@ -142,6 +148,7 @@ bool SaveTranslator(vstellar::MemoryTranslator& t, std::vector<uint8_t>* out) {
 
 void Device::Freeze(bool tell_peers) {
   if (frozen_) return;
+  stopped_at_ = std::chrono::steady_clock::now();
   pvdma_.dirty_log()->Flush();  // every write so far is done: QEMU takes the log next
   frozen_ = true;
   call_after_stop_.assign(qs_.size(), true);
@@ -801,14 +808,17 @@ bool Device::BeginStateTransfer(bool save, Fd fd) {
   std::string err;
   if (save) {
     std::vector<uint8_t> bytes;
+    const auto began = std::chrono::steady_clock::now();
     if (!SaveState(&bytes, &err)) {
       LogMigration(id_, "cannot save the device: " + err);
       return false;
     }
     LogMigration(id_, "saving " + std::to_string(bytes.size()) + " bytes of state (" +
-                          std::to_string(obj_.qps.size()) + " QPs)");
+                          std::to_string(obj_.qps.size()) + " QPs), made in " + MicrosecondsSince(began) +
+                          " us, " + MicrosecondsSince(stopped_at_) + " us after the device stopped");
     transfer_.StartSave(std::move(fd), std::move(bytes));
   } else {
+    load_began_at_ = std::chrono::steady_clock::now();
     transfer_.StartLoad(std::move(fd), kMaxState);
   }
   transfer_ok_ = true;
@@ -826,11 +836,17 @@ bool Device::CheckStateTransfer() {
     LogMigration(id_, "state transfer failed: " + err);
     return false;
   }
-  if (transfer_save_) return true;
+  if (transfer_save_) {
+    LogMigration(id_, "state sent, " + MicrosecondsSince(stopped_at_) + " us after the device stopped");
+    return true;
+  }
+  const auto began = std::chrono::steady_clock::now();
   if (!LoadState(bytes, &err)) {
     LogMigration(id_, "refused the state: " + err);
     return false;
   }
+  LogMigration(id_, "state loaded in " + MicrosecondsSince(began) + " us, " + MicrosecondsSince(load_began_at_) +
+                        " us after it began to arrive");
   return true;
 }
 

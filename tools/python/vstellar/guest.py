@@ -512,6 +512,23 @@ class Vstellard:
         except OSError:
             return self.log_text
 
+    def counters(self, timeout=10):
+        """The daemon's counters now: SIGUSR1 has it write them to its
+        --stats-json file; waits for the file to change and parses it.
+        Raises GuestError if it has not within timeout seconds."""
+        before = os.stat(self.stats_file).st_mtime_ns if os.path.exists(self.stats_file) else 0
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if os.stat(self.stats_file).st_mtime_ns != before:
+                    with open(self.stats_file) as f:
+                        return json.load(f)
+            except (OSError, ValueError):
+                pass  # not there yet, or half written
+            time.sleep(0.05)
+        raise GuestError(f"vstellard {self.sock} wrote no counters within {timeout} s of SIGUSR1")
+
     def qemu_args(self, mem, device=0):
         return ["-object", f"memory-backend-memfd,id=mem,size={mem}M,share=on",
                 "-machine", "memory-backend=mem",

@@ -22,6 +22,7 @@
 
 #include <endian.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <set>
@@ -191,6 +192,9 @@ class Device : private DataPathEvents, private DeviceStateTransfer {
   std::string freeze_error_;
   StateTransfer transfer_;
   bool transfer_save_ = false, transfer_ok_ = false;
+  // When the device stopped, and when a state began to arrive: the log
+  // says how much of a migration's downtime the device took (make bench).
+  std::chrono::steady_clock::time_point stopped_at_, load_began_at_;
   uint32_t control_left_ = 0;     // commands this turn may still execute
   bool control_pending_ = false;  // the control queue may hold more
 
