@@ -19,7 +19,8 @@ far slower than KVM, so that difference of medians is noisy. The
 daemons' logs give the device's own part directly: how long the source
 took to make the state and the destination to load it, and how long
 after the device stopped QEMU had read it (that span holds whatever else
-QEMU did meanwhile, RAM's last pass among it). Writes OUTDIR/migration.json and migration.png.
+QEMU did meanwhile, RAM's last pass among it). Writes
+OUTDIR/migration.json and migration.png.
 Environment: VSTELLAR_BENCH_REPEATS (3), VSTELLAR_MIGRATION_MEMS (1024,4096).
 """
 import json
@@ -80,8 +81,9 @@ LOADED = re.compile(r"migration: state loaded in (\d+) us")
 def device_times(daemons):
     """The device's own part of each migration, from the daemons' logs (ms)."""
     logs = "\n".join(d["log"] for d in daemons)
-    return {"state_bytes": [int(m[0]) for m in SAVED.findall(logs)],
-            "save_ms": [int(m[2]) / 1000 for m in SAVED.findall(logs)],
+    saved = SAVED.findall(logs)
+    return {"state_bytes": [int(m[0]) for m in saved],
+            "save_ms": [int(m[2]) / 1000 for m in saved],
             "stop_to_sent_ms": [int(m) / 1000 for m in SENT.findall(logs)],
             "load_ms": [int(m) / 1000 for m in LOADED.findall(logs)]}
 

@@ -180,11 +180,12 @@ class FaultLocator {
   };
   struct GroupTime {
     uint64_t since, last;
-    // The member the hop probes picked first. Links crossed by the same
-    // paths show the same end-to-end losses, and a lossy link's loss shows
-    // at every later hop too, so the tests between neighbours come out
-    // one way or the other by chance now and then over the many ticks a
-    // fault lasts: the first pick stays while the group is suspect.
+    // The member the hop probes picked last. Links crossed by the same
+    // paths show the same end-to-end losses, and the verdicts between
+    // neighbours would flicker over the many ticks a fault lasts: a
+    // black hole or slow pick stays until its own hop measures clean; a
+    // lossy pick stays while it is still the likeliest place for the
+    // loss to start (evaluate()).
     bool decided = false;
     LinkId picked{};
   };
