@@ -401,6 +401,74 @@ TEST_F(Migration, ResetDeviceDestroysTheObjects) {
   EXPECT_EQ(a_->QpState(qa_.qpn), 0xff) << "the QP survived a reset";
 }
 
+// A UD QP in a multicast group migrates with its membership: at the stop
+// the device leaves the group (the membership is its engine's link's), a
+// migration that fails starts it again in the group, and the destination
+// joins it again as it loads the state. Datagrams to the group reach the
+// QP after each, and the guest can leave the group afterwards.
+TEST_F(Migration, MulticastMembershipMovesWithTheDevice) {
+  SetUpPair();
+  Guest& A = *a_;
+  Guest& B = *b_;
+  uint16_t st = 0;
+  GQp ua = A.CreateQp(2, VSTELLAR_QPT_UD, &st), ub = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
+  ASSERT_EQ(st, 0);
+  ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
+  ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
+  vstellar_cmd_gid g{};
+  g.port = 1;
+  g.gid[10] = g.gid[11] = 0xff;
+  g.gid[12] = 127;
+  g.gid[15] = 1;
+  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
+  ASSERT_EQ(B.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);
+  vstellar_cmd_mcast m{};
+  m.qpn = ua.qpn;
+  m.mgid[10] = m.mgid[11] = 0xff;
+  m.mgid[12] = 230, m.mgid[13] = 9, m.mgid[14] = 8, m.mgid[15] = 7;
+  ASSERT_EQ(A.Cmd(VSTELLAR_CMD_ATTACH_MCAST, &m, sizeof(m), 0).status(), 0);
+  vstellar_send_wqe w = UdWqe(0x11, 1, 0xffffff, 0x4242);
+  std::memcpy(w.u.ud.av.dgid + 12, m.mgid + 12, 4);
+  // B sends to the group; A's QP gets it, the payload after the GRH.
+  auto datagram = [&](uint64_t wr_id, uint8_t seed) {
+    Fetched(a_id_, [&] { A.PostRecv(ua, wr_id, {A.Sge(0, 512)}); });
+    Fill(B.Buf(4096), 200, seed);
+    B.PostSend(ub, w, {B.Sge(4096, 200)});
+    auto cb = B.Poll();
+    ASSERT_TRUE(cb);
+    EXPECT_EQ(cb->status, 0);
+    auto ca = A.Poll();
+    ASSERT_TRUE(ca) << "the group's datagram did not reach the QP";
+    EXPECT_EQ(ca->wr_id, wr_id);
+    EXPECT_EQ(ca->status, 0);
+    EXPECT_EQ(ca->byte_len, VSTELLAR_GRH_BYTES + 200);
+    EXPECT_EQ(std::memcmp(A.Buf(VSTELLAR_GRH_BYTES), B.Buf(4096), 200), 0);
+  };
+  datagram(1, 1);
+
+  // A migration that fails: the device starts again at the source, in the group.
+  std::string err;
+  ASSERT_TRUE(fa_->StopQueues(&err)) << err;
+  std::vector<uint8_t> state;
+  ASSERT_TRUE(fa_->TransferState(true, &state, &err)) << err;
+  ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
+  datagram(2, 2);
+
+  // One that succeeds: the destination's device is in the group.
+  ASSERT_TRUE(fa_->StopQueues(&err)) << err;
+  ASSERT_TRUE(fa_->TransferState(true, &state, &err)) << err;
+  fa_->Disconnect();
+  CloseA();
+  ASSERT_TRUE(fa_->Reconnect(sock_, &err)) << err;
+  ASSERT_TRUE(fa_->TransferState(false, &state, &err)) << err;
+  ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
+  for (const DeviceStats& s : d_->Stats()) a_id_ = std::max(a_id_, s.id);  // A's new connection
+  datagram(3, 3);
+  // The device's table and the engine agree: A leaves the group once.
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_DETACH_MCAST, &m, sizeof(m), 0).status(), 0);
+  EXPECT_EQ(A.Cmd(VSTELLAR_CMD_DETACH_MCAST, &m, sizeof(m), 0).status(), VSTELLAR_STATUS_BAD_FIELD);
+}
+
 // While QEMU logs (SET_LOG_BASE, VHOST_F_LOG_ALL), every page the device
 // writes into guest memory is marked: data a peer WRITEs, the CQE ring,
 // the used rings.

@@ -24,13 +24,17 @@
 // without their translation: each builds it on first use (PVDMA pins
 // lazily here too, eMTT entries are rebuilt from the migrated page lists);
 // on-demand MRs come back with nothing mapped (the guest's driver maps
-// pages again when they fault).
+// pages again when they fault). UD QPs in multicast groups leave them at
+// the stop (the membership is the engine's link's, on this host) and join
+// them again where the device starts: the destination joins them once
+// already as it loads the state, and refuses it if it cannot.
 #include <endian.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include <vstellar/ip_text.h>
 
@@ -46,7 +50,7 @@ using vstellar::StateWriter;
 namespace {
 
 constexpr uint64_t kMagic = 0x3154534c54535456ull;  // "VSTSLTS1", little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: multicast memberships (after the QPs)
 // What a load takes at most: far above any device (the engine's part is a
 // few KiB per QP), far below what would hurt the daemon.
 constexpr size_t kMaxState = size_t{256} << 20;
@@ -161,11 +165,38 @@ void Device::Freeze(bool tell_peers) {
   // Its peers hold their retry clocks until it runs again (here or at a
   // migration's destination).
   if (tell_peers) sh_->engine->notify_peers(objs, /*resumed=*/false);
+  LeaveGroups();
   if (int e = sh_->engine->detach(objs, &frozen_objs_)) {
     // It runs on while the VM is stopped (and cannot migrate).
-    freeze_error_ = e == EBUSY ? "a QP is in a multicast group" : std::string("detach: ") + std::strerror(e);
+    freeze_error_ = std::string("detach: ") + std::strerror(e);
     LogMigration(id_, "cannot stop the device's objects: " + freeze_error_);
+    std::string err;
+    if (!JoinGroups(&err)) LogMigration(id_, err);
   }
+}
+
+void Device::LeaveGroups() {
+  for (const auto& [mgid, qpns] : obj_.mcast)
+    for (uint32_t qpn : qpns)
+      if (auto q = obj_.qps.find(qpn); q != obj_.qps.end()) sh_->engine->detach_mcast(q->second.qp, mgid);
+}
+
+// False (with why) if a group could not be joined: the engine's groups or
+// a group's slots are full here (shared by every device of the worker), or
+// the link could not join the IP group. The memberships joined stay.
+bool Device::JoinGroups(std::string* err) {
+  for (const auto& [mgid, qpns] : obj_.mcast) {
+    for (uint32_t qpn : qpns) {
+      auto q = obj_.qps.find(qpn);
+      const int e = q != obj_.qps.end() ? sh_->engine->attach_mcast(q->second.qp, mgid) : EINVAL;
+      if (e) {
+        *err = "QP " + std::to_string(qpn) + " cannot join multicast group " +
+               vstellar::to_string(vstellar::IpAddr::from_bytes(mgid.data())) + ": " + std::strerror(e);
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 void Device::Thaw() {
@@ -177,6 +208,8 @@ void Device::Thaw() {
       return;
     }
     frozen_objs_.reset();
+    std::string err;
+    if (!JoinGroups(&err)) LogMigration(id_, err + " (its QP gets no more datagrams to that group)");
     dp_.CheckCqRings("at the start");
     // Its peers resend what they have outstanding, to wherever it is now.
     sh_->engine->notify_peers(EngineObjects(), /*resumed=*/true);
@@ -197,12 +230,6 @@ bool Device::SaveState(std::vector<uint8_t>* out, std::string* err) {
   if (!freeze_error_.empty()) {
     *err = "the device could not be stopped: " + freeze_error_;
     return false;
-  }
-  for (auto& [g, members] : obj_.mcast) {
-    if (!members.empty()) {
-      *err = "a QP is in a multicast group (not migratable yet)";
-      return false;
-    }
   }
   // The engine saves attached objects: take them back for the moment (no
   // packet or timer runs between these calls, on this one thread).
@@ -355,6 +382,12 @@ bool Device::SaveState(std::vector<uint8_t>* out, std::string* err) {
     w.U32(uint32_t(d.size()));
     for (const vstellar_cq_notify& n : d) w.Bytes(&n, sizeof(n));
   }
+  w.U32(uint32_t(obj_.mcast.size()));
+  for (const auto& [mgid, qpns] : obj_.mcast) {
+    w.Bytes(mgid.data(), 16);
+    w.U32(uint32_t(qpns.size()));
+    for (uint32_t qpn : qpns) w.U32(qpn);
+  }
   w.Blob(engine_bytes);
   *out = std::move(w.bytes());
   return true;
@@ -390,6 +423,7 @@ struct Loaded {
   std::vector<Qp> qps;
   std::vector<std::pair<uint32_t, vstellar_event_page_fault>> events;
   std::vector<vstellar_cq_notify> notifies[VSTELLAR_MAX_CQ_QUEUES];
+  std::map<vstellar::Gid, std::set<uint32_t>> mcast;
   const uint8_t* engine = nullptr;
   size_t engine_len = 0;
 };
@@ -506,6 +540,19 @@ bool Parse(const std::vector<uint8_t>& bytes, Loaded* L, std::string* err) {
     if (!r.Count(&n, kMaxObjects)) return bad("CQ notifications");
     d.resize(n);
     for (auto& x : d) r.Bytes(&x, sizeof(x));
+  }
+  if (!r.Count(&n, 1u << 16)) return bad("multicast groups");
+  for (uint32_t i = 0; i < n; i++) {
+    vstellar::Gid mgid;
+    uint32_t k = 0;
+    r.Bytes(mgid.data(), 16);
+    if (!r.Count(&k, 1u << 16) || L->mcast.count(mgid)) return bad("multicast group");
+    std::set<uint32_t>& qpns = L->mcast[mgid];
+    for (uint32_t j = 0; j < k; j++) {
+      uint32_t qpn = 0;
+      if (!r.U32(&qpn) || !qpns.insert(qpn).second) return bad("multicast group's QPs");
+    }
+    if (qpns.empty()) return bad("multicast group without QPs");
   }
   if (!r.Blob(&L->engine, &L->engine_len) || !r.done()) return bad("trailer");
   return true;
@@ -749,6 +796,35 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
                                                   q.o.rq.log_n, engine.footprint(eo.qps[q.engine])),
                                 &q.o.charge);
   if (!charged) return drop("the device's objects do not fit this daemon's memory budget");
+  // Multicast memberships: UD QPs of the state, within the device's
+  // quotas, and groups this host's engine can join now (joined here and
+  // left again as the device stops below, so that its start cannot fail).
+  if (L.mcast.size() > sh_->mcast_groups_per_device) return drop("malformed device state (multicast groups)");
+  std::map<uint32_t, vstellar::Qp*> ud_qps;
+  for (auto& q : L.qps)
+    if (q.o.type == VSTELLAR_QPT_UD) ud_qps[q.qpn] = eo.qps[q.engine];
+  std::vector<std::pair<vstellar::Qp*, vstellar::Gid>> joined;
+  auto leave = [&] {
+    for (auto& [qp, mgid] : joined) sh_->engine->detach_mcast(qp, mgid);
+  };
+  for (const auto& [mgid, qpns] : L.mcast) {
+    if (qpns.size() > sh_->mcast_qps_per_group) {
+      leave();
+      return drop("malformed device state (multicast group's QPs)");
+    }
+    for (uint32_t qpn : qpns) {
+      auto q = ud_qps.find(qpn);
+      const int e = q == ud_qps.end() ? EINVAL : sh_->engine->attach_mcast(q->second, mgid);
+      if (e) {
+        leave();
+        return drop(e == EINVAL ? "malformed device state (multicast group)"
+                                : "QP " + std::to_string(qpn) + " cannot join multicast group " +
+                                      vstellar::to_string(vstellar::IpAddr::from_bytes(mgid.data())) + " here: " +
+                                      std::strerror(e));
+      }
+      joined.emplace_back(q->second, mgid);
+    }
+  }
 
   // Nothing fails from here on.
   std::memcpy(state_.mutable_device().config.node_guid, L.config.node_guid, sizeof(L.config.node_guid));
@@ -779,6 +855,7 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
     q.o.qp = eo.qps[q.engine];
     obj_.qps[q.qpn] = std::move(q.o);
   }
+  obj_.mcast = std::move(L.mcast);
   cmds_.SyncGsiGids();
   fatal_ = L.fatal;
   fatal_why_ = L.fatal_why;

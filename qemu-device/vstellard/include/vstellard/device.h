@@ -158,6 +158,11 @@ class Device : private DataPathEvents, private DeviceStateTransfer {
   void Thaw();
   bool SaveState(std::vector<uint8_t>* out, std::string* err);
   bool LoadState(const std::vector<uint8_t>& bytes, std::string* err);
+  // The engine's multicast memberships of the device's QPs (obj_.mcast):
+  // left while the device is stopped (a membership is its engine's link's
+  // and cannot move with the QPs), joined again where it runs next.
+  void LeaveGroups();
+  bool JoinGroups(std::string* err);
   bool BeginStateTransfer(bool save, Fd fd) override;
   bool CheckStateTransfer() override;
   void ProcessControl();
