@@ -71,6 +71,7 @@ void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t 
   // a resend nobody can tell which transmission got through.)
   if (r.retries == 0)
     if (PathHealth* h = health_of(qp, r.path)) h->delivered++;
+  if (r.retries == 0 && !r.copies && r.sent_ns > qp.newest_arrived_sent_ns) qp.newest_arrived_sent_ns = r.sent_ns;
   qp.last_progress_ns = now;
   qp.backoff = 0;
   if (!r.lost) qp.inflight -= std::min<uint64_t>(qp.inflight, r.len);  // a lost one left already

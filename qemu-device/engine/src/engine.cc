@@ -348,9 +348,11 @@ void EngineCore::drop_stale_timers(QpImpl& qp) {
   while (!qp.timers.empty()) {
     const RetxTimer& t = qp.timers.top();
     const uint32_t psn = t.psn;
-    const bool live = !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt) && !qp.rec(psn).acked &&
-                      qp.rec(psn).tx_seq == t.tx_seq;
+    const bool live = t.quiet ? seq_lt(qp.snd_una, qp.snd_nxt)
+                              : !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt) && !qp.rec(psn).acked &&
+                                    qp.rec(psn).tx_seq == t.tx_seq;
     if (live) break;
+    if (t.quiet) qp.quiet_armed = false;
     qp.timers.pop();
   }
 }

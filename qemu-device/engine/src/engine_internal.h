@@ -143,6 +143,8 @@ struct RetxTimer {
   uint32_t psn;
   uint32_t tx_seq;
   bool rnr;  // an RNR wait, not a loss: does not count as a transport retry
+  // The QP's quiet timer (req_quiet), not a packet's: psn and tx_seq unused.
+  bool quiet = false;
   bool operator>(const RetxTimer& o) const { return deadline > o.deadline; }
 };
 
@@ -229,6 +231,13 @@ class QpImpl final : public Qp {
   std::vector<PktRec> recs;  // window-sized ring
   std::priority_queue<RetxTimer, std::vector<RetxTimer>, std::greater<RetxTimer>> timers;
   uint64_t last_progress_ns = 0;  // last time the peer acknowledged anything new
+  // The quiet timer (req_quiet): when data last went out, whether the
+  // timer is armed, the progress it last acted on, and the newest
+  // transmission known to have arrived (sent once, acknowledged).
+  uint64_t last_data_tx_ns = 0;
+  bool quiet_armed = false;
+  uint64_t quiet_acted_at = UINT64_MAX;
+  uint64_t newest_arrived_sent_ns = 0;
   uint64_t last_post_ns = 0;      // last time the owner posted a WR
   // The next WQE waits for pages of an on-demand MR (req_local_pages):
   // look again at this time, or when they are mapped (Engine::pages_mapped).
@@ -482,6 +491,9 @@ class EngineCore {
   size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max,
                 bool* fault = nullptr);
   void req_timers(QpImpl& qp, uint64_t now);
+  uint64_t quiet_timeout(const QpImpl& qp) const;
+  void arm_quiet(QpImpl& qp, uint64_t now);
+  void req_quiet(QpImpl& qp, uint64_t now);
   uint64_t rto(const QpImpl& qp, unsigned retries) const;
   bool retry_exceeded(const QpImpl& qp, uint64_t now) const;
   // responder.cc

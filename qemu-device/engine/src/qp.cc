@@ -429,6 +429,9 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.resend.clear();
   qp.read_reruns.clear();
   qp.path_order.clear();
+  qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
+  qp.quiet_armed = false;
+  qp.quiet_acted_at = UINT64_MAX;
   qp.backoff = 0;
 }
 
@@ -456,6 +459,9 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.read_fence = 0;
   for (auto& r : qp.recs) r = PktRec{};
   qp.path_order.clear();
+  qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
+  qp.quiet_armed = false;
+  qp.quiet_acted_at = UINT64_MAX;
   qp.timers = {};
   qp.rnr_wake_ns = 0;
   qp.last_progress_ns = 0;
@@ -491,6 +497,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
 void EngineCore::qp_to_error(QpImpl& qp) {
   qp.state_ = QpState::ERR;
   qp.timers = {};
+  qp.quiet_armed = false;
   qp.pending_rd.clear();
   qp.ack_pending = false;
   resp_complete_recvs(qp);  // those that finished normally first

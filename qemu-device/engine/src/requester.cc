@@ -400,6 +400,8 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   if (r.kind == PktKind::DATA && !qp.roce) {
     if (retx || probe < qp.paths.num_paths()) r.copies = true;
     qp.path_link(psn);
+    qp.last_data_tx_ns = now;
+    arm_quiet(qp, now);
   }
   if (retx && r.kind == PktKind::READ) {
     if (qp.read_reruns.size() == QpImpl::kMaxReadReruns) qp.read_reruns.pop_front();
@@ -493,6 +495,11 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     RetxTimer t = qp.timers.top();
     if (t.deadline > now) break;
     qp.timers.pop();
+    if (t.quiet) {
+      qp.quiet_armed = false;
+      req_quiet(qp, now);
+      continue;
+    }
     if (seq_lt(t.psn, qp.snd_una) || !seq_lt(t.psn, qp.snd_nxt)) continue;
     PktRec& r = qp.rec(t.psn);
     if (r.acked || r.tx_seq != t.tx_seq) continue;
@@ -577,6 +584,76 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     }
     if (!req_send(qp, t.psn, 1, true, now)) return;
   }
+}
+
+// The quiet timer (issue 30). The path rule (comp_path_gaps_before) finds
+// a loss only once a later packet of the same path arrives; with many
+// paths and a few dozen packets in flight, the packets behind a loss may
+// all take other paths, and the connection, its completions held by the
+// hole, sends nothing more: the loss waits for its RTO (>= 250 us; at
+// 100 Gb/s, 3 MB of idle link). So when a connection with data in flight
+// has heard no progress and sent no data for a quiet timeout (the RTO's
+// terms without its 250 us floor, and tighter: a round trip and twice
+// its variation, or a quarter more than the slowest round trip of the
+// last epochs), every packet still missing that left before one known to
+// have arrived is taken as lost, blamed on its path as a timeout would
+// be, and resent; if there is none (the loss is the tail), the newest
+// packet goes again on another path, to draw an ACK that tells. Once per
+// progress: if that brings nothing, the RTOs decide, and so they do when
+// nothing was acknowledged for a whole RTO (a stalled peer: the RTO's
+// stall guard probes it without blaming paths). While any path delivers
+// (a slow path queueing beside fast ones), ACKs keep coming and the timer
+// does not act: it acts when the whole connection has gone quiet.
+uint64_t EngineCore::quiet_timeout(const QpImpl& qp) const {
+  const uint64_t slowest = qp.cc.max_rtt_ns();
+  return std::max({qp.srtt + 2 * qp.rttvar, slowest + slowest / 4, uint64_t{2000}});
+}
+
+void EngineCore::arm_quiet(QpImpl& qp, uint64_t now) {
+  if (qp.quiet_armed || qp.srtt == 0 || qp.quiet_acted_at == qp.last_progress_ns) return;
+  qp.timers.push(RetxTimer{now + quiet_timeout(qp), 0, 0, false, true});
+  qp.quiet_armed = true;
+}
+
+void EngineCore::req_quiet(QpImpl& qp, uint64_t now) {
+  if (!seq_lt(qp.snd_una, qp.snd_nxt) || qp.quiet_acted_at == qp.last_progress_ns) return;
+  const uint64_t since = std::max(qp.last_progress_ns, qp.last_data_tx_ns);
+  if (now < since + quiet_timeout(qp)) {  // heard or sent since it was armed
+    qp.timers.push(RetxTimer{since + quiet_timeout(qp), 0, 0, false, true});
+    qp.quiet_armed = true;
+    return;
+  }
+  // Nothing acknowledged for a whole RTO: the peer may be stalled (a
+  // descheduled host), and the RTO's stall guard probes it without
+  // blaming any path.
+  if (now - qp.last_progress_ns >= rto(qp, 0)) return;
+  qp.quiet_acted_at = qp.last_progress_ns;
+  uint32_t newest = qp.snd_nxt;
+  bool lost = false;
+  for (uint32_t psn = qp.snd_una; seq_lt(psn, qp.snd_nxt); psn++) {
+    const PktRec& r = qp.rec(psn);
+    if (r.kind != PktKind::DATA || r.acked || r.lost || !r.on_path || qp.sq_at(r.wqe).done) continue;
+    if (now < qp.sq_at(r.wqe).rnr_hold_until) continue;  // the RNR wait decides
+    if (r.sent_ns < qp.newest_arrived_sent_ns) {
+      // Its path is blamed as by a timeout (a dead path is set aside).
+      stats_.quiet_losses++;
+      if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
+      health_lost(qp, r.path);
+      const uint64_t downs = qp.paths.downs();
+      qp.paths.on_timeout(r.path, now);
+      if (qp.paths.downs() != downs) {
+        stats_.paths_set_aside++;
+        qp.cc.on_path_down();
+      }
+      lose_for_resend(qp, psn);
+      lost = true;
+    } else if (newest == qp.snd_nxt || r.sent_ns >= qp.rec(newest).sent_ns) {
+      newest = psn;
+    }
+  }
+  if (lost || newest == qp.snd_nxt) return;
+  stats_.quiet_probes++;
+  req_send(qp, newest, 1, true, now);
 }
 
 // A READ re-request asks again for the lost PSNs that follow `psn` in the

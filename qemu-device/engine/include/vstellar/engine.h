@@ -118,7 +118,9 @@ struct PathCounters {
   uint64_t tx_pkts = 0;
   uint64_t tx_bytes = 0;
   uint64_t retx_pkts = 0;  // retransmissions sent on this path
-  uint64_t timeouts = 0;   // RTO expiries of packets last sent on this path
+  // Losses found by a timer of packets last sent on this path: their RTO,
+  // or the connection's quiet timer (EngineStats::quiet_losses).
+  uint64_t timeouts = 0;
   uint64_t rx_pkts = 0;    // packets that arrived with this path id
 };
 
@@ -149,6 +151,11 @@ struct EngineStats {
   // WRITE and SEND packets found lost without a timeout: a packet sent
   // later over the same path arrived (EngineCore::comp_path_gaps_before).
   uint64_t path_gap_losses = 0;
+  // A connection that heard nothing for a quiet timeout (a round trip
+  // and its spread, far below the RTO): packets sent before one that
+  // arrived, still missing, resent (quiet_losses); or, with none, its
+  // newest packet sent again to draw an ACK (quiet_probes). req_quiet.
+  uint64_t quiet_losses = 0, quiet_probes = 0;
   // Requests found lost because the responder said it holds a later one
   // from the same path (Syndrome::HELD): sent, and acted on.
   uint64_t held_notices_sent = 0, held_resends = 0;
