@@ -35,6 +35,8 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
                         S bytes is 2(n-1) steps of S/n; use --depth 1)
   --paths N             paths per connection (1..256, default 128)
   --path-algo A         obs (default), rr, dwrr, bestrtt, single, reps
+  --path-burst N        OBS, RR: packets a path gets in a row before the next
+                        pick (1..64, default 1: every packet sprayed)
   --msg SIZE            bytes per WRITE (default 64KiB)
   --depth N             WRITEs outstanding per connection (default 8)
   --window N            PSN window per QP (a power of two, 64..65536; default
@@ -104,6 +106,11 @@ int main(int argc, char** argv) {
       int n = std::atoi(v.c_str());
       if (n < 1 || n > 256) bad(v);
       opt.engine.num_paths = uint16_t(n);
+    } else if (a == "--path-burst") {
+      std::string v = val();
+      int n = std::atoi(v.c_str());
+      if (n < 1 || n > 64) bad(v);
+      opt.engine.path_burst = uint16_t(n);
     } else if (a == "--path-algo") {
       std::string v = val();
       if (!parse_path_algo(v, opt.engine.path_algo)) bad(v);
