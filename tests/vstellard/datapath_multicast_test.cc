@@ -22,13 +22,7 @@ void DataPath::MulticastGroupsThroughTheDaemon() {
   ASSERT_EQ(st, 0);
   ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
   ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
-  vstellar_cmd_gid g{};
-  g.port = 1;
-  g.gid[10] = g.gid[11] = 0xff;
-  g.gid[12] = 127;
-  g.gid[15] = 1;
-  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-  ASSERT_EQ(A.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);
+  A.AddLoopbackGid(1);
   auto mc = [](uint32_t qpn, std::array<uint8_t, 4> ip) {
     vstellar_cmd_mcast m{};
     m.qpn = qpn;

@@ -118,16 +118,7 @@ void DataPath::OnlyOneDeviceHoldsAnAddressAndItsQp1() {
   Guest& B = *b_;
   A.SetupKernel(1);
   B.SetupKernel(0);
-  auto gid = [](uint8_t last, uint32_t index) {
-    vstellar_cmd_gid g{};
-    g.port = 1;
-    g.index = index;
-    g.gid[10] = g.gid[11] = 0xff;
-    g.gid[12] = 127;
-    g.gid[15] = last;
-    g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-    return g;
-  };
+  auto gid = [](uint8_t last, uint32_t index) { return Guest::LoopbackGid(last, index); };
   auto add = [&](Guest& x, uint8_t last, uint32_t index) {
     auto g = gid(last, index);
     return x.Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status();
@@ -211,13 +202,7 @@ TEST_F(DataPath, UserContextsGetUdButNotQp1NorTheDmaLkey) {
   ASSERT_EQ(st, 0);
   ASSERT_EQ(A.ToRtsUd(ud.qpn, false, 0x4242), 0);
   ASSERT_EQ(b_->ToRtsUd(udb.qpn, false, 0x4242), 0);
-  vstellar_cmd_gid g{};
-  g.port = 1;
-  g.gid[10] = g.gid[11] = 0xff;
-  g.gid[12] = 127;
-  g.gid[15] = 1;
-  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-  ASSERT_EQ(A.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);  // the kernel's GID cache
+  A.AddLoopbackGid(1);  // the kernel's GID cache
   b_->PostRecv(udb, 0x21, {b_->Sge(0, 512)});
   Fill(A.Buf(0), 100, 5);
   A.PostSend(ud, UdWqe(0x11, 1, udb.qpn, 0x4242), {A.Sge(0, 100)});

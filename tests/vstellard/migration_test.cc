@@ -102,6 +102,18 @@ class Migration : public DataPath {
     w.u.rdma.rkey = to.rkey;
     from.PostSend(q, w, {from.Sge(off, len)});
   }
+  // A migration of device A with its rings stopped: its state out, its
+  // connection closed, a new one (the destination QEMU, same guest memory)
+  // loading the state; the rings start again with ResumeQueues.
+  void MoveA() {
+    std::string err;
+    std::vector<uint8_t> state;
+    ASSERT_TRUE(fa_->TransferState(true, &state, &err)) << err;
+    fa_->Disconnect();
+    CloseA();
+    ASSERT_TRUE(fa_->Reconnect(sock_, &err)) << err;
+    ASSERT_TRUE(fa_->TransferState(false, &state, &err)) << err;
+  }
   // Device A's connection closed, and the daemon done with it.
   void CloseA() {
     for (int i = 0; i < 500; i++) {
@@ -286,12 +298,8 @@ TEST_F(Migration, TenRoundTripsLeakNothing) {
     SCOPED_TRACE(round);
     ASSERT_TRUE(fa_->StopQueues(&err)) << err;
     Write(B, qb_, A, 0, 30000, uint8_t(round), 1000 + round);
-    std::vector<uint8_t> state;
-    ASSERT_TRUE(fa_->TransferState(true, &state, &err)) << err;
-    fa_->Disconnect();
-    CloseA();
-    ASSERT_TRUE(fa_->Reconnect(sock_, &err)) << err;
-    ASSERT_TRUE(fa_->TransferState(false, &state, &err)) << err;
+    MoveA();
+    if (HasFatalFailure()) return;
     ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
     for (const DeviceStats& s : d_->Stats())
       if (s.id != b_id) a_id_ = s.id;
@@ -415,13 +423,7 @@ TEST_F(Migration, MulticastMembershipMovesWithTheDevice) {
   ASSERT_EQ(st, 0);
   ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
   ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
-  vstellar_cmd_gid g{};
-  g.port = 1;
-  g.gid[10] = g.gid[11] = 0xff;
-  g.gid[12] = 127;
-  g.gid[15] = 1;
-  g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-  ASSERT_EQ(B.f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);
+  B.AddLoopbackGid(1);
   vstellar_cmd_mcast m{};
   m.qpn = ua.qpn;
   m.mgid[10] = m.mgid[11] = 0xff;
@@ -456,11 +458,8 @@ TEST_F(Migration, MulticastMembershipMovesWithTheDevice) {
 
   // One that succeeds: the destination's device is in the group.
   ASSERT_TRUE(fa_->StopQueues(&err)) << err;
-  ASSERT_TRUE(fa_->TransferState(true, &state, &err)) << err;
-  fa_->Disconnect();
-  CloseA();
-  ASSERT_TRUE(fa_->Reconnect(sock_, &err)) << err;
-  ASSERT_TRUE(fa_->TransferState(false, &state, &err)) << err;
+  MoveA();
+  if (HasFatalFailure()) return;
   ASSERT_TRUE(fa_->ResumeQueues(&err)) << err;
   for (const DeviceStats& s : d_->Stats()) a_id_ = std::max(a_id_, s.id);  // A's new connection
   datagram(3, 3);

@@ -117,16 +117,26 @@ struct Guest {
     CreateCq();
     ASSERT_GE(cq_slot, VSTELLAR_DB_FIRST_SLOT);
     lkey = VSTELLAR_LOCAL_DMA_LKEY;
+    if (ip_last) {
+      const vstellar_cmd_gid g = LoopbackGid(ip_last);
+      ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
+    }
+  }
+  // The RoCE v2 GID of 127.0.0.ip_last at `index` (ADD_GID).
+  static vstellar_cmd_gid LoopbackGid(uint8_t ip_last, uint32_t index = 0) {
     vstellar_cmd_gid g{};
     g.port = 1;
-    g.index = 0;
+    g.index = index;
     g.gid[10] = g.gid[11] = 0xff;
     g.gid[12] = 127;
     g.gid[15] = ip_last;
     g.gid_type = VSTELLAR_GID_TYPE_ROCE_V2;
-    if (ip_last) {
-      ASSERT_EQ(Cmd(VSTELLAR_CMD_ADD_GID, &g, sizeof(g), 0).status(), 0);
-    }
+    return g;
+  }
+  // Adds it as the kernel does (its GID cache), whatever context this guest has.
+  void AddLoopbackGid(uint8_t ip_last) {
+    const vstellar_cmd_gid g = LoopbackGid(ip_last);
+    ASSERT_EQ(f.Command(VSTELLAR_CMD_ADD_GID, 0, &g, sizeof(g), 0).status(), 0);
   }
   // UD/GSI: RESET -> INIT (Q_Key) -> RTR -> RTS.
   uint16_t ToRtsUd(uint32_t qpn, bool gsi, uint32_t qkey) {
