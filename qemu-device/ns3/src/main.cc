@@ -44,6 +44,8 @@ moving RDMA WRITEs. Prints one JSON object (or writes it to --out).
                         (all-to-all), whose windows are memory
   --messages N          WRITEs per connection (default 64; 0: until --stop)
   --stop TIME           give up at this simulated time (default 2s)
+  --goodput-bin TIME    also write "goodput_series": bytes of WRITEs completed
+                        in each interval of TIME, every connection together
   --seed N              seed of the engines and the pattern (default 1)
   --black-hole PORT     make the link of switch port PORT (e.g. tor0.up1) a
                         black hole both ways; a switch name (spine0): all its links
@@ -125,6 +127,9 @@ int main(int argc, char** argv) {
     else if (a == "--stop") {
       std::string v = val();
       if (!parse_time_ns(v, opt.stop_ns)) bad(v);
+    } else if (a == "--goodput-bin") {
+      std::string v = val();
+      if (!parse_time_ns(v, opt.series_bin_ns) || opt.series_bin_ns == 0) bad(v);
     } else if (a == "--seed") opt.seed = std::strtoull(val().c_str(), nullptr, 10);
     else if (a == "--black-hole") bh_port = val();
     else if (a == "--black-hole-at") {
@@ -234,6 +239,11 @@ int main(int argc, char** argv) {
       << ",\"quiet_probes\":" << es.quiet_probes
       << ",\"paths_set_aside\":" << es.paths_set_aside << ",\"path_probes\":" << es.path_probes
       << ",\"ce_marks\":" << es.ce_marks << ",\"dup_pkts\":" << es.dup_pkts << "}";
+    if (opt.series_bin_ns) {
+      o << ",\"goodput_series\":{\"bin_ns\":" << opt.series_bin_ns << ",\"bytes\":[";
+      for (size_t i = 0; i < w.goodput_series().size(); i++) o << (i ? "," : "") << w.goodput_series()[i];
+      o << "]}";
+    }
     o << ",\"connections\":[";
     for (size_t i = 0; i < w.results().size(); i++) {
       const ConnectionResult& r = w.results()[i];

@@ -208,6 +208,11 @@ void Workload::poll(uint32_t h) {
       if (wc[i].status == WcStatus::SUCCESS) {
         r.completed++;
         r.bytes += opt_.msg_bytes;
+        if (opt_.series_bin_ns) {
+          const size_t bin = size_t(uint64_t(Simulator::Now().GetNanoSeconds()) / opt_.series_bin_ns);
+          if (series_.size() <= bin) series_.resize(bin + 1);
+          series_[bin] += opt_.msg_bytes;
+        }
       } else {
         if (!r.failed) r.first_error = uint64_t(wc[i].status);
         r.failed++;

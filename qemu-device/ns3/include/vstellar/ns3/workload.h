@@ -25,6 +25,9 @@ struct WorkloadOptions {
   uint64_t start_ns = 0;        // the connections start at this simulated time
   uint64_t stop_ns = 2'000'000'000;  // give up at this simulated time
   uint64_t seed = 1;
+  // Bytes of WRITEs completed per interval of this many simulated ns, over
+  // every connection (Workload::goodput_series); 0: not kept.
+  uint64_t series_bin_ns = 0;
 };
 
 struct ConnectionResult {
@@ -55,6 +58,8 @@ class Workload {
   Ns3Host& host(uint32_t h) { return *hosts_[h]; }
   EngineStats engine_totals() const;  // summed over hosts (paths left empty)
   uint64_t sim_ns() const { return end_ns_; }
+  // WorkloadOptions::series_bin_ns: bytes completed in each interval from 0.
+  const std::vector<uint64_t>& goodput_series() const { return series_; }
 
  private:
   struct HostState;
@@ -72,6 +77,7 @@ class Workload {
   std::vector<ConnectionResult> results_;
   size_t done_ = 0;
   uint64_t end_ns_ = 0;
+  std::vector<uint64_t> series_;
 };
 
 // Traffic patterns over n hosts (host numbers; a ToR's hosts are consecutive).
