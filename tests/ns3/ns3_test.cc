@@ -167,13 +167,23 @@ TEST_F(Ns3, RingCollectiveStepsWaitForTheirPredecessor) {
 
 TEST_F(Ns3, PermutationOfWritesArrivesIntact) {
   Fabric f(load("leaf-spine-16.conf"));
-  Workload w(f, options(PathAlgo::OBS, 128), permutation(16, 4, 1));
+  WorkloadOptions o = options(PathAlgo::OBS, 128);
+  o.series_bin_ns = 10'000;
+  Workload w(f, o, permutation(16, 4, 1));
   ASSERT_EQ(w.results().size(), 16u);
   w.run();
   expect_all_delivered(w, "obs 128 paths");
   // Every ToR sent over all four of its uplinks.
   for (uint32_t t = 0; t < 4; t++)
     for (uint64_t n : uplink_pkts(f, t)) EXPECT_GT(n, 0u) << "tor " << t;
+  // The goodput series (exp_recovery) counts every completed byte once, in
+  // the interval of its completion.
+  uint64_t sum = 0, last = 0;
+  for (uint64_t b : w.goodput_series()) sum += b;
+  for (const ConnectionResult& r : w.results()) last = std::max(last, r.finish_ns);
+  EXPECT_EQ(sum, 16u * 16u * 64u * 1024u);
+  EXPECT_EQ(w.goodput_series().size(), last / 10'000 + 1);
+  EXPECT_GT(w.goodput_series().back(), 0u);
 }
 
 TEST_F(Ns3, SinglePathStaysOnOneUplinkSprayingUsesAll) {
