@@ -798,7 +798,8 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
   if (!charged) return drop("the device's objects do not fit this daemon's memory budget");
   // Multicast memberships: UD QPs of the state, within the device's
   // quotas, and groups this host's engine can join now (joined here and
-  // left again as the device stops below, so that its start cannot fail).
+  // left again as the device stops below: a destination that cannot join
+  // them refuses the state, and the guest runs on at the source).
   if (L.mcast.size() > sh_->mcast_groups_per_device) return drop("malformed device state (multicast groups)");
   std::map<uint32_t, vstellar::Qp*> ud_qps;
   for (auto& q : L.qps)
