@@ -491,6 +491,7 @@ class EngineCore {
   size_t gather(QpImpl& qp, SendWqe& w, uint32_t off, uint32_t len, HostSpan* out, size_t max,
                 bool* fault = nullptr);
   void req_timers(QpImpl& qp, uint64_t now);
+  void timer_lost(QpImpl& qp, uint16_t path, bool set_aside, uint64_t now);
   uint64_t quiet_timeout(const QpImpl& qp) const;
   void arm_quiet(QpImpl& qp, uint64_t now);
   void req_quiet(QpImpl& qp, uint64_t now);

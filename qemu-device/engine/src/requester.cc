@@ -488,6 +488,22 @@ bool EngineCore::req_uc_send(QpImpl& qp, uint64_t idx, SendWqe& w, uint64_t now)
   return true;
 }
 
+// A packet last sent on `path` was found lost by a timer (its RTO, or the
+// quiet timer): the path's counts, its health, and with `set_aside` the
+// selector's verdict (a second path set aside within one of the window's
+// epochs makes that epoch's cut the largest).
+void EngineCore::timer_lost(QpImpl& qp, uint16_t path, bool set_aside, uint64_t now) {
+  if (path < stats_.paths.size()) stats_.paths[path].timeouts++;
+  health_lost(qp, path);
+  if (!set_aside) return;
+  const uint64_t downs = qp.paths.downs();
+  qp.paths.on_timeout(path, now);
+  if (qp.paths.downs() != downs) {
+    stats_.paths_set_aside++;
+    qp.cc.on_path_down();
+  }
+}
+
 // Retransmission timers. A timer is live only if its PSN is still in the
 // window, unacknowledged, and was not sent again since (tx_seq matches).
 void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
@@ -537,20 +553,11 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
     }
     if (!t.rnr) {
       stats_.timeouts++;
-      if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
-      health_lost(qp, r.path);
       // A READ or atomic executes only when every earlier PSN has arrived,
       // so its answer may be late because the responder waits for a
       // resend, not because its path lost it: it blames its path only when
       // it is the oldest PSN outstanding.
-      if (r.kind == PktKind::DATA || t.psn == qp.snd_una) {
-        const uint64_t downs = qp.paths.downs();
-        qp.paths.on_timeout(r.path, now);
-        if (qp.paths.downs() != downs) {
-          stats_.paths_set_aside++;
-          qp.cc.on_path_down();
-        }
-      }
+      timer_lost(qp, r.path, r.kind == PktKind::DATA || t.psn == qp.snd_una, now);
       // Nothing acknowledged for a whole RTO, on any path: every packet in
       // flight was lost (a queue overflowed, as at the start of an
       // incast, or the peer is gone), and no ACK will come to end the
@@ -635,16 +642,8 @@ void EngineCore::req_quiet(QpImpl& qp, uint64_t now) {
     if (r.kind != PktKind::DATA || r.acked || r.lost || !r.on_path || qp.sq_at(r.wqe).done) continue;
     if (now < qp.sq_at(r.wqe).rnr_hold_until) continue;  // the RNR wait decides
     if (r.sent_ns < qp.newest_arrived_sent_ns) {
-      // Its path is blamed as by a timeout (a dead path is set aside).
       stats_.quiet_losses++;
-      if (r.path < stats_.paths.size()) stats_.paths[r.path].timeouts++;
-      health_lost(qp, r.path);
-      const uint64_t downs = qp.paths.downs();
-      qp.paths.on_timeout(r.path, now);
-      if (qp.paths.downs() != downs) {
-        stats_.paths_set_aside++;
-        qp.cc.on_path_down();
-      }
+      timer_lost(qp, r.path, /*set_aside=*/true, now);  // as by a timeout: a dead path is set aside
       lose_for_resend(qp, psn);
       lost = true;
     } else if (newest == qp.snd_nxt || r.sent_ns >= qp.rec(newest).sent_ns) {
