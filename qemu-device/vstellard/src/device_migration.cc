@@ -181,22 +181,35 @@ void Device::LeaveGroups() {
       if (auto q = obj_.qps.find(qpn); q != obj_.qps.end()) sh_->engine->detach_mcast(q->second.qp, mgid);
 }
 
-// False (with why) if a group could not be joined: the engine's groups or
-// a group's slots are full here (shared by every device of the worker), or
-// the link could not join the IP group. The memberships joined stay.
-bool Device::JoinGroups(std::string* err) {
-  for (const auto& [mgid, qpns] : obj_.mcast) {
+// Joins each QP of `groups` (found by qp_of: null if there is no such QP)
+// to its groups in the engine, listing in *joined what it joined. 0, or
+// the first error with why: EINVAL (no such UD QP, not a group), ENOSPC
+// (the engine's groups or a group's slots are full here: shared by every
+// device of the worker), EIO (the link could not join the IP group).
+int Device::JoinGroups(const McastGroups& groups, const std::function<vstellar::Qp*(uint32_t)>& qp_of,
+                       std::vector<std::pair<vstellar::Qp*, vstellar::Gid>>* joined, std::string* err) {
+  for (const auto& [mgid, qpns] : groups) {
     for (uint32_t qpn : qpns) {
-      auto q = obj_.qps.find(qpn);
-      const int e = q != obj_.qps.end() ? sh_->engine->attach_mcast(q->second.qp, mgid) : EINVAL;
-      if (e) {
+      vstellar::Qp* qp = qp_of(qpn);
+      if (const int e = qp ? sh_->engine->attach_mcast(qp, mgid) : EINVAL) {
         *err = "QP " + std::to_string(qpn) + " cannot join multicast group " +
                vstellar::to_string(vstellar::IpAddr::from_bytes(mgid.data())) + ": " + std::strerror(e);
-        return false;
+        return e;
       }
+      if (joined) joined->emplace_back(qp, mgid);
     }
   }
-  return true;
+  return 0;
+}
+
+// The device's own memberships, joined again where it starts; false (with
+// why) if one could not be (those joined stay).
+bool Device::JoinGroups(std::string* err) {
+  auto qp_of = [this](uint32_t qpn) -> vstellar::Qp* {
+    auto q = obj_.qps.find(qpn);
+    return q != obj_.qps.end() ? q->second.qp : nullptr;
+  };
+  return JoinGroups(obj_.mcast, qp_of, nullptr, err) == 0;
 }
 
 void Device::Thaw() {
@@ -801,30 +814,20 @@ bool Device::LoadState(const std::vector<uint8_t>& bytes, std::string* err) {
   // left again as the device stops below: a destination that cannot join
   // them refuses the state, and the guest runs on at the source).
   if (L.mcast.size() > sh_->mcast_groups_per_device) return drop("malformed device state (multicast groups)");
+  for (const auto& [mgid, qpns] : L.mcast)
+    if (qpns.size() > sh_->mcast_qps_per_group) return drop("malformed device state (multicast group's QPs)");
   std::map<uint32_t, vstellar::Qp*> ud_qps;
   for (auto& q : L.qps)
     if (q.o.type == VSTELLAR_QPT_UD) ud_qps[q.qpn] = eo.qps[q.engine];
-  std::vector<std::pair<vstellar::Qp*, vstellar::Gid>> joined;
-  auto leave = [&] {
-    for (auto& [qp, mgid] : joined) sh_->engine->detach_mcast(qp, mgid);
+  auto ud_qp = [&](uint32_t qpn) -> vstellar::Qp* {
+    auto q = ud_qps.find(qpn);
+    return q != ud_qps.end() ? q->second : nullptr;
   };
-  for (const auto& [mgid, qpns] : L.mcast) {
-    if (qpns.size() > sh_->mcast_qps_per_group) {
-      leave();
-      return drop("malformed device state (multicast group's QPs)");
-    }
-    for (uint32_t qpn : qpns) {
-      auto q = ud_qps.find(qpn);
-      const int e = q == ud_qps.end() ? EINVAL : sh_->engine->attach_mcast(q->second, mgid);
-      if (e) {
-        leave();
-        return drop(e == EINVAL ? "malformed device state (multicast group)"
-                                : "QP " + std::to_string(qpn) + " cannot join multicast group " +
-                                      vstellar::to_string(vstellar::IpAddr::from_bytes(mgid.data())) + " here: " +
-                                      std::strerror(e));
-      }
-      joined.emplace_back(q->second, mgid);
-    }
+  std::vector<std::pair<vstellar::Qp*, vstellar::Gid>> joined;
+  std::string why;
+  if (const int e = JoinGroups(L.mcast, ud_qp, &joined, &why)) {
+    for (auto& [qp, mgid] : joined) sh_->engine->detach_mcast(qp, mgid);
+    return drop(e == EINVAL ? "malformed device state (multicast group)" : why);
   }
 
   // Nothing fails from here on.

@@ -25,10 +25,13 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <set>
 #include <tuple>
 #include <unordered_set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <vstellar/engine.h>
@@ -161,8 +164,11 @@ class Device : private DataPathEvents, private DeviceStateTransfer {
   // The engine's multicast memberships of the device's QPs (obj_.mcast):
   // left while the device is stopped (a membership is its engine's link's
   // and cannot move with the QPs), joined again where it runs next.
+  using McastGroups = std::map<vstellar::Gid, std::set<uint32_t>>;
   void LeaveGroups();
   bool JoinGroups(std::string* err);
+  int JoinGroups(const McastGroups& groups, const std::function<vstellar::Qp*(uint32_t)>& qp_of,
+                 std::vector<std::pair<vstellar::Qp*, vstellar::Gid>>* joined, std::string* err);
   bool BeginStateTransfer(bool save, Fd fd) override;
   bool CheckStateTransfer() override;
   void ProcessControl();
