@@ -17,11 +17,9 @@ void DataPath::MulticastGroupsThroughTheDaemon() {
   TwoGuests();
   Guest& A = *a_;
   Guest& B = *b_;
-  uint16_t st = 0;
-  GQp ua = A.CreateQp(2, VSTELLAR_QPT_UD, &st), ub = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
-  ASSERT_EQ(st, 0);
-  ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
-  ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
+  GQp ua, ub;
+  ASSERT_NO_FATAL_FAILURE(A.CreateUdQp(0x4242, &ua));
+  ASSERT_NO_FATAL_FAILURE(B.CreateUdQp(0x4242, &ub));
   A.AddLoopbackGid(1);
   auto mc = [](uint32_t qpn, std::array<uint8_t, 4> ip) {
     vstellar_cmd_mcast m{};

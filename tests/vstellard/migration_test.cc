@@ -418,11 +418,9 @@ TEST_F(Migration, MulticastMembershipMovesWithTheDevice) {
   SetUpPair();
   Guest& A = *a_;
   Guest& B = *b_;
-  uint16_t st = 0;
-  GQp ua = A.CreateQp(2, VSTELLAR_QPT_UD, &st), ub = B.CreateQp(2, VSTELLAR_QPT_UD, &st);
-  ASSERT_EQ(st, 0);
-  ASSERT_EQ(A.ToRtsUd(ua.qpn, false, 0x4242), 0);
-  ASSERT_EQ(B.ToRtsUd(ub.qpn, false, 0x4242), 0);
+  GQp ua, ub;
+  ASSERT_NO_FATAL_FAILURE(A.CreateUdQp(0x4242, &ua));
+  ASSERT_NO_FATAL_FAILURE(B.CreateUdQp(0x4242, &ub));
   B.AddLoopbackGid(1);
   vstellar_cmd_mcast m{};
   m.qpn = ua.qpn;

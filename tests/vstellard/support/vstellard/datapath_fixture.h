@@ -154,6 +154,14 @@ struct Guest {
     m.attr.attr_mask = VSTELLAR_QP_STATE | VSTELLAR_QP_SQ_PSN;
     return Cmd(VSTELLAR_CMD_MODIFY_QP, &m, sizeof(m), 0).status();
   }
+  // A UD QP (2 send SGEs) taken to RTS with `qkey`, into *out. Fatal on
+  // failure: call it under ASSERT_NO_FATAL_FAILURE.
+  void CreateUdQp(uint32_t qkey, GQp* out) {
+    uint16_t st = 0;
+    *out = CreateQp(2, VSTELLAR_QPT_UD, &st);
+    ASSERT_EQ(st, 0);
+    ASSERT_EQ(ToRtsUd(out->qpn, false, qkey), 0);
+  }
   GQp CreateQp(uint32_t max_send_sge = 4, uint8_t type = VSTELLAR_QPT_RC, uint16_t* status = nullptr) {
     GQp q;
     q.ring = kRingGpa + 0x4000ull * nqp++;
