@@ -234,12 +234,27 @@ struct Series {
   uint64_t t0, every, next;
   uint64_t bytes = 0;
   std::string json;
+  // A client's intervals also say what its engine did in them (resends,
+  // timer expiries, paths set aside), so a dip in goodput can be read
+  // against its cause (the fabric's black-hole experiment).
+  const Engine* eng = nullptr;
+  EngineStats last;
   Series(uint64_t start, uint32_t ms) : t0(start), every(uint64_t(ms) * 1'000'000), next(start + every) {}
   void add(uint64_t b) { bytes += b; }
   void tick(uint64_t now) {
     while (now >= next) {
       double gbps = double(bytes) * 8 / double(every);
-      json += fmt("%s{\"t_ms\":%.0f,\"gbps\":%.3f}", json.empty() ? "" : ",", double(next - t0) / 1e6, gbps);
+      json += fmt("%s{\"t_ms\":%.0f,\"gbps\":%.3f", json.empty() ? "" : ",", double(next - t0) / 1e6, gbps);
+      if (eng) {
+        const EngineStats& st = eng->stats();
+        json += fmt(",\"retx\":%lu,\"timeouts\":%lu,\"quiet_losses\":%lu,\"path_gap_losses\":%lu,"
+                    "\"set_aside\":%lu,\"probes\":%lu",
+                    st.retx_pkts - last.retx_pkts, st.timeouts - last.timeouts,
+                    st.quiet_losses - last.quiet_losses, st.path_gap_losses - last.path_gap_losses,
+                    st.paths_set_aside - last.paths_set_aside, st.path_probes - last.path_probes);
+        last = st;
+      }
+      json += "}";
       bytes = 0;
       next += every;
     }
@@ -438,6 +453,7 @@ int client_impl(const Options& o, std::string& json) {
   const uint64_t end = t0 + uint64_t(o.duration * 1e9);
   const uint64_t warm = t0 + uint64_t(std::min(o.warmup, o.duration / 2) * 1e9);
   Series series(t0, o.interval_ms);
+  series.eng = &e;
   uint64_t bytes = 0, msgs = 0, errors = 0, posted = 0, done = 0;
   uint64_t stalls = 0, longest_gap = 0;
   std::string first_error;
