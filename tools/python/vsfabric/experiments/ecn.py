@@ -109,7 +109,8 @@ def plot(a, res, configs, H, A):
     ax1.set_title(f"permutation, {H} flows over {A} uplinks ({a.uplink_rate})")
     ax1.legend(fontsize=8)
     ax1.grid(True, alpha=0.3)
-    labels = [f"{s['config'].split()[0]}, {'on' if s['marking'] else 'off'}\n"
+    labels = [f"{s['config'].replace(' 128 paths', '').replace(' path', '')}, "
+              f"{'on' if s['marking'] else 'off'}\n"
               f"{s['uplink_mark_fraction'] * 100:.0f}% CE" for s in res["summary"]]
     x = range(len(labels))
     ax2.bar([i - 0.2 for i in x], [s["goodput_gbps"] for s in res["summary"]], 0.4,
@@ -145,6 +146,8 @@ def main():
     p.add_argument("--runs", type=int, help="repetitions per configuration (5; 3 quick)")
     p.add_argument("--sample-ms", type=float, default=20)
     p.add_argument("--seed", type=int, default=7, help="permutation seed")
+    p.add_argument("--hash-seed", type=int,
+                   help="the switches' fib_multipath_hash_seed (default: the kernel's own)")
     a = p.parse_args()
     t0 = exp.start(a)
     dur = a.duration or (1.5 if a.quick else 3.0)
@@ -154,11 +157,14 @@ def main():
     random.Random(a.seed).shuffle(perm)
     pairs = [((0, i), (1, perm[i])) for i in range(H)]
     algos = [("single path", ["--paths", 1, "--path-algo", "single"]),
-             ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"])]
+             ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"]),
+             # As in exp_queues: runs of 16 packets per path (the harness's
+             # default) and Stellar's spraying of every packet.
+             ("obs 128 paths per packet", ["--paths", 128, "--path-algo", "obs", "--path-burst", 1])]
     configs = [(alg, cfg, mark) for alg, cfg in algos for mark in (False, True)]
     res = {"permutation": perm, "runs": [], "summary": []}
     with vsfabric.Fabric(tors=2, hosts=H, aggs=A, uplink_rate=a.uplink_rate,
-                         host_rate=a.host_rate, queue=1_000_000) as fab:
+                         host_rate=a.host_rate, queue=1_000_000, hash_seed=a.hash_seed) as fab:
         res["fabric"] = fab.describe()
         frac = {a.host_rate: a.fraction, a.uplink_rate: a.fraction}
         for rep in range(runs):

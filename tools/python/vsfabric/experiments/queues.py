@@ -5,8 +5,11 @@ fabric links 250 Mbit/s (tbf, 1 MB queue), so a permutation h0.i -> h1.p(i)
 loads the ToR-0 uplinks to 80% if spread evenly, and two flows that hash onto
 one uplink overload it. Each run samples the tbf backlog (bytes) of every
 ToR-0 uplink with `tc -s -j qdisc show` every --sample-ms while the clients
-run (after a 0.3 s warm-up), for --path-algo single (1 path) and obs with
-128 paths. Reported: backlog mean/p50/p99/max over all samples and per
+run (after a 0.3 s warm-up; --marking: with exp_ecn's CE marker on every
+switch port), for --path-algo single (1 path) and obs with
+128 paths, in runs of 16 packets per path (the harness's default
+--path-burst, one UDP_SEGMENT send per run) and per packet (Stellar's
+spraying). Reported: backlog mean/p50/p99/max over all samples and per
 uplink, tbf drops, uplink byte shares, goodput, failed messages.
 """
 import random
@@ -25,6 +28,12 @@ def main():
     p.add_argument("--uplink-rate", default="250mbit")
     p.add_argument("--sample-ms", type=float, default=20)
     p.add_argument("--seed", type=int, default=7, help="permutation seed")
+    p.add_argument("--marking", action="store_true",
+                   help="CE marking on every switch port (exp_ecn's phantom-queue marker, K 20 kB "
+                        "at 0.95 x the link rate)")
+    p.add_argument("--hash-seed", type=int,
+                   help="the switches' fib_multipath_hash_seed (default: the kernel's own), one draw "
+                        "of the ECMP hash: whether single-path flows share an uplink depends on it")
     a = p.parse_args()
     t0 = exp.start(a)
     dur = a.duration or (2.0 if a.quick else 4.0)
@@ -34,10 +43,17 @@ def main():
     pairs = [((0, i), (1, perm[i])) for i in range(H)]
     res = {"runs": [], "permutation": perm}
     configs = [("single path", ["--paths", 1, "--path-algo", "single"]),
-               ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"])]
+               ("obs 128 paths", ["--paths", 128, "--path-algo", "obs"]),
+               # The harness's default sends runs of 16 packets per path (one
+               # UDP_SEGMENT send each); Stellar sprays every packet.
+               ("obs 128 paths per packet", ["--paths", 128, "--path-algo", "obs", "--path-burst", 1])]
     with vsfabric.Fabric(tors=2, hosts=H, aggs=A, uplink_rate=a.uplink_rate,
-                         host_rate=a.host_rate, queue=1_000_000) as fab:
+                         host_rate=a.host_rate, queue=1_000_000, hash_seed=a.hash_seed) as fab:
         res["fabric"] = fab.describe()
+        res["marking"] = a.marking
+        if a.marking:
+            for ns, dev, rate in fab.switch_ports():
+                fab.set_marking(ns, dev, vsfabric.rate_bps(rate) * 0.95, 20_000)
         for name, cfg in configs:
             r, samples, drops, d = exp.uplink_queue_run(fab, pairs, cfg, dur, a.sample_ms)
             s = harness.summarize(r)
@@ -50,7 +66,7 @@ def main():
                       "uplink_bytes": d, "samples": samples})
             res["runs"].append(s)
             bl = s["backlog_bytes"]
-            print(f"{name:14s}: uplink backlog mean {bl['mean']} B p99 {bl['p99']} B max "
+            print(f"{name:24s}: uplink backlog mean {bl['mean']} B p99 {bl['p99']} B max "
                   f"{bl['max']} B; uplink bytes {d}; goodput {s['goodput_gbps']:.3f} Gb/s; "
                   f"failed {s['failed_messages']}", file=sys.stderr)
     res["meta"] = exp.meta(t0, duration_s=dur, sample_ms=a.sample_ms,
