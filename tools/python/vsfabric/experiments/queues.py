@@ -31,9 +31,10 @@ def main():
     p.add_argument("--marking", action="store_true",
                    help="CE marking on every switch port (exp_ecn's phantom-queue marker, K 20 kB "
                         "at 0.95 x the link rate)")
-    p.add_argument("--hash-seed", type=int,
-                   help="the switches' fib_multipath_hash_seed (default: the kernel's own), one draw "
-                        "of the ECMP hash: whether single-path flows share an uplink depends on it")
+    p.add_argument("--hash-seed", type=int, default=1,
+                   help="the switches' fib_multipath_hash_seed (default 1), one draw of the ECMP "
+                        "hash: whether single-path flows share an uplink depends on it (with its own "
+                        "seed, kernel 6.18 put the 4 flows on 4 uplinks)")
     a = p.parse_args()
     t0 = exp.start(a)
     dur = a.duration or (2.0 if a.quick else 4.0)
