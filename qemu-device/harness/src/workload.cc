@@ -236,9 +236,13 @@ struct Series {
   std::string json;
   // A client's intervals also say what its engine did in them (resends,
   // timer expiries, paths set aside), so a dip in goodput can be read
-  // against its cause (the fabric's black-hole experiment).
+  // against its cause (the fabric's black-hole experiment). `last` holds
+  // those counters at the previous interval's end (not the whole
+  // EngineStats: its per-path vector would be copied every interval).
   const Engine* eng = nullptr;
-  EngineStats last;
+  static constexpr const char* kNames[] = {"retx", "timeouts", "quiet_losses", "path_gap_losses",
+                                           "set_aside", "probes"};
+  uint64_t last[6] = {};
   Series(uint64_t start, uint32_t ms) : t0(start), every(uint64_t(ms) * 1'000'000), next(start + every) {}
   void add(uint64_t b) { bytes += b; }
   void tick(uint64_t now) {
@@ -247,12 +251,12 @@ struct Series {
       json += fmt("%s{\"t_ms\":%.0f,\"gbps\":%.3f", json.empty() ? "" : ",", double(next - t0) / 1e6, gbps);
       if (eng) {
         const EngineStats& st = eng->stats();
-        json += fmt(",\"retx\":%lu,\"timeouts\":%lu,\"quiet_losses\":%lu,\"path_gap_losses\":%lu,"
-                    "\"set_aside\":%lu,\"probes\":%lu",
-                    st.retx_pkts - last.retx_pkts, st.timeouts - last.timeouts,
-                    st.quiet_losses - last.quiet_losses, st.path_gap_losses - last.path_gap_losses,
-                    st.paths_set_aside - last.paths_set_aside, st.path_probes - last.path_probes);
-        last = st;
+        const uint64_t now_counts[6] = {st.retx_pkts,       st.timeouts,        st.quiet_losses,
+                                        st.path_gap_losses, st.paths_set_aside, st.path_probes};
+        for (int k = 0; k < 6; k++) {
+          json += fmt(",\"%s\":%lu", kNames[k], now_counts[k] - last[k]);
+          last[k] = now_counts[k];
+        }
       }
       json += "}";
       bytes = 0;

@@ -7,7 +7,8 @@ the clients' 10 ms intervals on one clock (each client's series shifted by
 its start time; resolution one interval). Reported per path algorithm:
 pre-failure goodput, recovery time = time from the failure until the first
 interval from which 5 consecutive ones (50 ms) average >= 90% of the
-pre-failure goodput (null if never; resolution 10 ms), goodput after the failure relative to before,
+pre-failure goodput (null if never; resolution 10 ms), goodput after the
+failure relative to before,
 retransmissions, timeouts, failed messages and whether every posted WR
 completed.
 
