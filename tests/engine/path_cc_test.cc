@@ -91,6 +91,36 @@ TEST(Paths, BurstKeepsAPathForRuns) {
   for (int i = 0; i < 40; i++) EXPECT_EQ(one.pick(1), 5);
 }
 
+// While paths fail, runs would hide them: after a path is set aside, OBS
+// and RR pick a path per packet for 4 x num_paths picks, so every path
+// gets tried within them; then runs resume. A timeout on a path already
+// set aside (its probe) does not start this again.
+TEST(Paths, APathSetAsideMakesRunsSinglePacketsForAWhile) {
+  for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR}) {
+    PathSelector s(a, 128, 42, 0, 16);
+    const uint16_t dead = s.pick(4096);
+    s.on_timeout(dead, 1000);
+    std::set<uint16_t> seen;
+    int repeats = 0;
+    uint16_t prev = s.pick(4096);
+    for (int i = 1; i < 4 * 128; i++) {
+      const uint16_t p = s.pick(4096);
+      EXPECT_NE(p, dead) << to_string(a);
+      seen.insert(p);
+      repeats += p == prev;
+      prev = p;
+    }
+    EXPECT_LT(repeats, 16) << to_string(a);             // no runs: a repeat is chance (1/127)
+    EXPECT_GT(seen.size(), 120u) << to_string(a);       // every healthy path tried
+    // Then runs of 16 again.
+    const uint16_t run = s.pick(4096);
+    for (int i = 1; i < 16; i++) EXPECT_EQ(s.pick(4096), run) << to_string(a) << " " << i;
+    s.on_timeout(dead, 2000);  // down already: no new failure
+    const uint16_t next = s.pick(4096);
+    for (int i = 1; i < 16; i++) EXPECT_EQ(s.pick(4096), next) << to_string(a) << " " << i;
+  }
+}
+
 TEST(Paths, RetransmissionAvoidsThePathThatLost) {
   for (PathAlgo a : {PathAlgo::OBS, PathAlgo::RR, PathAlgo::DWRR, PathAlgo::BEST_RTT}) {
     PathSelector s(a, 4, 3);

@@ -590,7 +590,25 @@ const EngineConfig& Engine::config() const { return core_->cfg_; }
 const EngineStats& Engine::stats() const { return core_->stats_; }
 void Engine::for_each_peer_health(
     const std::function<void(const Endpoint&, const std::vector<PathHealth>&)>& f) const {
-  for (const auto& [peer, paths] : core_->peer_health_) f(peer, paths);
+  // The counters are kept as they happen; `down` is each QP's path
+  // selector's state, gathered here, from the QPs holding any path aside.
+  std::map<const std::vector<PathHealth>*, std::vector<uint32_t>> down;
+  for (const auto& [qpn, qp] : core_->qps_) {
+    if (!qp->health || qp->paths.down_count() == 0) continue;
+    std::vector<uint32_t>& d = down[qp->health];
+    d.resize(qp->health->size());
+    for (uint16_t p = 0; p < qp->paths.num_paths() && p < d.size(); p++) d[p] += qp->paths.is_down(p);
+  }
+  for (const auto& [peer, paths] : core_->peer_health_) {
+    auto it = down.find(&paths);
+    if (it == down.end()) {
+      f(peer, paths);
+      continue;
+    }
+    std::vector<PathHealth> now = paths;
+    for (size_t p = 0; p < now.size(); p++) now[p].down = it->second[p];
+    f(peer, now);
+  }
 }
 std::vector<AsyncEvent> Engine::take_async_events() { return std::move(core_->events_); }
 Clock& Engine::clock() { return core_->clock_; }

@@ -268,6 +268,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   // 1. Each path over the horizon (loss, RTT) and over the last dead_ticks.
   struct PathView {
     bool active = false, dead = false;
+    bool lost_all = false;  // dead by its own counts, not only by the engine's verdict
     uint64_t sent = 0, lost = 0, rtt = 0;
   };
   std::vector<PathView> pv(n);
@@ -280,9 +281,16 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     const uint64_t dsent = p.dead_sum.sent, dgot = p.dead_sum.delivered + p.dead_sum.answered;
     PathView& v = pv[i];
     v.active = sent >= 3;
-    // Dead: it went on sending (data, or the probe copies of a path set
-    // aside, a few per second) and nothing sent on it came back.
-    v.dead = dgot == 0 && dsent > 0 && (dsent >= 3 || (got == 0 && sent >= 3));
+    // Dead: nothing sent on it came back, and it went on sending (data,
+    // or the probe copies of a path set aside) or the engine holds it set
+    // aside now (PathHealth::down: a timer found a packet on it lost and
+    // no probe copy has been answered since). With a path picked per
+    // packet, a dead path loses one packet before it is set aside and
+    // then carries a probe copy now and then: waiting for 3 packets sent
+    // within dead_ticks took 1.6-3 s to name a black hole on a loaded
+    // host, or never did.
+    v.lost_all = dgot == 0 && dsent > 0 && (dsent >= 3 || (got == 0 && sent >= 3));
+    v.dead = v.lost_all || (dgot == 0 && p.last.down > 0);
     // Losses: timeouts, less those answered after all (a descheduled
     // engine at either end times out packets the fabric delivered).
     v.sent = lsent, v.lost = lost > not_lost ? lost - not_lost : 0, v.rtt = ans ? rtt / ans : 0;
@@ -313,7 +321,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   {
     uint64_t lost_total = 0, rtt_min = UINT64_MAX, rtt_max = 0;
     for (size_t i = 0; i < n; i++) {
-      if (!good(i)) continue;
+      if (!pv[i].active || pv[i].lost_all) continue;
       lost_total += pv[i].lost;
       if (pv[i].rtt) rtt_min = std::min(rtt_min, pv[i].rtt), rtt_max = std::max(rtt_max, pv[i].rtt);
     }
@@ -343,16 +351,18 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     if (ls.empty()) continue;
     all_active++;
     if (pv[i].dead) all_dead++;
-    if (!pv[i].dead) {
+    // A path set aside after a loss or two, on a lossy link, is dead only
+    // by the engine's verdict: its losses count towards loss, or a lossy
+    // link whose paths the engine holds aside would hide its loss.
+    if (!pv[i].lost_all) {
       all_sent += pv[i].sent, all_lost += pv[i].lost;
     }
     for (size_t k = 0; k < ls.size(); k++) {
       LinkAgg& a = links[ls[k]];
       a.paths.push_back(i);
       a.position = k + 1;
-      if (pv[i].dead) {
-        a.dead++;
-      } else {
+      if (pv[i].dead) a.dead++;
+      if (!pv[i].lost_all) {
         a.sent += pv[i].sent, a.lost += pv[i].lost;
         if (pv[i].rtt) a.rtts.push_back(pv[i].rtt);
       }
@@ -372,7 +382,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     const size_t other_dead = all_dead - a.dead;
     if (a.dead >= 2 && double(a.dead) >= cfg_.dead_fraction * double(crossing) && other_dead < other_active) {
       suspects.push_back({id, FaultKind::BLACK_HOLE, &a,
-                          fmt("%" PRIu64 " of %zu paths crossing it lost all they sent, %zu of %zu other paths",
+                          fmt("%" PRIu64 " of %zu paths crossing it had nothing back (lost all they sent, or held aside by the engine), %zu of %zu other paths",
                               a.dead, crossing, other_dead, other_active)});
       continue;
     }

@@ -137,6 +137,13 @@ struct PathHealth {
   uint64_t delivered = 0;   // requests sent once, on it, and acknowledged
   uint64_t answered = 0;    // ACKs and responses that named it, each with an RTT sample
   uint64_t rtt_sum_ns = 0;  // the sum of those samples
+  // Not a count but a state, filled in by for_each_peer_health: how many
+  // of the engine's QPs to the peer hold the path set aside now, their
+  // own verdict that it is down (transport.md: a timer found a packet on
+  // it lost). With a path picked per packet one loss is enough for it,
+  // and a path set aside carries only a probe copy now and then, so the
+  // loss counts above come in slowly for a dead path.
+  uint32_t down = 0;
 };
 
 struct EngineStats {
@@ -452,7 +459,7 @@ class Engine {
   // Path health per peer (PathHealth) for the first kMaxHealthPeers peers
   // the engine's RC QPs talked to; later peers are not tracked (a guest
   // choosing peers must not grow this without bound). The vectors have
-  // num_paths entries.
+  // num_paths entries, with `down` as the QPs' path selectors hold it now.
   static constexpr size_t kMaxHealthPeers = 256;
   void for_each_peer_health(
       const std::function<void(const Endpoint& peer, const std::vector<PathHealth>& paths)>& f) const;

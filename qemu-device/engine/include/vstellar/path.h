@@ -29,7 +29,9 @@ bool parse_path_algo(const std::string& s, PathAlgo& out);
 class PathSelector {
  public:
   // burst: OBS and RR keep each path they pick for this many first
-  // transmissions (1: a new path per packet).
+  // transmissions (1: a new path per packet). Not while a failure is being
+  // found: once a healthy path is set aside, the next 4 x num_paths picks
+  // are one packet each (see pick()).
   PathSelector(PathAlgo algo, uint16_t num_paths, uint64_t seed, uint16_t single_path = 0,
                uint16_t burst = 1);
   // Path for a first transmission of `bytes` payload bytes.
@@ -78,6 +80,7 @@ class PathSelector {
   uint16_t burst_;
   uint16_t burst_left_ = 0;
   uint16_t burst_path_ = 0;
+  uint32_t per_packet_left_ = 0;  // picks still made one packet each after a path went down
   uint64_t rng_;
   uint32_t rr_ = 0;
   uint64_t picks_ = 0;
