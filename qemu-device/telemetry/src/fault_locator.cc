@@ -391,7 +391,8 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     for (uint16_t p : a.paths) crosses[p] = true;
     std::vector<uint64_t> other_rtts;
     for (size_t i = 0; i < n; i++)
-      if (!crosses[i] && good(i) && pv[i].rtt && !ps.paths[i].links.empty()) other_rtts.push_back(pv[i].rtt);
+      if (!crosses[i] && pv[i].active && !pv[i].lost_all && pv[i].rtt && !ps.paths[i].links.empty())
+        other_rtts.push_back(pv[i].rtt);
     const uint64_t rtt_mine = median(a.rtts), rtt_other = median(other_rtts);
     if (a.rtts.size() >= 2 && other_rtts.size() >= 2 && double(rtt_mine) >= cfg_.slow_factor * double(rtt_other) &&
         rtt_mine >= rtt_other + cfg_.slow_min_ns) {
