@@ -16,14 +16,23 @@ std::vector<PathHealth> health_of_b(Engine& e) {
   return out;
 }
 
-TEST(PathHealth, CountsWhatEachPathTowardsAPeerSentDeliveredAndLost) {
+PairOptions eight_paths() {
   PairOptions o;
   o.cfg.num_paths = 8;
-  Pair p(o);
-  const int dead = 5;
-  p.net.impairment.dead_path = dead;
+  return o;
+}
+
+// 64 WRITEs of 16 KiB from A, all completed.
+void write_64(Pair& p) {
   for (int i = 0; i < 64; i++) ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, i, 0, 16384, 0), 0);
   ASSERT_EQ(p.wait(p.a, p.a.scq, 64).size(), 64u);
+}
+
+TEST(PathHealth, CountsWhatEachPathTowardsAPeerSentDeliveredAndLost) {
+  Pair p(eight_paths());
+  const int dead = 5;
+  p.net.impairment.dead_path = dead;
+  write_64(p);
   const std::vector<PathHealth> h = health_of_b(*p.a.eng);
   ASSERT_EQ(h.size(), 8u);
   uint64_t lost_elsewhere = 0;
@@ -53,25 +62,20 @@ TEST(PathHealth, CountsWhatEachPathTowardsAPeerSentDeliveredAndLost) {
 // `down` is a state: the QPs that hold the path set aside now, the
 // engine's own verdict the locator takes as a dead path's evidence.
 TEST(PathHealth, DownNamesThePathsItsQpsHoldAsideNow) {
-  PairOptions o;
-  o.cfg.num_paths = 8;
-  Pair p(o);
+  Pair p(eight_paths());
   const int dead = 5;
   p.net.impairment.dead_path = dead;
-  for (int i = 0; i < 64; i++) ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, i, 0, 16384, 0), 0);
-  ASSERT_EQ(p.wait(p.a, p.a.scq, 64).size(), 64u);
+  write_64(p);
   std::vector<PathHealth> h = health_of_b(*p.a.eng);
   ASSERT_EQ(h.size(), 8u);
   for (int i = 0; i < 8; i++) EXPECT_EQ(h[i].down, i == dead ? 1u : 0u) << "path " << i;
   // Repaired: a probe copy over it is answered, and it is up again. (An
-  // ACK names only the last packet to arrive before it left; without
-  // jitter none of the 11 probe copies that arrived here over 500 ms was
-  // that packet, and the path stayed aside.)
+  // ACK names only the last packet to arrive before it left; before the
+  // responder answered a probe copy at once, none of the 11 copies that
+  // arrived here over 500 ms was that packet, and the path stayed aside.)
   p.net.impairment.dead_path = -1;
-  p.net.impairment.jitter_ns = 3'000;
   for (int round = 0; round < 50 && health_of_b(*p.a.eng)[dead].down; round++) {
-    for (int i = 0; i < 64; i++) ASSERT_EQ(p.post_send(p.a, WrOpcode::RDMA_WRITE, i, 0, 16384, 0), 0);
-    ASSERT_EQ(p.wait(p.a, p.a.scq, 64).size(), 64u);
+    write_64(p);
     p.net.run_for(10'000'000);  // past the probe hold, which doubles per unanswered probe
   }
   h = health_of_b(*p.a.eng);

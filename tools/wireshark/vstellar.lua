@@ -25,6 +25,7 @@ f.f_first = ProtoField.bool("vstellar.flags.first", "FIRST", 16, nil, 0x0001)
 f.f_last = ProtoField.bool("vstellar.flags.last", "LAST", 16, nil, 0x0002)
 f.f_sol = ProtoField.bool("vstellar.flags.solicited", "SOLICITED", 16, nil, 0x0004)
 f.f_retx = ProtoField.bool("vstellar.flags.retx", "RETX", 16, nil, 0x0008)
+f.f_probe = ProtoField.bool("vstellar.flags.probe", "PROBE", 16, nil, 0x0010)
 f.dst_qpn = ProtoField.uint32("vstellar.dst_qpn", "Destination QPN", base.HEX)
 f.src_qpn = ProtoField.uint32("vstellar.src_qpn", "Source QPN", base.HEX)
 f.psn = ProtoField.uint32("vstellar.psn", "PSN", base.DEC)
@@ -87,7 +88,7 @@ function p.dissector(buf, pinfo, tree)
   t:add(f.opcode, buf(1, 1))
   local ft = t:add(f.flags, buf(2, 2))
   ft:add(f.f_first, buf(2, 2)); ft:add(f.f_last, buf(2, 2))
-  ft:add(f.f_sol, buf(2, 2)); ft:add(f.f_retx, buf(2, 2))
+  ft:add(f.f_sol, buf(2, 2)); ft:add(f.f_retx, buf(2, 2)); ft:add(f.f_probe, buf(2, 2))
   t:add(f.dst_qpn, buf(4, 4)); t:add(f.src_qpn, buf(8, 4))
   t:add(f.psn, buf(12, 4)); t:add(f.path, buf(16, 2))
   t:add(f.payload_len, buf(18, 2)); t:add(f.ts, buf(20, 4))
@@ -145,6 +146,7 @@ function p.dissector(buf, pinfo, tree)
   end
   if buf:len() > hl then t:add(f.payload, buf(hl)) end
   if bit.band(buf(2, 2):uint(), 8) ~= 0 then info = info .. " [RETX]" end
+  if bit.band(buf(2, 2):uint(), 16) ~= 0 then info = info .. " [PROBE]" end
   pinfo.cols.info = info
   return buf:len()
 end

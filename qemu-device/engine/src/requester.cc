@@ -409,6 +409,7 @@ bool EngineCore::req_send(QpImpl& qp, uint32_t psn, uint32_t npsn, bool retx, ui
   }
   if (probe < qp.paths.num_paths()) {
     b.path = probe;
+    b.flags |= wire::F_PROBE;
     hlen = wire::encode(b, de, hdr);
     xmit(qp, probe, hdr, hlen, spans, nspans, plen, false);
     health_sent(qp, probe);

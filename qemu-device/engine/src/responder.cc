@@ -34,7 +34,9 @@ void EngineCore::resp_receive(QpImpl& qp, const wire::Packet& p, bool ce, uint64
     if (ce) qp.ce_since_ack++;
     qp.last_ts = p.base.ts;
     qp.last_path = p.base.path;
-    if (qp.rx_since_ack >= cfg_.ack_every) send_ack(qp);
+    // A probe copy is answered at once, so that the ACK names its path
+    // (wire::F_PROBE): the requester takes that path back.
+    if (qp.rx_since_ack >= cfg_.ack_every || (p.base.flags & wire::F_PROBE)) send_ack(qp);
   };
 
   switch (p.base.op) {

@@ -57,6 +57,11 @@ enum Flags : uint16_t {
   F_LAST = 2,       // last packet of a message
   F_SOLICITED = 4,  // solicited event requested
   F_RETX = 8,       // a retransmission (diagnostics only)
+  // A probe copy of a data packet over a path set aside: the responder
+  // ACKs at once, naming it. An ACK names only the last packet to arrive
+  // before it left, and with an ACK per 32 packets a copy was rarely the
+  // one named, so a repaired path stayed aside (EngineCore::resp_receive).
+  F_PROBE = 16,
 };
 
 // ACK syndromes (like the IB AETH).
