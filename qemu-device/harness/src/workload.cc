@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -242,7 +243,7 @@ struct Series {
   const Engine* eng = nullptr;
   static constexpr const char* kNames[] = {"retx", "timeouts", "quiet_losses", "path_gap_losses",
                                            "set_aside", "probes"};
-  uint64_t last[6] = {};
+  uint64_t last[std::size(kNames)] = {};
   Series(uint64_t start, uint32_t ms) : t0(start), every(uint64_t(ms) * 1'000'000), next(start + every) {}
   void add(uint64_t b) { bytes += b; }
   void tick(uint64_t now) {
@@ -251,9 +252,10 @@ struct Series {
       json += fmt("%s{\"t_ms\":%.0f,\"gbps\":%.3f", json.empty() ? "" : ",", double(next - t0) / 1e6, gbps);
       if (eng) {
         const EngineStats& st = eng->stats();
-        const uint64_t now_counts[6] = {st.retx_pkts,       st.timeouts,        st.quiet_losses,
-                                        st.path_gap_losses, st.paths_set_aside, st.path_probes};
-        for (int k = 0; k < 6; k++) {
+        const uint64_t now_counts[std::size(kNames)] = {st.retx_pkts,       st.timeouts,
+                                                        st.quiet_losses,    st.path_gap_losses,
+                                                        st.paths_set_aside, st.path_probes};
+        for (size_t k = 0; k < std::size(kNames); k++) {
           json += fmt(",\"%s\":%lu", kNames[k], now_counts[k] - last[k]);
           last[k] = now_counts[k];
         }

@@ -296,6 +296,9 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     v.sent = lsent, v.lost = lost > not_lost ? lost - not_lost : 0, v.rtt = ans ? rtt / ans : 0;
   }
   auto good = [&](size_t i) { return pv[i].active && !pv[i].dead; };
+  // Whose losses and RTTs are compared: every active path but those that
+  // lost all they sent (a path dead by the engine's verdict alone counts).
+  auto measured = [&](size_t i) { return pv[i].active && !pv[i].lost_all; };
   size_t n_good = 0, n_dead = 0;
   for (size_t i = 0; i < n; i++) n_good += good(i), n_dead += pv[i].active && pv[i].dead;
   // Every active path dead: the peer is gone or a link every path crosses
@@ -321,7 +324,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
   {
     uint64_t lost_total = 0, rtt_min = UINT64_MAX, rtt_max = 0;
     for (size_t i = 0; i < n; i++) {
-      if (!pv[i].active || pv[i].lost_all) continue;
+      if (!measured(i)) continue;
       lost_total += pv[i].lost;
       if (pv[i].rtt) rtt_min = std::min(rtt_min, pv[i].rtt), rtt_max = std::max(rtt_max, pv[i].rtt);
     }
@@ -354,7 +357,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     // A path set aside after a loss or two, on a lossy link, is dead only
     // by the engine's verdict: its losses count towards loss, or a lossy
     // link whose paths the engine holds aside would hide its loss.
-    if (!pv[i].lost_all) {
+    if (measured(i)) {
       all_sent += pv[i].sent, all_lost += pv[i].lost;
     }
     for (size_t k = 0; k < ls.size(); k++) {
@@ -362,7 +365,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
       a.paths.push_back(i);
       a.position = k + 1;
       if (pv[i].dead) a.dead++;
-      if (!pv[i].lost_all) {
+      if (measured(i)) {
         a.sent += pv[i].sent, a.lost += pv[i].lost;
         if (pv[i].rtt) a.rtts.push_back(pv[i].rtt);
       }
@@ -391,8 +394,7 @@ void FaultLocator::evaluate(uint64_t now, const Endpoint& peer, PeerState& ps, s
     for (uint16_t p : a.paths) crosses[p] = true;
     std::vector<uint64_t> other_rtts;
     for (size_t i = 0; i < n; i++)
-      if (!crosses[i] && pv[i].active && !pv[i].lost_all && pv[i].rtt && !ps.paths[i].links.empty())
-        other_rtts.push_back(pv[i].rtt);
+      if (!crosses[i] && measured(i) && pv[i].rtt && !ps.paths[i].links.empty()) other_rtts.push_back(pv[i].rtt);
     const uint64_t rtt_mine = median(a.rtts), rtt_other = median(other_rtts);
     if (a.rtts.size() >= 2 && other_rtts.size() >= 2 && double(rtt_mine) >= cfg_.slow_factor * double(rtt_other) &&
         rtt_mine >= rtt_other + cfg_.slow_min_ns) {
