@@ -639,6 +639,69 @@ TEST(PathGapRecovery, ReorderingAcrossPathsResendsNothing) {
   }
 }
 
+// Issue 30: with a path per packet, no later packet of the lost one's path
+// arrives, and the path-gap rule has nothing to go on. A packet sent once
+// is lost when one sent after it arrived and it is overdue (twice the
+// slowest round trip since it left): it is resent while the WRITE is still
+// being sent. Before, it waited for its RTO (here 1 ms), or for the
+// connection to go quiet after the last packet of the WRITE.
+TEST(OverdueRule, ALossWithNoLaterPacketOnItsPathIsResentWhileDataFlows) {
+  PairOptions o;
+  o.cfg.num_paths = 128;
+  o.cfg.path_algo = PathAlgo::RR;
+  o.cfg.rto_ns = 1'000'000;
+  o.cfg.cc.init_cwnd = o.cfg.cc.max_cwnd = 64 << 10;  // 16 packets: the WRITE takes 8 round trips
+  Pair t(o);
+  fill_random(t.a.buf.data(), 512 << 10, 34);
+  DataLog log;
+  log_data(t, log, 20);
+  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 512 << 10, 0), 0);  // 128 packets, 1 per path
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 512 << 10), 0);
+  const EngineStats& s = t.a.eng->stats();
+  EXPECT_EQ(s.overdue_losses, 1u);
+  EXPECT_EQ(s.overdue_wrong, 0u);
+  EXPECT_EQ(s.path_gap_losses, 0u);
+  EXPECT_EQ(s.quiet_losses, 0u);
+  EXPECT_EQ(s.timeouts, 0u);
+  EXPECT_EQ(s.retx_pkts, 1u) << "the lost packet alone is resent";
+  ASSERT_EQ(log.resent(), 1u);
+  uint64_t last_first_tx = 0;
+  for (auto& [psn, times] : log.sent_at) last_first_tx = std::max(last_first_tx, times.front());
+  EXPECT_LT(log.sent_at[log.dropped_psn].back(), last_first_tx) << "resent only once the WRITE was all sent";
+}
+
+// A path that queues far beyond the others is no loss either: with one
+// packet per path and a quarter of the paths through an uplink of a fifth
+// of the others' rate, whose queue grows to milliseconds, nothing is taken
+// for lost. The connection's slowest round trip comes from the packets
+// its ACKs echo, seldom the slow uplink's; the rule measures each path's
+// own round trip too (and waits longer after a wrong verdict).
+TEST(OverdueRule, APathThatQueuesIsNotTakenForLossy) {
+  PairOptions o;
+  o.cfg.num_paths = 128;
+  o.cfg.path_algo = PathAlgo::RR;
+  o.buf_size = 4 << 20;
+  Pair t(o);
+  t.net.impairment.uplinks = 4;
+  const uint16_t slow = t.net.uplink_of(kIpA, 0);
+  t.net.impairment.uplink_each.assign(4, SimQueueConfig{1'000'000'000ull, 1 << 20, 32 << 10, 0});
+  t.net.impairment.uplink_each[slow].rate_bps = 200'000'000ull;  // a fifth of the others' rate
+  for (int i = 0; i < 8; i++)
+    ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, i, 0, 4 << 20, 0), 0);
+  t.net.run_for(30'000'000);  // past the first window's burst, which overflows the slow uplink
+  const EngineStats before = t.a.eng->stats();
+  auto wc = t.wait(t.a, t.a.scq, 8);
+  ASSERT_EQ(wc.size(), 8u);
+  for (const Wc& w : wc) EXPECT_EQ(w.status, WcStatus::SUCCESS);
+  const EngineStats& s = t.a.eng->stats();
+  EXPECT_GT(t.net.uplink_stats(kIpA, slow).max_backlog, 32u << 10);
+  EXPECT_EQ(s.overdue_losses - before.overdue_losses, 0u);
+  EXPECT_EQ(s.retx_pkts - before.retx_pkts, 0u);
+}
+
 // A requester whose engine is descheduled (a loaded host) for longer than
 // its QP's retry limit, just after the network lost everything for a
 // while (its oldest packet has used its retries): when it runs again its

@@ -348,11 +348,12 @@ void EngineCore::drop_stale_timers(QpImpl& qp) {
   while (!qp.timers.empty()) {
     const RetxTimer& t = qp.timers.top();
     const uint32_t psn = t.psn;
-    const bool live = t.quiet ? seq_lt(qp.snd_una, qp.snd_nxt)
+    const bool live = t.quiet || t.overdue ? seq_lt(qp.snd_una, qp.snd_nxt)
                               : !seq_lt(psn, qp.snd_una) && seq_lt(psn, qp.snd_nxt) && !qp.rec(psn).acked &&
                                     qp.rec(psn).tx_seq == t.tx_seq;
     if (live) break;
     if (t.quiet) qp.quiet_armed = false;
+    if (t.overdue && t.deadline == qp.overdue_armed_ns) qp.overdue_armed_ns = 0;
     qp.timers.pop();
   }
 }
@@ -381,6 +382,7 @@ void EngineCore::forgive_lateness(uint64_t now) {
   asked_wake_ns_ = UINT64_MAX;
   if (asked == UINT64_MAX || now <= asked + kLatePassNs) return;
   const uint64_t late = now - asked;
+  late_pass_ns_ = now;
   stats_.late_passes++;
   stats_.late_max_us = std::max(stats_.late_max_us, late / 1000);
   for (QpImpl* qp : qp_list_)

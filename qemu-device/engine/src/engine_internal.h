@@ -106,6 +106,8 @@ inline bool is_local_op(WrOpcode op) {
 enum class PktKind : uint8_t { DATA, READ, ATOMIC };
 
 // One PSN in flight. Records are indexed by PSN modulo the window.
+// One per PSN in the window: its size is charged to the guest per QP
+// (memory limits), so new fields go into the padding or the bits below.
 struct PktRec {
   uint64_t wqe = 0;  // send queue index (monotonic) of the owning WQE
   uint32_t off = 0;  // offset in the message
@@ -126,8 +128,9 @@ struct PktRec {
   // DATA: more than one copy of this PSN went out (a resend, or a probe's
   // copy on another path), so an ACK for it does not say which arrived,
   // nor over which path (comp_path_gaps_before).
-  bool copies = false;
-  bool on_path = false;  // in its path's list (path_prev, path_next below)
+  bool copies : 1 = false;
+  bool on_path : 1 = false;  // in its path's list (path_prev, path_next below)
+  bool overdue : 1 = false;  // found lost by the overdue rule (comp_overdue)
   uint64_t sent_ns = 0;
   // The responder said it holds this request (Syndrome::HELD) at this
   // time: its answer waits for an earlier PSN, not for the network, and
@@ -145,6 +148,8 @@ struct RetxTimer {
   bool rnr;  // an RNR wait, not a loss: does not count as a transport retry
   // The QP's quiet timer (req_quiet), not a packet's: psn and tx_seq unused.
   bool quiet = false;
+  // The QP's overdue timer (comp_overdue), not a packet's: psn and tx_seq unused.
+  bool overdue = false;
   bool operator>(const RetxTimer& o) const { return deadline > o.deadline; }
 };
 
@@ -238,6 +243,14 @@ class QpImpl final : public Qp {
   bool quiet_armed = false;
   uint64_t quiet_acted_at = UINT64_MAX;
   uint64_t newest_arrived_sent_ns = 0;
+  // The overdue rule (comp_overdue): the oldest PSN it has not judged yet,
+  // and the deadline of its armed timer (0: none armed).
+  uint32_t overdue_next = 0;
+  uint64_t overdue_armed_ns = 0;
+  // How many slowest round trips beyond two the rule waits: one more per
+  // packet it took for lost that was answered for its first transmission,
+  // one less per 16 it was right about (comp_pkt_done).
+  uint8_t overdue_slack = 0, overdue_right = 0;
   uint64_t last_post_ns = 0;      // last time the owner posted a WR
   // The next WQE waits for pages of an on-demand MR (req_local_pages):
   // look again at this time, or when they are mapped (Engine::pages_mapped).
@@ -294,6 +307,10 @@ class QpImpl final : public Qp {
   struct PathOrder {
     uint32_t head = 0, tail = 0;  // PSNs, valid while n > 0
     uint32_t n = 0;
+    // The round trip of the path's latest packet acknowledged, sent once:
+    // from its departure to the ACK that first reported it, so at most an
+    // ACK delay above the truth (comp_overdue's measure of the path).
+    uint64_t answered_in_ns = 0;
   };
   std::vector<PathOrder> path_order;
   // Appends psn's latest transmission to its path's list; takes it out
@@ -495,6 +512,9 @@ class EngineCore {
   uint64_t quiet_timeout(const QpImpl& qp) const;
   void arm_quiet(QpImpl& qp, uint64_t now);
   void req_quiet(QpImpl& qp, uint64_t now);
+  uint64_t overdue_timeout(const QpImpl& qp, uint16_t path) const;
+  void comp_overdue(QpImpl& qp, uint64_t now, bool act);
+  void comp_overdue_verdict(QpImpl& qp, bool wrong);
   uint64_t rto(const QpImpl& qp, unsigned retries) const;
   bool retry_exceeded(const QpImpl& qp, uint64_t now) const;
   // responder.cc
@@ -671,6 +691,9 @@ class EngineCore {
   // The deadline next_deadline() last gave the caller (UINT64_MAX: none);
   // progress() compares its clock with it (EngineStats::late_passes).
   uint64_t asked_wake_ns_ = UINT64_MAX;
+  // When the last late pass came: a packet in flight across it is not
+  // judged by its departure time (comp_overdue).
+  uint64_t late_pass_ns_ = 0;
   void forgive_lateness(uint64_t now);
   void drop_stale_timers(QpImpl& qp);
   // move.cc: numbers of this engine's shard whose objects live in another

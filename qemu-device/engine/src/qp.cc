@@ -432,6 +432,9 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
   qp.quiet_armed = false;
   qp.quiet_acted_at = UINT64_MAX;
+  qp.overdue_next = qp.snd_una;
+  qp.overdue_armed_ns = 0;
+  qp.overdue_slack = qp.overdue_right = 0;
   qp.backoff = 0;
 }
 
@@ -462,6 +465,9 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
   qp.quiet_armed = false;
   qp.quiet_acted_at = UINT64_MAX;
+  qp.overdue_next = qp.snd_una;
+  qp.overdue_armed_ns = 0;
+  qp.overdue_slack = qp.overdue_right = 0;
   qp.timers = {};
   qp.rnr_wake_ns = 0;
   qp.last_progress_ns = 0;
@@ -498,6 +504,7 @@ void EngineCore::qp_to_error(QpImpl& qp) {
   qp.state_ = QpState::ERR;
   qp.timers = {};
   qp.quiet_armed = false;
+  qp.overdue_armed_ns = 0;
   qp.pending_rd.clear();
   qp.ack_pending = false;
   resp_complete_recvs(qp);  // those that finished normally first

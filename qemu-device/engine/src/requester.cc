@@ -517,6 +517,11 @@ void EngineCore::req_timers(QpImpl& qp, uint64_t now) {
       req_quiet(qp, now);
       continue;
     }
+    if (t.overdue) {
+      if (t.deadline == qp.overdue_armed_ns) qp.overdue_armed_ns = 0;
+      comp_overdue(qp, now, /*act=*/true);
+      continue;
+    }
     if (seq_lt(t.psn, qp.snd_una) || !seq_lt(t.psn, qp.snd_nxt)) continue;
     PktRec& r = qp.rec(t.psn);
     if (r.acked || r.tx_seq != t.tx_seq) continue;

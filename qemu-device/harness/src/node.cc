@@ -105,12 +105,12 @@ std::string stats_json(const EngineStats& s, bool path_detail) {
            "\"dup_pkts\":%lu,\"out_of_window\":%lu,\"bad_parse\":%lu,\"bad_qpn\":%lu,"
            "\"bad_peer\":%lu,\"bad_state\":%lu,\"bad_ack\":%lu,\"ce_marks\":%lu,"
            "\"early_errors\":%lu,\"bad_reread\":%lu,\"bad_mac\":%lu,\"wrong_mac_alg\":%lu,\"replayed\":%lu,\"paths_set_aside\":%lu,"
-           "\"path_probes\":%lu,\"spurious_timeouts\":%lu,\"read_gap_losses\":%lu,\"path_gap_losses\":%lu,\"quiet_losses\":%lu,\"quiet_probes\":%lu,\"held_notices_sent\":%lu,\"held_resends\":%lu,\"early_reads\":%lu,\"stalled_qps\":%lu",
+           "\"path_probes\":%lu,\"spurious_timeouts\":%lu,\"read_gap_losses\":%lu,\"path_gap_losses\":%lu,\"quiet_losses\":%lu,\"quiet_probes\":%lu,\"overdue_losses\":%lu,\"overdue_wrong\":%lu,\"held_notices_sent\":%lu,\"held_resends\":%lu,\"early_reads\":%lu,\"stalled_qps\":%lu",
            s.tx_pkts, s.rx_pkts, s.tx_bytes, s.rx_bytes, s.data_pkts_sent, s.retx_pkts,
            s.timeouts, s.acks_sent, s.acks_rcvd, s.naks_sent, s.naks_rcvd, s.rnr_naks_sent,
            s.dup_pkts, s.out_of_window, s.bad_parse, s.bad_qpn, s.bad_peer, s.bad_state,
            s.bad_ack, s.ce_marks, s.early_errors, s.bad_reread, s.bad_mac, s.wrong_mac_alg, s.replayed, s.paths_set_aside,
-           s.path_probes, s.spurious_timeouts, s.read_gap_losses, s.path_gap_losses, s.quiet_losses, s.quiet_probes, s.held_notices_sent, s.held_resends, s.early_reads, s.stalled_qps);
+           s.path_probes, s.spurious_timeouts, s.read_gap_losses, s.path_gap_losses, s.quiet_losses, s.quiet_probes, s.overdue_losses, s.overdue_wrong, s.held_notices_sent, s.held_resends, s.early_reads, s.stalled_qps);
   std::string out = b;
   if (path_detail) {
     out += ",\"paths\":[";

@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
     o << ",\"engine\":{\"data_pkts\":" << es.data_pkts_sent << ",\"retx_pkts\":" << es.retx_pkts
       << ",\"timeouts\":" << es.timeouts << ",\"spurious_timeouts\":" << es.spurious_timeouts
       << ",\"path_gap_losses\":" << es.path_gap_losses << ",\"quiet_losses\":" << es.quiet_losses
-      << ",\"quiet_probes\":" << es.quiet_probes
+      << ",\"quiet_probes\":" << es.quiet_probes << ",\"overdue_losses\":" << es.overdue_losses << ",\"overdue_wrong\":" << es.overdue_wrong
       << ",\"paths_set_aside\":" << es.paths_set_aside << ",\"path_probes\":" << es.path_probes
       << ",\"ce_marks\":" << es.ce_marks << ",\"dup_pkts\":" << es.dup_pkts << "}";
     if (opt.series_bin_ns) {

@@ -279,6 +279,8 @@ EngineStats Workload::engine_totals() const {
     t.path_gap_losses += s.path_gap_losses;
     t.quiet_losses += s.quiet_losses;
     t.quiet_probes += s.quiet_probes;
+    t.overdue_losses += s.overdue_losses;
+    t.overdue_wrong += s.overdue_wrong;
     t.paths_set_aside += s.paths_set_aside;
     t.path_probes += s.path_probes;
     t.ce_marks += s.ce_marks;

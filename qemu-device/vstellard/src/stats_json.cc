@@ -73,7 +73,7 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           ",\"engine\":{\"tx_pkts\":%llu,\"rx_pkts\":%llu,\"tx_bytes\":%llu,\"rx_bytes\":%llu,"
           "\"retx_pkts\":%llu,\"timeouts\":%llu,\"acks_sent\":%llu,\"ce_marks\":%llu,"
           "\"ud_sent\":%llu,\"ud_rcvd\":%llu,\"ud_drops\":%llu,\"stalled_qps\":%llu,\"spurious_timeouts\":%llu,"
-          "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"path_gap_losses\":%llu,\"quiet_losses\":%llu,\"quiet_probes\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,"
+          "\"paths_set_aside\":%llu,\"read_gap_losses\":%llu,\"path_gap_losses\":%llu,\"quiet_losses\":%llu,\"quiet_probes\":%llu,\"overdue_losses\":%llu,\"overdue_wrong\":%llu,\"held_notices_sent\":%llu,\"held_resends\":%llu,"
           "\"early_reads\":%llu,\"trace_probes\":%llu,\"roce_tx\":%llu,\"roce_rx\":%llu,\"roce_bad\":%llu,"
           "\"roce_seq_naks_sent\":%llu,\"roce_seq_naks_rcvd\":%llu,\"roce_goback_pkts\":%llu,"
           "\"bad_parse\":%llu,\"bad_qpn\":%llu,\"bad_peer\":%llu,\"bad_state\":%llu,\"bad_ack\":%llu,"
@@ -84,6 +84,7 @@ void AppendEngine(const DaemonStats& s, std::string* out) {
           ull(e.tx_pkts), ull(e.rx_pkts), ull(e.tx_bytes), ull(e.rx_bytes), ull(e.retx_pkts), ull(e.timeouts),
           ull(e.acks_sent), ull(e.ce_marks), ull(e.ud_sent), ull(e.ud_rcvd), ull(e.ud_drops), ull(e.stalled_qps),
           ull(e.spurious_timeouts), ull(e.paths_set_aside), ull(e.read_gap_losses), ull(e.path_gap_losses), ull(e.quiet_losses), ull(e.quiet_probes),
+          ull(e.overdue_losses), ull(e.overdue_wrong),
           ull(e.held_notices_sent),
           ull(e.held_resends), ull(e.early_reads), ull(e.trace_probes), ull(e.roce_tx), ull(e.roce_rx),
           ull(e.roce_bad), ull(e.roce_seq_naks_sent), ull(e.roce_seq_naks_rcvd), ull(e.roce_goback_pkts),
@@ -132,6 +133,8 @@ void AddEngineStats(vstellar::EngineStats* sum, const vstellar::EngineStats& s) 
   sum->path_gap_losses += s.path_gap_losses;
   sum->quiet_losses += s.quiet_losses;
   sum->quiet_probes += s.quiet_probes;
+  sum->overdue_losses += s.overdue_losses;
+  sum->overdue_wrong += s.overdue_wrong;
   sum->paths_set_aside += s.paths_set_aside;
   sum->held_notices_sent += s.held_notices_sent;
   sum->held_resends += s.held_resends;
