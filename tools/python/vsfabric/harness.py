@@ -97,10 +97,20 @@ def run_pairs(fab, pairs, args, duration, during=None, timeout=None, family=4):
 
 def summarize(results):
     """Totals over pairs: goodput, retransmissions, timeouts, failed messages,
-    and whether every posted WR completed."""
+    and whether every posted WR completed; and each engine counter summed
+    over the clients (`engine`) and the servers (`server_engine`), which
+    tell what the losses were (timeouts, spurious ones, overdue, path gaps)
+    and how many packets arrived twice (the servers' dup_pkts)."""
     g = retx = tmo = err = posted = done = 0
     ok = True
     bad = []
+    sums = {"client": {}, "server": {}}
+    for r in results:
+        for role, total in sums.items():
+            eng = (r.get(role) or {}).get("engine") or {}
+            for k, v in eng.items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    total[k] = total.get(k, 0) + v
     for r in results:
         c = r.get("client")
         if not c or r.get("client_rc") not in (0, 3):
@@ -118,7 +128,7 @@ def summarize(results):
     return {"goodput_gbps": round(g, 4), "retx_pkts": retx, "timeouts": tmo,
             "failed_messages": err, "posted": posted, "completed": done,
             "all_completed": ok and posted == done and err == 0, "all_clients_ok": ok,
-            "client_failures": bad}
+            "client_failures": bad, "engine": sums["client"], "server_engine": sums["server"]}
 
 
 def route_dev(fab, ns, pairs_ports, src_ip, dst_ip):
