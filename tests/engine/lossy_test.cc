@@ -524,6 +524,19 @@ void log_data(Pair& t, DataLog& log, int drop) {
   };
 }
 
+// Sends 512 KiB from a's buffer to b's with `op` (one WR), and checks that
+// it completed and arrived intact.
+void send_512k_intact(Pair& t, WrOpcode op) {
+  if (op == WrOpcode::SEND) {
+    ASSERT_EQ(t.post_recv(t.b, 7, 0, 512 << 10), 0);
+  }
+  ASSERT_EQ(t.post_send(t.a, op, 1, 0, 512 << 10, 0), 0);
+  auto wc = t.wait(t.a, t.a.scq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
+  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 512 << 10), 0);
+}
+
 // Issue 30: a data packet lost on one path of a sprayed QP is found as
 // soon as a packet sent after it over the same path is acknowledged (a
 // path keeps order), and resent then, not at its RTO. Before, WRITE and
@@ -541,14 +554,7 @@ TEST_P(PathGap, ALostDataPacketIsResentWhenItsPathDeliversALaterOne) {
   fill_random(t.a.buf.data(), 512 << 10, 31);
   DataLog log;
   log_data(t, log, 20);
-  if (op == WrOpcode::SEND) {
-    ASSERT_EQ(t.post_recv(t.b, 7, 0, 512 << 10), 0);
-  }
-  ASSERT_EQ(t.post_send(t.a, op, 1, 0, 512 << 10, 0), 0);  // 128 packets, 16 per path
-  auto wc = t.wait(t.a, t.a.scq, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
-  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 512 << 10), 0);
+  send_512k_intact(t, op);  // 128 packets, 16 per path
   const EngineStats& s = t.a.eng->stats();
   EXPECT_EQ(s.path_gap_losses, 1u);
   EXPECT_EQ(s.timeouts, 0u);
@@ -655,11 +661,7 @@ TEST(OverdueRule, ALossWithNoLaterPacketOnItsPathIsResentWhileDataFlows) {
   fill_random(t.a.buf.data(), 512 << 10, 34);
   DataLog log;
   log_data(t, log, 20);
-  ASSERT_EQ(t.post_send(t.a, WrOpcode::RDMA_WRITE, 1, 0, 512 << 10, 0), 0);  // 128 packets, 1 per path
-  auto wc = t.wait(t.a, t.a.scq, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].status, WcStatus::SUCCESS);
-  EXPECT_EQ(std::memcmp(t.a.buf.data(), t.b.buf.data(), 512 << 10), 0);
+  send_512k_intact(t, WrOpcode::RDMA_WRITE);  // 128 packets, 1 per path
   const EngineStats& s = t.a.eng->stats();
   EXPECT_EQ(s.overdue_losses, 1u);
   EXPECT_EQ(s.overdue_wrong, 0u);
