@@ -62,11 +62,12 @@ void EngineCore::comp_pkt_done(QpImpl& qp, uint32_t psn, uint64_t now, uint32_t 
   r.acked = true;
   // A timeout that was no loss: the answer is to a transmission older than
   // the resend, or came while the resend still waited for the window.
-  const bool answered_before_resend = r.retries > 0 && int32_t(echo_us - uint32_t(r.sent_ns / 1000)) < 0;
+  const bool answered_before_latest_tx = int32_t(echo_us - uint32_t(r.sent_ns / 1000)) < 0;
+  const bool answered_before_resend = r.retries > 0 && answered_before_latest_tx;
   if (answered_before_resend) stats_.spurious_timeouts++;
   if (answered_before_resend || r.lost)
     if (PathHealth* h = health_of(qp, answered_before_resend ? r.prev_path : r.path)) h->not_lost++;
-  if (r.overdue) comp_overdue_verdict(qp, r.lost || int32_t(echo_us - uint32_t(r.sent_ns / 1000)) < 0);
+  if (r.overdue) comp_overdue_verdict(qp, r.lost || answered_before_latest_tx);
   acked_bytes += r.len;
   // Sent once, on one path, and acknowledged: that path delivers. (After
   // a resend nobody can tell which transmission got through.)

@@ -105,9 +105,9 @@ inline bool is_local_op(WrOpcode op) {
 
 enum class PktKind : uint8_t { DATA, READ, ATOMIC };
 
-// One PSN in flight. Records are indexed by PSN modulo the window.
-// One per PSN in the window: its size is charged to the guest per QP
-// (memory limits), so new fields go into the padding or the bits below.
+// One PSN in flight. Records are indexed by PSN modulo the window; the
+// window is charged to the guest per QP (memory limits), so new fields go
+// into the padding or the bits below.
 struct PktRec {
   uint64_t wqe = 0;  // send queue index (monotonic) of the owning WQE
   uint32_t off = 0;  // offset in the message
@@ -249,7 +249,7 @@ class QpImpl final : public Qp {
   uint64_t overdue_armed_ns = 0;
   // How many slowest round trips beyond two the rule waits: one more per
   // packet it took for lost that was answered for its first transmission,
-  // one less per 16 it was right about (comp_pkt_done).
+  // one less per 16 it was right about (comp_overdue_verdict).
   uint8_t overdue_slack = 0, overdue_right = 0;
   uint64_t last_post_ns = 0;      // last time the owner posted a WR
   // The next WQE waits for pages of an on-demand MR (req_local_pages):

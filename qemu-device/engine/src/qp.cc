@@ -417,6 +417,21 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
 }
 
 // Requester side of the connection, set up on RTR->RTS.
+namespace {
+
+// The quiet timer's and the overdue rule's state, as a new connection has
+// it (after snd_una is set).
+void reset_loss_rules(QpImpl& qp) {
+  qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
+  qp.quiet_armed = false;
+  qp.quiet_acted_at = UINT64_MAX;
+  qp.overdue_next = qp.snd_una;
+  qp.overdue_armed_ns = 0;
+  qp.overdue_slack = qp.overdue_right = 0;
+}
+
+}  // namespace
+
 void EngineCore::init_transport(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
   qp.read_fence = qp.attr.sq_psn;
@@ -429,12 +444,7 @@ void EngineCore::init_transport(QpImpl& qp) {
   qp.resend.clear();
   qp.read_reruns.clear();
   qp.path_order.clear();
-  qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
-  qp.quiet_armed = false;
-  qp.quiet_acted_at = UINT64_MAX;
-  qp.overdue_next = qp.snd_una;
-  qp.overdue_armed_ns = 0;
-  qp.overdue_slack = qp.overdue_right = 0;
+  reset_loss_rules(qp);
   qp.backoff = 0;
 }
 
@@ -462,12 +472,7 @@ void EngineCore::reset_qp(QpImpl& qp) {
   qp.read_fence = 0;
   for (auto& r : qp.recs) r = PktRec{};
   qp.path_order.clear();
-  qp.last_data_tx_ns = qp.newest_arrived_sent_ns = 0;
-  qp.quiet_armed = false;
-  qp.quiet_acted_at = UINT64_MAX;
-  qp.overdue_next = qp.snd_una;
-  qp.overdue_armed_ns = 0;
-  qp.overdue_slack = qp.overdue_right = 0;
+  reset_loss_rules(qp);
   qp.timers = {};
   qp.rnr_wake_ns = 0;
   qp.last_progress_ns = 0;

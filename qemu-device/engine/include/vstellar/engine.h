@@ -164,10 +164,10 @@ struct EngineStats {
   // newest packet sent again to draw an ACK (quiet_probes). req_quiet.
   uint64_t quiet_losses = 0, quiet_probes = 0;
   // WRITE and SEND packets found lost because one sent after them arrived
-  // and they are overdue by a quiet timeout since they left
-  // (EngineCore::comp_overdue).
-  // Of those, how many were answered for their first transmission: not
-  // lost after all (the rule then waits longer on that QP).
+  // and they are overdue, twice the slowest round trip since they left
+  // (EngineCore::comp_overdue); and of those, how many were answered for
+  // their first transmission: not lost after all (the rule then waits
+  // longer on that QP).
   uint64_t overdue_losses = 0, overdue_wrong = 0;
   // Requests found lost because the responder said it holds a later one
   // from the same path (Syndrome::HELD): sent, and acted on.
