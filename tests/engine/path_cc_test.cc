@@ -146,6 +146,29 @@ TEST(Paths, BestRttPrefersTheFastPath) {
   EXPECT_GT(n[6], 1300);
 }
 
+// A black hole silences its paths, and their RTT estimates stay as they
+// were before it: better than those of the live paths the load moves to.
+// After a set-aside, BestRTT first spreads its picks to find the other dead
+// paths at once, then trusts only paths heard from since.
+TEST(Paths, BestRttAfterASetAsideExploresThenTrustsOnlyFreshSamples) {
+  PathSelector s(PathAlgo::BEST_RTT, 8, 0x9E3779B97F4A7C15ull);  // mixed, as QPs' seeds are
+  for (int p = 0; p < 8; p++) s.on_ack(uint16_t(p), p == 2 ? 5'000 : p == 5 ? 7'000 : 50'000);
+  s.on_timeout(2, 1000);  // the best path died
+  std::set<uint16_t> seen;
+  for (int i = 0; i < 4 * 8; i++) {
+    const uint16_t p = s.pick(4096);
+    EXPECT_NE(p, 2);
+    seen.insert(p);
+  }
+  EXPECT_GE(seen.size(), 6u);  // spread over the 7 live paths, not herded on 5
+  s.on_ack(6, 30'000);  // the one path heard from since the failure
+  std::vector<int> n(8);
+  for (int i = 0; i < 1600; i++) n[s.pick(4096)]++;
+  EXPECT_GT(n[6], 1300);
+  EXPECT_LT(n[5], 50);  // 7 us, but from before the failure: only explored
+  EXPECT_EQ(n[2], 0);
+}
+
 TEST(Paths, EngineSpraysOverAllPaths) {
   PairOptions o;
   o.buf_size = 4 << 20;

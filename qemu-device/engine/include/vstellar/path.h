@@ -88,6 +88,11 @@ class PathSelector {
   std::vector<double> weight_;   // DWRR: 1 = healthy, halved per timeout
   std::vector<double> deficit_;  // DWRR: byte credit
   std::vector<uint64_t> srtt_;   // BestRTT: smoothed RTT per path, ns (0 = unknown)
+  // BestRTT: how many set-asides (downs_) there had been when each path's
+  // latest sample came (only samples since the latest one count), and the
+  // picks still made at random after a set-aside (pick_best_rtt).
+  std::vector<uint64_t> sampled_after_;
+  uint32_t explore_left_ = 0;
   // REPS: paths to reuse, oldest first (a ring of n_ entries), and the
   // smallest RTT seen, the base the "near" test compares with.
   std::vector<uint16_t> recycle_;
