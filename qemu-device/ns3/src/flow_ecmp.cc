@@ -106,9 +106,9 @@ bool FlowEcmpRouting::RouteInput(Ptr<const Packet> p, const Ipv4Header& header,
                                  MulticastForwardCallback mcb, LocalDeliverCallback lcb,
                                  ErrorCallback ecb) {
   (void)mcb;
-  uint32_t iif = uint32_t(ipv4_->GetInterfaceForDevice(idev));
+  const uint32_t iif = interface_of(idev);
   // Installed alone (no Ipv4ListRouting in front), so local delivery is ours.
-  if (ipv4_->IsDestinationAddress(header.GetDestination(), iif)) {
+  if (is_local(header.GetDestination(), iif)) {
     lcb(p, header, iif);
     return true;
   }
@@ -123,6 +123,30 @@ bool FlowEcmpRouting::RouteInput(Ptr<const Packet> p, const Ipv4Header& header,
   }
   ucb(r, p, header);
   return true;
+}
+
+uint32_t FlowEcmpRouting::interface_of(const Ptr<const NetDevice>& dev) {
+  const uint32_t d = dev->GetIfIndex();
+  if (dev_iface_.size() <= d) dev_iface_.resize(d + 1, 0);
+  if (!dev_iface_[d]) dev_iface_[d] = uint32_t(ipv4_->GetInterfaceForDevice(dev)) + 1;
+  return dev_iface_[d] - 1;
+}
+
+// The cache only says which destinations cannot be local (the switches'
+// forwarding, nearly every packet); for the others ns-3's own test decides.
+bool FlowEcmpRouting::is_local(Ipv4Address dst, uint32_t iif) {
+  if (!addresses_known_) {
+    addresses_.clear();
+    for (uint32_t i = 0; i < ipv4_->GetNInterfaces(); i++)
+      for (uint32_t k = 0; k < ipv4_->GetNAddresses(i); k++) {
+        const Ipv4InterfaceAddress a = ipv4_->GetAddress(i, k);
+        addresses_.insert(a.GetLocal().Get());
+        addresses_.insert(a.GetBroadcast().Get());
+      }
+    addresses_known_ = true;
+  }
+  if (!dst.IsBroadcast() && !dst.IsMulticast() && !addresses_.count(dst.Get())) return false;
+  return ipv4_->IsDestinationAddress(dst, iif);
 }
 
 void FlowEcmpRouting::PrintRoutingTable(Ptr<OutputStreamWrapper> stream, Time::Unit unit) const {
