@@ -416,7 +416,6 @@ int EngineCore::modify_qp(QpImpl* qp, const QpAttr& a, uint32_t mask) {
   return 0;
 }
 
-// Requester side of the connection, set up on RTR->RTS.
 namespace {
 
 // The quiet timer's and the overdue rule's state, as a new connection has
@@ -432,6 +431,7 @@ void reset_loss_rules(QpImpl& qp) {
 
 }  // namespace
 
+// Requester side of the connection, set up on RTR->RTS.
 void EngineCore::init_transport(QpImpl& qp) {
   qp.snd_una = qp.snd_nxt = qp.attr.sq_psn;
   qp.read_fence = qp.attr.sq_psn;
