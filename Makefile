@@ -89,10 +89,27 @@ demo: all
 
 # One ctest run covers unit, host and guest tests, so CI reads one summary.
 # Leftovers of killed runs (guest and fabric namespaces) are removed first.
-test: all deb
+# What is mostly download and unpacking is done in the background while
+# the host code, QEMU and rdma-core compile: the guest image's Debian
+# packages, and the two stock Debian roots the packaging tests install into
+# (tools/build-stock-guest.sh --root-only); the build and the tests then
+# find them in the cache.
+# ctest runs CTEST_JOBS tests at a time: the tests that boot guests or
+# build a namespace fabric hold a resource lock each (tests/*/CMakeLists.txt),
+# so one of them runs at a time and the rest (unit, fuzz, ns-3) fill the
+# core a guest under TCG leaves idle.
+CTEST_JOBS ?= $(NINJA_JOBS)
+test: deps
+	@mkdir -p $(BUILD)
+	@{ tools/build-guest-image.sh --fetch-only && \
+	   tools/build-stock-guest.sh --root-only bookworm && tools/build-stock-guest.sh --root-only trixie; } \
+		> $(BUILD)/fetch.log 2>&1 & fetch=$$!; \
+	 $(MAKE) --no-print-directory all deb; rc=$$?; \
+	 wait $$fetch || { echo "fetching the test inputs failed:" >&2; cat $(BUILD)/fetch.log >&2; exit 1; }; \
+	 exit $$rc
 	@tools/vstellar-guest cleanup > /dev/null
 	@tools/fabric/vsfabric-cli cleanup > /dev/null
-	@ctest --test-dir $(BUILD) --output-on-failure $(CTEST_ARGS)
+	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
 
 # Long runs, not in make test (docs/testing.md): the property test over
 # SOAK_SCENARIOS seeded scenarios (a failing one prints the command that
@@ -104,10 +121,10 @@ soak: all
 	@SOAK_MINUTES=$(SOAK_MINUTES) tools/soak/guest-soak
 
 test-unit: all
-	@ctest --test-dir $(BUILD) --output-on-failure -LE guest $(CTEST_ARGS)
+	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) -LE guest $(CTEST_ARGS)
 
 test-guest: all deb
-	@ctest --test-dir $(BUILD) --output-on-failure -L guest $(CTEST_ARGS)
+	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) -L guest $(CTEST_ARGS)
 
 bench: all
 	@mkdir -p $(OUT)/bench

@@ -10,15 +10,23 @@
 # go in too.
 #
 # Usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]
+#        build-guest-image.sh --fetch-only
 #   EXTRA_DIR trees are copied over the root last (our module, selftests).
+#   --fetch-only downloads the image's Debian packages into the cache and
+#   stops (make test runs it in the background while the code compiles).
 # Cached in $VSTELLAR_CACHE/guest-<key>; prints that directory, which holds
 # vmlinuz and initrd.cpio.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-stage=${1:?usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]}; shift
-[[ -d $stage/usr/lib ]] || die "$stage is not an rdma-core stage (run tools/build-rdma-core.sh)"
-extras=("$@")
+fetch_only=
+if [[ ${1:-} == --fetch-only ]]; then
+	fetch_only=1
+else
+	stage=${1:?usage: build-guest-image.sh RDMA_CORE_STAGE [EXTRA_DIR...]}; shift
+	[[ -d $stage/usr/lib ]] || die "$stage is not an rdma-core stage (run tools/build-rdma-core.sh)"
+	extras=("$@")
+fi
 
 abi=$GUEST_KERNEL_ABI
 # Modules the tests load, with their dependencies resolved from modules.dep.
@@ -64,6 +72,7 @@ while read -r p ver arch; do
 	mpi_packages+=("$p")
 	mpi_debs+=("$(getdeb "$p" "$ver" "$arch")")
 done < <(deb_closure "${mpi_roots[@]}")
+[[ -z $fetch_only ]] || exit 0
 
 host_versions=$(dpkg-query -W "${host_packages[@]}" python3.11-minimal libpython3.11-stdlib)
 cache_begin guest . "$kdeb" "$pdeb" "${mpi_debs[@]}" "$host_versions" "${root_modules[*]}" \

@@ -124,8 +124,18 @@ getdeb() {
 	apt_download_dir "$debs"
 	# apt names files PKG_VERSION_ARCH.deb with an epoch's colon as %3a.
 	local f=$debs/${pkg}_${ver/:/%3a}_$arch.deb
-	[[ -f $f ]] || (cd "$debs" && apt-get download -qq "$pkg=$ver") ||
-		die "apt-get download $pkg=$ver failed (run: make deps)"
+	if [[ ! -f $f ]]; then
+		# Into a directory of its own, then renamed: `make test` fetches
+		# the guest image's packages in the background while the build
+		# may ask for the same ones, and apt-get download writes its file
+		# in place, so a half-written one must never carry the final name.
+		local tmp
+		tmp=$(mktemp -d "$debs/.download.XXXXXX")
+		apt_download_dir "$tmp"
+		(cd "$tmp" && apt-get download -qq "$pkg=$ver") && mv -f "$tmp/${f##*/}" "$f" ||
+			{ rm -rf "$tmp"; die "apt-get download $pkg=$ver failed (run: make deps)"; }
+		rm -rf "$tmp"
+	fi
 	[[ -f $f ]] || die "apt-get download $pkg=$ver did not give $f"
 	echo "$f"
 }

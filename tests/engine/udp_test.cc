@@ -22,12 +22,16 @@ struct UdpSide {
   uint64_t addr(size_t off = 0) { return uint64_t(uintptr_t(buf.data() + off)); }
 };
 
+// Ports: 20000 + (a pid-derived offset) mod 25000, so that tests of two
+// processes seldom meet, and never 46000 and up, where the guest tests'
+// daemons listen (47000, tools/python/vstellar/guest.py): make test runs
+// ctest in parallel, a guest test beside these.
 class UdpPair {
  public:
   explicit UdpPair(harness::Options o) : UdpPair(o, o) {}
   // Side b may run another link mode than side a.
   UdpPair(harness::Options o, harness::Options ob) : opt(o), opt_b(ob) {
-    uint16_t base = uint16_t(20000 + (getpid() * 7919u) % 30000);
+    uint16_t base = uint16_t(20000 + (getpid() * 7919u) % 25000);
     a.node = std::make_unique<harness::Node>(opt, base, uint16_t(base + 300));
     b.node = std::make_unique<harness::Node>(opt_b, uint16_t(base + 300), base);
     if (!a.node->ok() || !b.node->ok()) return;
@@ -221,7 +225,7 @@ TEST(Udp, Ipv6GroupsAreJoinedAndLeft) {
     size_t n = 0;
     void on_datagram(const uint8_t*, size_t, const Endpoint&, const IpAddr&, bool) override { n++; }
   };
-  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 4211) % 30000);
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 4211) % 25000);
   UdpLinkConfig c;
   c.local = IpAddr();  // the wildcard: sends name no source, the route picks it
   c.base_port = base;
@@ -270,7 +274,7 @@ TEST(Udp, ShardedLinksGetTheirQpnsDatagrams) {
       if (n >= 8) qpns.push_back(uint32_t(d[4]) << 24 | uint32_t(d[5]) << 16 | uint32_t(d[6]) << 8 | d[7]);
     }
   };
-  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 611) % 30000);
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 611) % 25000);
   std::vector<std::unique_ptr<UdpLink>> shards;
   for (uint16_t k = 0; k < 3; k++) {  // one after the other: link k is socket k
     UdpLinkConfig c;
@@ -330,7 +334,7 @@ TEST(Udp, GroupsSpreadOverSocketsBeyondTheKernelsPerSocketLimit) {
     std::fclose(f);
   }
   const unsigned groups = std::min(2 * per_socket + 10, 200u);
-  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 30000);
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 25000);
   UdpLinkConfig c;
   c.base_port = base;
   c.num_paths = 1;
@@ -379,7 +383,7 @@ TEST(Udp, RocePortReceivesAndSendsTrailedDatagrams) {
       from_ports.push_back(from.port);
     }
   };
-  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 30000);
+  const uint16_t base = uint16_t(20000 + (getpid() * 7919u + 1223) % 25000);
   UdpLinkConfig rc;
   rc.base_port = base;
   rc.num_paths = 2;
