@@ -89,11 +89,18 @@ demo: all
 
 # One ctest run covers unit, host and guest tests, so CI reads one summary.
 # Leftovers of killed runs (guest and fabric namespaces) are removed first.
-# What is mostly download and unpacking is done in the background while
-# the host code, QEMU and rdma-core compile: the guest image's Debian
-# packages, and the two stock Debian roots the packaging tests install into
-# (tools/build-stock-guest.sh --root-only); the build and the tests then
-# find them in the cache.
+#
+# What is mostly download and unpacking starts in the background, so that
+# a cold run does not wait for it: the guest image's Debian packages
+# (fetched while the host code compiles), and the two stock Debian roots the
+# packaging tests install into (tools/build-stock-guest.sh --root-only).
+# The roots are made at nice 19: they cost minutes of CPU (unpacking, the
+# kernel's initramfs), which they take from the cores the compilers and the
+# guests leave idle; the packaging tests, which run last, wait on the
+# cache's lock if they are not done yet. Both are only a head start: what
+# is missing when needed is made by the build or the test itself, which
+# reports any failure, so a failed head start is only noted here.
+#
 # ctest runs CTEST_JOBS tests at a time: the tests that boot guests or
 # build a namespace fabric hold a resource lock each (tests/*/CMakeLists.txt),
 # so one of them runs at a time and the rest (unit, fuzz, ns-3) fill the
@@ -101,15 +108,16 @@ demo: all
 CTEST_JOBS ?= $(NINJA_JOBS)
 test: deps
 	@mkdir -p $(BUILD)
-	@{ tools/build-guest-image.sh --fetch-only && \
-	   tools/build-stock-guest.sh --root-only bookworm && tools/build-stock-guest.sh --root-only trixie; } \
-		> $(BUILD)/fetch.log 2>&1 & fetch=$$!; \
-	 $(MAKE) --no-print-directory all deb; rc=$$?; \
-	 wait $$fetch || { echo "fetching the test inputs failed:" >&2; cat $(BUILD)/fetch.log >&2; exit 1; }; \
+	@tools/build-guest-image.sh --fetch-only > $(BUILD)/fetch-debs.log 2>&1 & debs=$$!; \
+	 nice -n 19 sh -c 'tools/build-stock-guest.sh --root-only bookworm && tools/build-stock-guest.sh --root-only trixie' \
+		> $(BUILD)/stock-roots.log 2>&1 & roots=$$!; \
+	 $(MAKE) --no-print-directory all deb && \
+	 tools/vstellar-guest cleanup > /dev/null && \
+	 tools/fabric/vsfabric-cli cleanup > /dev/null && \
+	 ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS); rc=$$?; \
+	 wait $$debs || echo "make test: note: fetching the guest image's packages ahead failed ($(BUILD)/fetch-debs.log)" >&2; \
+	 wait $$roots || echo "make test: note: making the stock Debian roots ahead failed ($(BUILD)/stock-roots.log)" >&2; \
 	 exit $$rc
-	@tools/vstellar-guest cleanup > /dev/null
-	@tools/fabric/vsfabric-cli cleanup > /dev/null
-	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
 
 # Long runs, not in make test (docs/testing.md): the property test over
 # SOAK_SCENARIOS seeded scenarios (a failing one prints the command that
