@@ -104,14 +104,16 @@ demo: all
 # ctest runs CTEST_JOBS tests at a time: the tests that boot guests or
 # build a namespace fabric hold a resource lock each (tests/*/CMakeLists.txt),
 # so one of them runs at a time and the rest (unit, fuzz, ns-3) fill the
-# core a guest under TCG leaves idle.
+# core a guest under TCG leaves idle. The Debian packages are not built
+# before the tests: the packaging tests' fixture, packaging.build, builds
+# them beside the guest tests (tests/packaging/CMakeLists.txt).
 CTEST_JOBS ?= $(NINJA_JOBS)
 test: deps
 	@mkdir -p $(BUILD)
 	@tools/build-guest-image.sh --fetch-only > $(BUILD)/fetch-debs.log 2>&1 & debs=$$!; \
 	 nice -n 19 sh -c 'tools/build-stock-guest.sh --root-only bookworm && tools/build-stock-guest.sh --root-only trixie' \
 		> $(BUILD)/stock-roots.log 2>&1 & roots=$$!; \
-	 $(MAKE) --no-print-directory all deb && \
+	 $(MAKE) --no-print-directory all && \
 	 tools/vstellar-guest cleanup > /dev/null && \
 	 tools/fabric/vsfabric-cli cleanup > /dev/null && \
 	 ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS); rc=$$?; \
@@ -131,7 +133,7 @@ soak: all
 test-unit: all
 	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) -LE guest $(CTEST_ARGS)
 
-test-guest: all deb
+test-guest: all
 	@ctest --test-dir $(BUILD) --output-on-failure -j$(CTEST_JOBS) -L guest $(CTEST_ARGS)
 
 bench: all

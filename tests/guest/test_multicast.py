@@ -7,8 +7,11 @@ UD QP: ibv_attach_mcast) and waits for 5 messages. Guest 1 joins the same
 group and sends 5 messages per round until guest 0 answers on a second
 group, 230.7.7.8, which guest 1 listens to between its rounds: so both
 directions and both kinds of member (sender and receiver) are exercised,
-and no side waits a fixed time for the other. The test asserts both exit
-statuses and that the datagrams went through the daemons (their UD
+and no side waits a fixed time for the other. Guest 0 answers in rounds
+until guest 1 says on TCP (busybox nc) that an answer arrived: each
+mckey pauses 3 s after joining, so answering a fixed 12 rounds kept guest
+0 running half a minute after guest 1 was done. The test asserts both
+exit statuses and that the datagrams went through the daemons (their UD
 counters), never timings.
 """
 import unittest
@@ -16,15 +19,18 @@ import unittest
 from vstellar import guest as vg, perftest as pt
 
 MESSAGES = 5
+HEARD_PORT = 5002  # TCP: the sender tells the receiver its answer arrived
 RECEIVER = f"""\
 echo '== mckey'
 timeout 300 mckey -m 230.7.7.7 -b $VSTELLAR_SELF_IP -C {MESSAGES} || exit 1
 echo '== answer'
+timeout 300 nc -l -p {HEARD_PORT} > /tmp/heard &
 i=0
-while [ $i -lt 12 ]; do
+while [ $i -lt 12 ] && [ ! -s /tmp/heard ]; do
   timeout 60 mckey -m 230.7.7.8 -b $VSTELLAR_SELF_IP -s -C 3 > /tmp/answer.out 2>&1 || {{ cat /tmp/answer.out; exit 1; }}
   i=$((i + 1))
 done
+echo "answered in $i rounds"
 """
 SENDER = f"""\
 echo '== mckey'
@@ -33,6 +39,8 @@ until timeout 20 mckey -m 230.7.7.8 -b $VSTELLAR_SELF_IP -C 1 > /tmp/answer.out 
   timeout 60 mckey -m 230.7.7.7 -b $VSTELLAR_SELF_IP -s -C {MESSAGES} > /tmp/send.out 2>&1 || {{ cat /tmp/send.out; exit 1; }}
   i=$((i + 1)); [ $i -lt 30 ] || {{ echo 'no answer from the receiver'; cat /tmp/answer.out; exit 1; }}
 done
+# The receiver answers until told; if telling fails, it stops after its rounds.
+echo heard | nc -w 5 $VSTELLAR_PEER_IP {HEARD_PORT} || echo 'could not tell the receiver'
 cat /tmp/send.out /tmp/answer.out
 """
 
